@@ -1,0 +1,270 @@
+"""The component contract: what every layer type provides to the compiler and runtime.
+
+A component is the math of one layer (Kaldi's ``Component``). The compiler relies
+on its property :class:`Flags`, so they must be exactly Kaldi's. The runtime calls
+:meth:`Component.propagate` / :meth:`Component.backprop` on row blocks:
+
+* ``in_value``  [rows_in, input_dim]   the component's input rows
+* ``out_value`` [rows_out, output_dim] written by propagate (assigned, or added to
+  when the component has ``PROPAGATE_ADDS``)
+* ``out_deriv`` [rows_out, output_dim]
+* ``in_deriv``  [rows_in, input_dim] or None; assigned by backprop (added to when
+  ``BACKPROP_ADDS``). May alias ``out_deriv`` when ``BACKPROP_IN_PLACE``.
+* ``grad``      None, or a dict ``{param_name: array}`` shaped like :meth:`params`;
+  backprop ADDS the plain gradient of sum(out_value * out_deriv) to it (learning
+  rate 1, natural gradient off: what Kaldi computes into a zeroed gradient copy).
+* ``indexes``   the object from :meth:`precompute_indexes` (None for most simple
+  components).
+
+For *simple* components (``SIMPLE`` flag) row i of the output depends only on row
+i of the input and rows_in == rows_out. Non-simple components also describe which
+input indexes an output index needs (:meth:`input_indexes`) and precompute how
+rows map (:meth:`precompute_indexes`), both vectorized over ``(k, 3)`` int arrays of
+``(n, t, x)``.
+
+Math runs in the dtype of ``in_value`` (float32 normally, float64 for gradient
+checks); parameters are cast as needed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import ConfigError, FormatError
+
+
+class Flags(enum.IntFlag):
+    """Kaldi's ``ComponentProperties`` (same bit values)."""
+
+    NONE = 0
+    SIMPLE = 0x001
+    UPDATABLE = 0x002
+    PROPAGATE_IN_PLACE = 0x004
+    PROPAGATE_ADDS = 0x008
+    REORDERS_INDEXES = 0x010
+    BACKPROP_ADDS = 0x020
+    BACKPROP_NEEDS_INPUT = 0x040
+    BACKPROP_NEEDS_OUTPUT = 0x080
+    BACKPROP_IN_PLACE = 0x100
+    STORES_STATS = 0x200
+    INPUT_CONTIGUOUS = 0x400
+    OUTPUT_CONTIGUOUS = 0x800
+    USES_MEMO = 0x1000
+    RANDOM = 0x2000
+
+
+@dataclass
+class InputDeps:
+    """For non-simple components: the input indexes each output index needs.
+
+    Ragged, flattened: dependency j belongs to output row ``owner[j]`` and is the
+    input index ``indexes[j]`` (n, t, x). ``required[j]`` False marks inputs that
+    are used when available but don't block computability (Kaldi's IsComputable
+    with optional inputs). When ``any_suffices`` is True an output is computable
+    when at least one of its dependencies is available (statistics components).
+    """
+
+    owner: np.ndarray  # (m,) int64
+    indexes: np.ndarray  # (m, 3) int64
+    required: np.ndarray  # (m,) bool
+    any_suffices: bool = False
+
+
+_REGISTRY: dict[str, type[Component]] = {}
+
+
+def register(cls):
+    """Class decorator: make a component type known by its Kaldi type name."""
+    _REGISTRY[cls.type_name] = cls
+    return cls
+
+
+def component_types() -> dict[str, type[Component]]:
+    return dict(_REGISTRY)
+
+
+def component_class(type_name: str) -> type[Component] | None:
+    return _REGISTRY.get(type_name)
+
+
+class Component:
+    """Base class of every component type (see module docstring for the contract)."""
+
+    type_name: ClassVar[str] = "Component"
+
+    # -- structure -------------------------------------------------------------
+    @property
+    def input_dim(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def output_dim(self) -> int:
+        raise NotImplementedError
+
+    def properties(self) -> Flags:
+        raise NotImplementedError
+
+    def is_updatable(self) -> bool:
+        return bool(self.properties() & Flags.UPDATABLE)
+
+    def is_simple(self) -> bool:
+        return bool(self.properties() & Flags.SIMPLE)
+
+    # -- construction and files ----------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> Component:
+        """Initialize from a config line (``ConfigLine``), like ``nnet3-init``.
+        Implementations must call ``cfg.check_all_used()``."""
+        raise NotImplementedError
+
+    @classmethod
+    def read(cls, r) -> Component:
+        """Read the body after the opening ``<TypeName>`` token, through the
+        closing ``</TypeName>`` token, from a ``KaldiReader``."""
+        raise NotImplementedError
+
+    def write(self, w) -> None:
+        """Write ``<TypeName> ... </TypeName> `` to a ``KaldiWriter``, exactly as Kaldi."""
+        raise NotImplementedError
+
+    def info(self) -> str:
+        """One line for ``nnet3-info``-style listings."""
+        return f"type={self.type_name}, input-dim={self.input_dim}, output-dim={self.output_dim}"
+
+    def copy(self) -> Component:
+        import copy
+
+        return copy.deepcopy(self)
+
+    # -- parameters --------------------------------------------------------------
+    def params(self) -> dict[str, np.ndarray]:
+        """Live references to the trainable arrays, by their gradient names
+        (``linear_params``, ``bias_params``, ...); empty if not updatable."""
+        return {}
+
+    def export_gradient(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Map a gradient dict (shaped like :meth:`params`) to the names and shapes
+        of the reference data (e.g. ``params_vectorized``). Default: unchanged."""
+        return dict(grad)
+
+    def num_params(self) -> int:
+        return int(sum(p.size for p in self.params().values()))
+
+    def set_test_mode(self, test_mode: bool) -> None:
+        """Dropout / BatchNorm style components switch behaviour; others ignore."""
+
+    # -- non-simple components -----------------------------------------------------
+    def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
+        """Which input indexes each output index needs. Simple components: itself."""
+        k = len(output_indexes)
+        return InputDeps(np.arange(k, dtype=np.int64), np.asarray(output_indexes, np.int64),
+                         np.ones(k, dtype=bool))
+
+    def precompute_indexes(self, input_indexes: np.ndarray, output_indexes: np.ndarray,
+                           need_backprop: bool) -> Any:
+        """Given the actual row order of the input and output matrices, build
+        whatever propagate/backprop need (gather maps, ...). None if nothing."""
+        return None
+
+    # -- math ----------------------------------------------------------------------
+    def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray) -> Any:
+        """Write the output into ``out_value``; return a memo (or None)."""
+        raise NotImplementedError
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        raise NotImplementedError
+
+    def store_stats(self, in_value, out_value, memo) -> None:
+        """Accumulate statistics (components with ``STORES_STATS``)."""
+
+    def zero_stats(self) -> None:
+        """Reset accumulated statistics (Kaldi's ZeroComponentStats)."""
+
+
+class UpdatableComponent(Component):
+    """Shared fields and file header of Kaldi's UpdatableComponent.
+
+    Kaldi writes ``<Type> [<LearningRateFactor> f] [<IsGradient> T] [<MaxChange> f]
+    [<L2Regularize> f] <LearningRate> f`` and reads the optional tokens in that order.
+    """
+
+    def __init__(self):
+        self.learning_rate = 0.001
+        self.learning_rate_factor = 1.0
+        self.is_gradient = False
+        self.max_change = 0.0
+        self.l2_regularize = 0.0
+
+    def init_updatable_from_config(self, cfg) -> None:
+        self.learning_rate = cfg.get_float("learning-rate", 0.001)
+        self.learning_rate_factor = cfg.get_float("learning-rate-factor", 1.0)
+        self.max_change = cfg.get_float("max-change", 0.0)
+        self.l2_regularize = cfg.get_float("l2-regularize", 0.0)
+
+    def read_updatable_common(self, r) -> None:
+        """Read the common header (after the opening ``<Type>`` token)."""
+        tok = r.read_token()
+        if tok == "<LearningRateFactor>":
+            self.learning_rate_factor = r.read_float()
+            tok = r.read_token()
+        if tok == "<IsGradient>":
+            self.is_gradient = r.read_bool()
+            tok = r.read_token()
+        if tok == "<MaxChange>":
+            self.max_change = r.read_float()
+            tok = r.read_token()
+        if tok == "<L2Regularize>":
+            self.l2_regularize = r.read_float()
+            tok = r.read_token()
+        if tok != "<LearningRate>":
+            raise r.error("expected <LearningRate>", token=tok)
+        self.learning_rate = r.read_float()
+
+    def write_updatable_common(self, w) -> None:
+        w.write_token(f"<{self.type_name}>")
+        if self.learning_rate_factor != 1.0:
+            w.write_tagged("<LearningRateFactor>", "float", self.learning_rate_factor)
+        if self.is_gradient:
+            w.write_tagged("<IsGradient>", "bool", True)
+        if self.max_change > 0.0:
+            w.write_tagged("<MaxChange>", "float", self.max_change)
+        if self.l2_regularize > 0.0:
+            w.write_tagged("<L2Regularize>", "float", self.l2_regularize)
+        w.write_tagged("<LearningRate>", "float", self.learning_rate)
+
+    def updatable_info(self) -> str:
+        s = f", learning-rate={self.learning_rate:g}"
+        if self.learning_rate_factor != 1.0:
+            s += f", learning-rate-factor={self.learning_rate_factor:g}"
+        if self.max_change > 0:
+            s += f", max-change={self.max_change:g}"
+        return s
+
+
+def read_closing(r, type_name: str) -> None:
+    """Consume ``</TypeName>``, naming the token if something else is there."""
+    r.expect_token(f"</{type_name}>")
+
+
+def require(cond: bool, cfg, message: str) -> None:
+    """Config validation helper: raise ConfigError naming the line."""
+    if not cond:
+        if cfg is not None and hasattr(cfg, "error"):
+            raise cfg.error(message)
+        raise ConfigError(message)
+
+
+def check_finite(r, name: str, arr: np.ndarray, pos: int) -> None:
+    """Kaldi refuses parameters with NaN/inf; so do we, naming where they were read."""
+    if arr.size and not np.all(np.isfinite(arr)):
+        raise r.error(f"non-finite value in {name}", pos=pos)
+
+
+__all__ = [
+    "Component", "UpdatableComponent", "Flags", "InputDeps", "register", "component_types",
+    "component_class", "read_closing", "require", "check_finite", "FormatError",
+]

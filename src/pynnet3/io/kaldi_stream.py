@@ -1,0 +1,406 @@
+"""Kaldi's object serialization, text and binary, behind one reader and one writer API.
+
+Component and network code is written once against :class:`KaldiReader` /
+:class:`KaldiWriter`; the text and binary classes differ only in how a token, an
+integer, a float, a bool, a matrix and a vector look on disk:
+
+============  ==========================  ==================================
+kind          text                        binary
+============  ==========================  ==================================
+token         ``<Tok> ``                  ``<Tok> ``
+int32         ``12 ``                     ``\\x04`` + int32 LE
+float         ``0.5 `` (7 sig. digits)    ``\\x04`` + float32 (``\\x08`` + f64)
+bool          ``T `` / ``F ``             ``T`` / ``F``
+matrix        `` [\\n  r0 \\n  r1 ]\\n``     ``FM `` rows cols raw-f32
+vector        `` [ v0 v1 ]\\n``             ``FV `` dim raw-f32
+============  ==========================  ==================================
+
+Writing what was read gives Kaldi's bytes back (text: byte-identical, because
+floats are printed as C++ ``ostream`` with precision 7 prints them).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+
+import numpy as np
+
+from ..errors import FormatError
+
+_WS = re.compile(rb"\s*")
+_TOKEN = re.compile(rb"\S+")
+
+
+def format_float(x: float) -> str:
+    """A float as Kaldi's text streams print it (C++ ``ostream``, precision 7)."""
+    x = float(x)
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    return "%.7g" % x
+
+
+class KaldiReader:
+    """Reads Kaldi objects from a byte buffer; ``binary`` says which encoding.
+
+    Errors name the source, the line (text) or byte offset (binary) and the token.
+    """
+
+    binary: bool = False
+
+    def __init__(self, data: bytes, source: str = "<string>", pos: int = 0):
+        self.data = data
+        self.source = source
+        self.pos = pos
+
+    # -- error reporting -------------------------------------------------
+    def error(self, message: str, token: str | None = None, pos: int | None = None) -> FormatError:
+        pos = self.pos if pos is None else pos
+        if self.binary:
+            return FormatError(message, self.source, offset=pos, token=token)
+        return FormatError(message, self.source, line=self.data.count(b"\n", 0, pos) + 1,
+                           token=token)
+
+    def at_eof(self) -> bool:
+        m = _WS.match(self.data, self.pos)
+        return m.end() >= len(self.data)
+
+    # -- tokens ------------------------------------------------------------
+    def read_token(self) -> str:
+        m = _WS.match(self.data, self.pos)
+        start = m.end()
+        m = _TOKEN.match(self.data, start)
+        if m is None:
+            raise self.error("unexpected end of file while reading a token", pos=start)
+        self.pos = m.end()
+        if self.binary and self.pos < len(self.data) and self.data[self.pos:self.pos + 1] == b" ":
+            self.pos += 1
+        try:
+            return m.group().decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.error("token is not valid UTF-8", token=repr(m.group()[:40]),
+                             pos=start) from None
+
+    def peek_token(self) -> str:
+        saved = self.pos
+        try:
+            return self.read_token()
+        finally:
+            self.pos = saved
+
+    def expect_token(self, expected: str) -> None:
+        start = self.pos
+        tok = self.read_token()
+        if tok != expected:
+            raise self.error(f"expected {expected!r}", token=tok, pos=start)
+
+    def read_line(self) -> str:
+        """The rest of the current line (without the newline); used for the
+        config-line header of a model, which is plain text even in binary files."""
+        end = self.data.find(b"\n", self.pos)
+        if end < 0:
+            end = len(self.data)
+        line = self.data[self.pos:end]
+        self.pos = min(end + 1, len(self.data))
+        return line.decode("utf-8", errors="replace")
+
+    # -- basic types: implemented per encoding -------------------------------
+    def read_int(self) -> int:
+        raise NotImplementedError
+
+    def read_float(self) -> float:
+        raise NotImplementedError
+
+    def read_bool(self) -> bool:
+        raise NotImplementedError
+
+    def read_matrix(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def read_vector(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def read_int_vector(self) -> np.ndarray:
+        raise NotImplementedError
+
+    # -- conveniences used by component readers ------------------------------
+    def read_tagged(self, tag: str, kind: str):
+        """``<Tag> value``: expect the tag, then read a value of ``kind``
+        (``int``, ``float``, ``bool``, ``matrix``, ``vector``, ``int_vector``, ``token``)."""
+        self.expect_token(tag)
+        return getattr(self, f"read_{kind}")()
+
+    def read_optional(self, tag: str, kind: str, default=None):
+        """Like :meth:`read_tagged` when the next token is ``tag``; else ``default``."""
+        if self.peek_token() == tag:
+            return self.read_tagged(tag, kind)
+        return default
+
+
+class TextReader(KaldiReader):
+    binary = False
+
+    def read_int(self) -> int:
+        start = self.pos
+        tok = self.read_token()
+        try:
+            return int(tok)
+        except ValueError:
+            raise self.error("expected an integer", token=tok, pos=start) from None
+
+    def read_float(self) -> float:
+        start = self.pos
+        tok = self.read_token()
+        try:
+            value = float(tok)
+        except ValueError:
+            raise self.error("expected a number", token=tok, pos=start) from None
+        return value
+
+    def read_bool(self) -> bool:
+        start = self.pos
+        tok = self.read_token()
+        if tok in ("T", "true"):
+            return True
+        if tok in ("F", "false"):
+            return False
+        raise self.error("expected T or F", token=tok, pos=start)
+
+    def _bracketed(self, what: str) -> tuple[bytes, int]:
+        start = self.pos
+        tok_start = _WS.match(self.data, self.pos).end()
+        if self.data[tok_start:tok_start + 1] != b"[":
+            tok = self.peek_token() if tok_start < len(self.data) else "<eof>"
+            raise self.error(f"expected '[' starting a {what}", token=tok, pos=start)
+        end = self.data.find(b"]", tok_start)
+        if end < 0:
+            raise self.error(f"unterminated {what} (no closing ']')", pos=tok_start)
+        self.pos = end + 1
+        return self.data[tok_start + 1:end], tok_start
+
+    def _parse_numbers(self, body: bytes, start: int, what: str) -> np.ndarray:
+        words = body.split()
+        try:
+            values = np.array(words, dtype=np.float64)
+        except ValueError:
+            bad = next(w for w in words if not _is_float(w))
+            raise self.error(f"bad number in {what}", token=bad.decode(errors="replace"),
+                             pos=start + body.find(bad) + 1) from None
+        return values.astype(np.float32)
+
+    def read_matrix(self) -> np.ndarray:
+        body, start = self._bracketed("matrix")
+        rows = [r for r in body.split(b"\n") if r.strip()]
+        if not rows:
+            return np.zeros((0, 0), dtype=np.float32)
+        values = self._parse_numbers(body, start, "matrix")
+        num_rows = len(rows)
+        if values.size % num_rows:
+            raise self.error("matrix rows have different lengths", pos=start)
+        cols = values.size // num_rows
+        first = len(rows[0].split())
+        if first != cols:
+            raise self.error("matrix rows have different lengths", pos=start)
+        return values.reshape(num_rows, cols)
+
+    def read_vector(self) -> np.ndarray:
+        body, start = self._bracketed("vector")
+        return self._parse_numbers(body, start, "vector")
+
+    def read_int_vector(self) -> np.ndarray:
+        body, start = self._bracketed("integer vector")
+        try:
+            return np.array([int(w) for w in body.split()], dtype=np.int64)
+        except ValueError:
+            raise self.error("bad integer in vector", pos=start) from None
+
+
+def _is_float(word: bytes) -> bool:
+    try:
+        float(word)
+        return True
+    except ValueError:
+        return False
+
+
+class BinaryReader(KaldiReader):
+    binary = True
+
+    def _take(self, n: int, what: str) -> bytes:
+        if self.pos + n > len(self.data):
+            raise self.error(f"unexpected end of file while reading {what}")
+        chunk = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return chunk
+
+    def read_int(self) -> int:
+        start = self.pos
+        size = self._take(1, "an integer")[0]
+        if size == 4:
+            return struct.unpack("<i", self._take(4, "an integer"))[0]
+        if size == 8:
+            return struct.unpack("<q", self._take(8, "an integer"))[0]
+        raise self.error(f"bad integer size byte {size}", pos=start)
+
+    def read_float(self) -> float:
+        start = self.pos
+        size = self._take(1, "a float")[0]
+        if size == 4:
+            return float(np.frombuffer(self._take(4, "a float"), dtype="<f4")[0])
+        if size == 8:
+            return float(np.frombuffer(self._take(8, "a float"), dtype="<f8")[0])
+        raise self.error(f"bad float size byte {size}", pos=start)
+
+    def read_bool(self) -> bool:
+        m = _WS.match(self.data, self.pos)
+        self.pos = m.end()
+        c = self._take(1, "a bool")
+        if c == b"T":
+            return True
+        if c == b"F":
+            return False
+        raise self.error("expected T or F", token=c.decode(errors="replace"), pos=self.pos - 1)
+
+    def _header(self, kinds: dict[str, str]) -> tuple[str, int]:
+        start = self.pos
+        tok = self.read_token()
+        if tok not in kinds:
+            raise self.error(f"expected one of {sorted(kinds)}", token=tok, pos=start)
+        return kinds[tok], start
+
+    def read_matrix(self) -> np.ndarray:
+        dtype, start = self._header({"FM": "<f4", "DM": "<f8"})
+        rows, cols = self.read_int(), self.read_int()
+        if rows < 0 or cols < 0:
+            raise self.error(f"negative matrix size {rows}x{cols}", pos=start)
+        width = np.dtype(dtype).itemsize
+        raw = self._take(rows * cols * width, f"a {rows}x{cols} matrix")
+        return np.frombuffer(raw, dtype=dtype).astype(np.float32).reshape(rows, cols)
+
+    def read_vector(self) -> np.ndarray:
+        dtype, start = self._header({"FV": "<f4", "DV": "<f8"})
+        dim = self.read_int()
+        if dim < 0:
+            raise self.error(f"negative vector size {dim}", pos=start)
+        width = np.dtype(dtype).itemsize
+        raw = self._take(dim * width, f"a vector of {dim}")
+        return np.frombuffer(raw, dtype=dtype).astype(np.float32)
+
+    def read_int_vector(self) -> np.ndarray:
+        start = self.pos
+        size = self._take(1, "an integer vector")[0]
+        if size != 4:
+            raise self.error(f"bad integer-vector size byte {size}", pos=start)
+        n = struct.unpack("<i", self._take(4, "an integer vector"))[0]
+        out = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            out[i] = self.read_int()
+        return out
+
+
+def make_reader(data: bytes, source: str = "<string>") -> KaldiReader:
+    """A reader for ``data``: binary when it starts with Kaldi's ``\\0B`` marker."""
+    if data[:2] == b"\0B":
+        return BinaryReader(data, source, pos=2)
+    return TextReader(data, source)
+
+
+class KaldiWriter:
+    """Accumulates Kaldi's serialization of objects; ``getvalue()`` gives the bytes."""
+
+    binary: bool = False
+
+    def __init__(self):
+        self.parts: list[bytes] = []
+
+    def getvalue(self) -> bytes:
+        return b"".join(self.parts)
+
+    def raw(self, text: str | bytes) -> None:
+        self.parts.append(text.encode() if isinstance(text, str) else text)
+
+    def write_token(self, token: str) -> None:
+        self.parts.append(token.encode() + b" ")
+
+    def write_tagged(self, tag: str, kind: str, value) -> None:
+        self.write_token(tag)
+        getattr(self, f"write_{kind}")(value)
+
+
+class TextWriter(KaldiWriter):
+    binary = False
+
+    def write_int(self, value: int) -> None:
+        self.parts.append(b"%d " % int(value))
+
+    def write_float(self, value: float) -> None:
+        self.parts.append(format_float(value).encode() + b" ")
+
+    def write_double(self, value: float) -> None:
+        self.write_float(value)
+
+    def write_bool(self, value: bool) -> None:
+        self.parts.append(b"T " if value else b"F ")
+
+    def write_matrix(self, m: np.ndarray) -> None:
+        m = np.asarray(m)
+        if m.size == 0:
+            self.parts.append(b" [ ]\n")
+            return
+        out = [" ["]
+        for row in m:
+            out.append("\n  " + "".join(format_float(v) + " " for v in row.tolist()))
+        out.append("]\n")
+        self.parts.append("".join(out).encode())
+
+    def write_vector(self, v: np.ndarray) -> None:
+        v = np.asarray(v).ravel()
+        body = "".join(format_float(x) + " " for x in v.tolist())
+        self.parts.append((" [ " + body + "]\n").encode())
+
+    def write_int_vector(self, v) -> None:
+        body = "".join(f"{int(x)} " for x in v)
+        self.parts.append(("[ " + body + "]\n").encode())
+
+
+class BinaryWriter(KaldiWriter):
+    binary = True
+
+    def write_int(self, value: int) -> None:
+        self.parts.append(b"\x04" + struct.pack("<i", int(value)))
+
+    def write_float(self, value: float) -> None:
+        self.parts.append(b"\x04" + struct.pack("<f", float(value)))
+
+    def write_double(self, value: float) -> None:
+        self.parts.append(b"\x08" + struct.pack("<d", float(value)))
+
+    def write_bool(self, value: bool) -> None:
+        self.parts.append(b"T" if value else b"F")
+
+    def write_matrix(self, m: np.ndarray) -> None:
+        m = np.asarray(m)
+        if m.ndim != 2:
+            m = m.reshape(0, 0)
+        self.write_token("FM")
+        self.write_int(m.shape[0])
+        self.write_int(m.shape[1])
+        self.parts.append(np.ascontiguousarray(m, dtype="<f4").tobytes())
+
+    def write_vector(self, v: np.ndarray) -> None:
+        v = np.asarray(v).ravel()
+        self.write_token("FV")
+        self.write_int(v.size)
+        self.parts.append(np.ascontiguousarray(v, dtype="<f4").tobytes())
+
+    def write_int_vector(self, v) -> None:
+        v = list(v)
+        self.parts.append(b"\x04" + struct.pack("<i", len(v)))
+        for x in v:
+            self.write_int(x)
+
+
+def make_writer(binary: bool) -> KaldiWriter:
+    return BinaryWriter() if binary else TextWriter()
