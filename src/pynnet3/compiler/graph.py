@@ -1,0 +1,237 @@
+"""The computation graph: which cindexes a request needs, and in which steps.
+
+1. Every requested output cindex must be computable (:mod:`.computable`).
+2. Demand flows from the outputs to the inputs: a cindex needs the *used* inputs
+   of its descriptor (IfDefined/Failover resolved by computability) or, for a
+   non-simple component, of the input indexes its component asks for. Nodes are
+   visited consumers-first, so a non-recurrent node is visited once.
+3. Scheduling: epochs are the SCCs of the node graph in topological order. A
+   non-recurrent node becomes one step holding all its cindexes; a recurrent
+   epoch is cut into phases by the depth of each cindex in the epoch's own
+   dependency graph, one step per node per phase. Rows of a step are sorted by
+   (t, x, n) (Kaldi's Index order); input and output steps keep request order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..descriptor import resolve_part
+from ..errors import ComputeError
+from ..index import KeySet, describe, pack, sort_order_txn, unpack
+from .computable import Computability
+from .epochs import is_recurrent_scc, node_sccs
+from .keymap import KeyMap
+
+_MAX_ROUNDS = 100000
+
+
+@dataclass
+class Step:
+    """A batch of cindexes of one node computed together; ``indexes`` is the row
+    order of its value matrix."""
+
+    node: str
+    kind: str
+    indexes: np.ndarray
+    epoch: int
+    recurrent: bool = False
+
+
+@dataclass
+class ComputationGraph:
+    steps: list[Step]
+    computability: Computability
+
+
+class GraphBuilder:
+    def __init__(self, nnet, request):
+        self.nnet = nnet
+        self.request = request
+        self.nodes = nnet.node_map
+        inputs = {}
+        for spec in request.inputs:
+            n = self.nodes.get(spec.name)
+            if n is None or n.kind != "input-node":
+                raise ComputeError(f"request input {spec.name!r} is not an input node of "
+                                   f"the network (inputs: {nnet.input_names()})")
+            inputs[spec.name] = spec.indexes
+        for spec in request.outputs:
+            n = self.nodes.get(spec.name)
+            if n is None or n.kind != "output-node":
+                raise ComputeError(f"request output {spec.name!r} is not an output node of "
+                                   f"the network (outputs: {nnet.output_names()})")
+        self.comp = Computability(nnet, inputs)
+        self.sccs = node_sccs(nnet)
+        self.scc_of = {name: i for i, scc in enumerate(self.sccs) for name in scc}
+
+    # -- used inputs -------------------------------------------------------------
+    def used_sources(self, name: str, idx: np.ndarray):
+        """Yield (source node, consumer rows, source indexes) for computable ``idx``."""
+        n = self.nodes[name]
+        if n.kind == "input-node" or len(idx) == 0:
+            return
+        if n.kind == "dim-range-node":
+            yield n.source, np.arange(len(idx)), idx
+            return
+        comp = self.nnet.components.get(n.component) if n.kind == "component-node" else None
+        if comp is None or comp.is_simple():
+            for part in n.descriptor.parts:
+                _, terms = resolve_part(part, idx, self.comp.computable)
+                for t in terms:
+                    if t.node is not None:
+                        yield t.node, t.rows, t.indexes
+            return
+        deps = comp.input_indexes(idx)
+        if len(deps.owner) == 0:
+            return
+        avail = self.comp.input_available(n, deps.indexes)
+        owners, in_idx = deps.owner[avail], deps.indexes[avail]
+        ukeys, inv = np.unique(pack(in_idx), return_inverse=True)
+        uidx = unpack(ukeys)
+        for part in n.descriptor.parts:
+            _, terms = resolve_part(part, uidx, self.comp.computable)
+            for t in terms:
+                if t.node is None:
+                    continue
+                where = np.full(len(uidx), -1, dtype=np.int64)
+                where[t.rows] = np.arange(len(t.rows))
+                w = where[inv]
+                sel = w >= 0
+                yield t.node, owners[sel], t.indexes[w[sel]]
+
+    # -- building ------------------------------------------------------------------
+    def check_outputs(self) -> None:
+        for spec in self.request.outputs:
+            ok = self.comp.computable(spec.name, spec.indexes)
+            if not ok.all():
+                bad = spec.indexes[~ok]
+                missing = self._explain(spec.name, bad[:1])
+                raise ComputeError(
+                    f"output {spec.name!r} is not computable at {describe(bad)}"
+                    + (f"; missing inputs: {missing}" if missing else ""))
+
+    def _explain(self, name: str, idx: np.ndarray, depth: int = 0) -> str:
+        """Follow required dependencies of uncomputable cindexes down to inputs."""
+        n = self.nodes[name]
+        if n.kind == "input-node":
+            return f"{name}[{describe(idx, 3)}]"
+        if depth > 50:
+            return ""
+        deps = []
+        if n.kind == "dim-range-node":
+            deps = [(n.source, idx)]
+        else:
+            for d in n.descriptor.dependencies(idx):
+                deps.append((d.node, d.indexes))
+            comp = self.nnet.components.get(n.component) if n.component else None
+            if comp is not None and not comp.is_simple():
+                inp = comp.input_indexes(idx)
+                deps = [(d.node, d.indexes) for d in n.descriptor.dependencies(inp.indexes)]
+        for src, sidx in deps:
+            ok = self.comp.computable(src, sidx)
+            if not ok.all():
+                found = self._explain(src, sidx[~ok][:1], depth + 1)
+                if found:
+                    return found
+        return ""
+
+    def build(self) -> ComputationGraph:
+        self.check_outputs()
+        order = {name: i for i, scc in enumerate(self.sccs) for name in scc}
+        needed: dict[str, KeyMap] = {name: KeyMap() for name in self.nodes}
+        pending: dict[str, list[np.ndarray]] = {}
+        for spec in self.request.outputs:
+            pending.setdefault(spec.name, []).append(pack(spec.indexes))
+        for spec in self.request.inputs:  # inputs are always part of the graph
+            pending.setdefault(spec.name, []).append(pack(spec.indexes))
+        rounds = 0
+        while pending:
+            rounds += 1
+            if rounds > _MAX_ROUNDS:
+                raise ComputeError("computation graph does not terminate (a recurrence "
+                                   "that never runs out of inputs?)")
+            name = max(pending, key=order.__getitem__)
+            keys = np.unique(np.concatenate(pending.pop(name)))
+            have = needed[name].lookup(keys, 0)
+            keys = keys[have == 0]
+            if not len(keys):
+                continue
+            needed[name].set(keys, 1)
+            for src, _, sidx in self.used_sources(name, unpack(keys)):
+                pending.setdefault(src, []).append(pack(sidx))
+        steps = self._schedule({k: v.items()[0] for k, v in needed.items() if len(v)})
+        return ComputationGraph(steps, self.comp)
+
+    # -- scheduling ---------------------------------------------------------------
+    def _schedule(self, needed: dict[str, np.ndarray]) -> list[Step]:
+        req_in = {s.name: s for s in self.request.inputs}
+        req_out = {s.name: s for s in self.request.outputs}
+        steps: list[Step] = []
+        for spec in self.request.inputs:
+            steps.append(Step(spec.name, "input", spec.indexes, -1))
+        for e, scc in enumerate(self.sccs):
+            scc = [x for x in scc if x in needed and x not in req_in and x not in req_out]
+            if not scc:
+                continue
+            if is_recurrent_scc(self.nnet, self.sccs[e]):
+                steps.extend(self._recurrent_steps(e, scc, needed))
+            else:
+                for name in scc:
+                    idx = unpack(needed[name])
+                    steps.append(Step(name, self._kind(name), idx[sort_order_txn(idx)], e))
+        for spec in self.request.outputs:
+            steps.append(Step(spec.name, "output", spec.indexes, len(self.sccs)))
+        return steps
+
+    def _kind(self, name: str) -> str:
+        return {"input-node": "input", "component-node": "component",
+                "dim-range-node": "dim-range", "output-node": "output"}[self.nodes[name].kind]
+
+    def _recurrent_steps(self, epoch: int, scc: list[str],
+                         needed: dict[str, np.ndarray]) -> list[Step]:
+        members = set(scc)
+        offsets, sets = {}, {}
+        total = 0
+        for name in scc:
+            offsets[name] = total
+            sets[name] = KeySet(needed[name])
+            total += len(needed[name])
+        src_ids, dst_ids = [], []
+        for name in scc:
+            idx = unpack(needed[name])
+            for src, rows, sidx in self.used_sources(name, idx):
+                if src not in members:
+                    continue
+                pos = sets[src].position(pack(sidx))
+                src_ids.append(offsets[src] + pos)
+                dst_ids.append(offsets[name] + rows)
+        level = np.zeros(total, dtype=np.int64)
+        if src_ids:
+            s = np.concatenate(src_ids)
+            d = np.concatenate(dst_ids)
+            for _ in range(total + 1):
+                new = level.copy()
+                np.maximum.at(new, d, level[s] + 1)
+                if np.array_equal(new, level):
+                    break
+                level = new
+            else:
+                raise ComputeError(f"cycle without time offset among nodes {scc}")
+        steps = []
+        for lv in np.unique(level):
+            for name in scc:
+                lo = offsets[name]
+                sel = level[lo:lo + len(needed[name])] == lv
+                if sel.any():
+                    idx = unpack(needed[name][sel])
+                    steps.append(Step(name, self._kind(name), idx[sort_order_txn(idx)], epoch,
+                                      recurrent=True))
+        return steps
+
+
+def build_graph(nnet, request) -> tuple[GraphBuilder, ComputationGraph]:
+    b = GraphBuilder(nnet, request)
+    return b, b.build()

@@ -1,0 +1,73 @@
+"""A growable map from packed index keys to small integer values, vectorized.
+
+Used for per-node state during graph building (computability states, row
+positions). Keys live in a few sorted blocks; lookups are ``searchsorted`` per
+block, inserts add a block, and blocks are merged when there are too many.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_MAX_BLOCKS = 12
+
+
+class KeyMap:
+    __slots__ = ("blocks",)
+
+    def __init__(self):
+        self.blocks: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def __len__(self) -> int:
+        return sum(len(k) for k, _ in self.blocks)
+
+    def lookup(self, keys: np.ndarray, default: int = -1) -> np.ndarray:
+        """Values for ``keys`` (``default`` where absent)."""
+        keys = np.asarray(keys, dtype=np.int64)
+        out = np.full(len(keys), default, dtype=np.int64)
+        for bk, bv in self.blocks:
+            if not len(bk):
+                continue
+            pos = np.searchsorted(bk, keys)
+            pos_c = np.minimum(pos, len(bk) - 1)
+            hit = bk[pos_c] == keys
+            out[hit] = bv[pos_c[hit]]
+        return out
+
+    def set(self, keys: np.ndarray, values) -> None:
+        """Set values; keys may be new or present (need not be unique: last wins)."""
+        keys = np.asarray(keys, dtype=np.int64)
+        values = np.broadcast_to(np.asarray(values, dtype=np.int64), keys.shape).copy()
+        if not len(keys):
+            return
+        present = np.zeros(len(keys), dtype=bool)
+        for bk, bv in self.blocks:
+            if not len(bk):
+                continue
+            pos = np.searchsorted(bk, keys)
+            pos_c = np.minimum(pos, len(bk) - 1)
+            hit = bk[pos_c] == keys
+            bv[pos_c[hit]] = values[hit]
+            present |= hit
+        if not present.all():
+            nk, nv = keys[~present], values[~present]
+            # Keep the last value for duplicate new keys.
+            order = np.argsort(nk, kind="stable")
+            nk, nv = nk[order], nv[order]
+            last = np.ones(len(nk), dtype=bool)
+            last[:-1] = nk[1:] != nk[:-1]
+            self.blocks.append((nk[last], nv[last]))
+            if len(self.blocks) > _MAX_BLOCKS:
+                self._merge()
+
+    def _merge(self) -> None:
+        keys = np.concatenate([k for k, _ in self.blocks])
+        vals = np.concatenate([v for _, v in self.blocks])
+        order = np.argsort(keys, kind="stable")
+        self.blocks = [(keys[order], vals[order])]
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.blocks:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self._merge()
+        return self.blocks[0]

@@ -1,0 +1,178 @@
+"""NnetComputation: the compiled program, as plain inspectable data.
+
+* ``matrices[m]``: rows, cols and debug info (node, value/deriv, indexes). Index 0
+  is reserved (no matrix).
+* ``submatrices[s]``: (matrix, row offset, rows, column offset, columns). Index 0 is
+  the empty submatrix, meaning "none".
+* index tables referenced by commands: ``indexes`` (int row lists, -1 = none),
+  ``indexes_multi`` ((k, 2) arrays of (submatrix, row), (-1, -1) = none),
+  ``indexes_ranges`` ((k, 2) arrays of [begin, end) row ranges).
+* ``precomputed``: per-propagate objects from components (index 0 = None).
+* ``commands``: a flat list of :class:`Command`. Commands before the first
+  ``NO_OPERATION_MARKER`` are the forward pass; the rest the backward pass.
+
+Semantics of each command type are documented on :class:`CommandType`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class CommandType(enum.Enum):
+    """Command kinds; values are Kaldi's CommandType enum names."""
+
+    ALLOC_MATRIX = "kAllocMatrix"  # matrix allocated (contents undefined)
+    DEALLOC_MATRIX = "kDeallocMatrix"
+    SWAP_MATRIX = "kSwapMatrix"  # matrix takes over src_matrix's data (sizes equal)
+    SET_CONST = "kSetConst"  # dst = alpha
+    PROPAGATE = "kPropagate"
+    BACKPROP = "kBackprop"  # with model update (gradient accumulation)
+    BACKPROP_NO_MODEL_UPDATE = "kBackpropNoModelUpdate"
+    MATRIX_COPY = "kMatrixCopy"  # dst = alpha * src
+    MATRIX_ADD = "kMatrixAdd"  # dst += alpha * src
+    COPY_ROWS = "kCopyRows"  # dst[i] = alpha * src[table[i]] (table[i] = -1: untouched)
+    ADD_ROWS = "kAddRows"  # dst[i] += alpha * src[table[i]]
+    COPY_ROWS_MULTI = "kCopyRowsMulti"  # dst[i] = alpha * sub[table[i]].row
+    COPY_TO_ROWS_MULTI = "kCopyToRowsMulti"  # sub[table[i]].row = alpha * src[i]
+    ADD_ROWS_MULTI = "kAddRowsMulti"
+    ADD_TO_ROWS_MULTI = "kAddToRowsMulti"
+    ADD_ROW_RANGES = "kAddRowRanges"  # dst[i] += alpha * sum(src[begin_i:end_i])
+    COMPRESS_MATRIX = "kCompressMatrix"
+    DECOMPRESS_MATRIX = "kDecompressMatrix"
+    ACCEPT_INPUT = "kAcceptInput"  # dst (a whole matrix) = user input for node
+    PROVIDE_OUTPUT = "kProvideOutput"  # src handed to the user for node
+    NO_OPERATION = "kNoOperation"
+    NO_OPERATION_PERMANENT = "kNoOperationPermanent"
+    NO_OPERATION_MARKER = "kNoOperationMarker"  # separates forward from backward
+    NO_OPERATION_LABEL = "kNoOperationLabel"
+    GOTO_LABEL = "kGotoLabel"
+
+
+@dataclass
+class Command:
+    """One command. Fields that a type does not use stay at their defaults.
+
+    ``dst``/``src``: submatrix ids; ``table``: id into the index table of the
+    command's kind; ``matrix``/``src_matrix``: matrix ids (sizing commands);
+    propagate/backprop use ``node`` (component-node name), ``precomputed``,
+    ``in_value``, ``out_value``, ``out_deriv``, ``in_deriv`` (submatrix ids, 0 = none)
+    and ``memo`` (0 = none).
+    """
+
+    type: CommandType
+    dst: int = 0
+    src: int = 0
+    alpha: float = 1.0
+    table: int = -1
+    matrix: int = 0
+    src_matrix: int = 0
+    node: str = ""
+    precomputed: int = 0
+    in_value: int = 0
+    out_value: int = 0
+    out_deriv: int = 0
+    in_deriv: int = 0
+    memo: int = 0
+    is_deriv: bool = False  # accept-input / provide-output of a derivative
+    label: int = -1
+
+
+@dataclass
+class MatrixInfo:
+    rows: int
+    cols: int
+    node: str = ""
+    is_deriv: bool = False
+    indexes: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class SubMatrix:
+    matrix: int
+    row_offset: int
+    num_rows: int
+    col_offset: int
+    num_cols: int
+
+
+@dataclass
+class NnetComputation:
+    matrices: list[MatrixInfo] = field(default_factory=lambda: [MatrixInfo(0, 0)])
+    submatrices: list[SubMatrix] = field(default_factory=lambda: [SubMatrix(0, 0, 0, 0, 0)])
+    indexes: list[np.ndarray] = field(default_factory=list)
+    indexes_multi: list[np.ndarray] = field(default_factory=list)
+    indexes_ranges: list[np.ndarray] = field(default_factory=list)
+    precomputed: list[object] = field(default_factory=lambda: [None])
+    commands: list[Command] = field(default_factory=list)
+    need_model_derivative: bool = False
+    request: object = None
+    _whole: dict = field(default_factory=dict, repr=False)
+
+    # -- building helpers -----------------------------------------------------
+    def new_matrix(self, rows: int, cols: int, node: str = "", is_deriv: bool = False,
+                   indexes: np.ndarray | None = None) -> int:
+        self.matrices.append(MatrixInfo(rows, cols, node, is_deriv, indexes))
+        m = len(self.matrices) - 1
+        self._whole[m] = self.new_submatrix(m, 0, rows, 0, cols)
+        return m
+
+    def whole(self, m: int) -> int:
+        """The submatrix id covering all of matrix ``m``."""
+        return self._whole[m]
+
+    def new_submatrix(self, m: int, row_offset: int, num_rows: int, col_offset: int,
+                      num_cols: int) -> int:
+        self.submatrices.append(SubMatrix(m, row_offset, num_rows, col_offset, num_cols))
+        return len(self.submatrices) - 1
+
+    def add(self, cmd: Command) -> Command:
+        self.commands.append(cmd)
+        return cmd
+
+    # -- inspection ------------------------------------------------------------
+    def num_matrices(self) -> int:
+        return len(self.matrices) - 1
+
+    def peak_memory_floats(self) -> int:
+        """Kaldi's GetMaxMemoryUse / 4: allocations and accepted inputs add,
+        deallocations subtract."""
+        cur = peak = 0
+        live = set()
+        for c in self.commands:
+            if c.type is CommandType.ALLOC_MATRIX or (
+                    c.type is CommandType.ACCEPT_INPUT
+                    and self.submatrices[c.dst].matrix not in live):
+                m = c.matrix if c.type is CommandType.ALLOC_MATRIX else \
+                    self.submatrices[c.dst].matrix
+                live.add(m)
+                cur += self.matrices[m].rows * self.matrices[m].cols
+                peak = max(peak, cur)
+            elif c.type is CommandType.DEALLOC_MATRIX:
+                live.discard(c.matrix)
+                cur -= self.matrices[c.matrix].rows * self.matrices[c.matrix].cols
+        return peak
+
+    def stats(self) -> dict:
+        hist = Counter(c.type.value for c in self.commands)
+        return {
+            "num_commands": len(self.commands),
+            "command_types": dict(sorted(hist.items())),
+            "num_matrices": self.num_matrices(),
+            "num_submatrices": len(self.submatrices) - 1,
+            "num_indexes": len(self.indexes),
+            "num_indexes_multi": len(self.indexes_multi),
+            "num_indexes_ranges": len(self.indexes_ranges),
+            "num_component_precomputed_indexes": sum(p is not None for p in self.precomputed),
+            "total_matrix_floats": sum(m.rows * m.cols for m in self.matrices[1:]),
+            "peak_memory_floats": self.peak_memory_floats(),
+        }
+
+    def __str__(self) -> str:
+        from .compiler.printing import print_computation
+
+        return print_computation(self)

@@ -1,0 +1,652 @@
+"""Descriptors: the expressions that say which cindexes feed a node.
+
+Parsing accepts Kaldi's general syntax (``Append``, ``Sum``, ``Failover``,
+``IfDefined``, ``Offset``, ``Round``, ``ReplaceIndex``, ``Switch``, ``Const``,
+``Scale`` and node names). It is normalized to Kaldi's canonical form, which is
+also what ``str()`` prints (exactly the node lines of a Kaldi ``model.txt``):
+
+* ``Append`` only at the top: a :class:`Descriptor` is a list of *parts*, each
+  giving a column block of the node's input;
+* a part is a sum expression: :class:`SumOf` (binary ``Sum``), :class:`FailoverOf`,
+  :class:`IfDefinedOf`, :class:`ConstOf`, or a forwarding chain;
+* a forwarding chain maps one index to one source cindex: :class:`NodeRef`
+  (with its ``Scale``, always innermost), :class:`OffsetOf`, :class:`RoundOf`,
+  :class:`ReplaceIndexOf`, :class:`SwitchOf`.
+
+Evaluation is vectorized over ``(k, 3)`` index arrays: :meth:`Descriptor.dependencies`
+lists what a batch of indexes may read, and :func:`resolve_part` decides, given an
+availability oracle, which rows are computable and which source terms each row
+uses (IfDefined / Failover choose by availability, as in Kaldi).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import DescriptorError
+from .io.kaldi_stream import format_float
+
+# ----------------------------------------------------------------------------------
+# Normal-form expression classes
+# ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """A node's output, scaled (``Scale(s, node)`` when ``scale != 1``)."""
+
+    node: str
+    scale: float = 1.0
+
+    def __str__(self) -> str:
+        if self.scale == 1.0:
+            return self.node
+        return f"Scale({format_float(np.float32(self.scale))}, {self.node})"
+
+
+@dataclass(frozen=True)
+class OffsetOf:
+    src: object
+    t_offset: int
+    x_offset: int = 0
+
+    def __str__(self) -> str:
+        if self.x_offset:
+            return f"Offset({self.src}, {self.t_offset}, {self.x_offset})"
+        return f"Offset({self.src}, {self.t_offset})"
+
+
+@dataclass(frozen=True)
+class RoundOf:
+    src: object
+    t_modulus: int
+
+    def __str__(self) -> str:
+        return f"Round({self.src}, {self.t_modulus})"
+
+
+@dataclass(frozen=True)
+class ReplaceIndexOf:
+    src: object
+    variable: str  # "t" or "x"
+    value: int
+
+    def __str__(self) -> str:
+        return f"ReplaceIndex({self.src}, {self.variable}, {self.value})"
+
+
+@dataclass(frozen=True)
+class SwitchOf:
+    """Row with time t reads ``srcs[t mod len(srcs)]``."""
+
+    srcs: tuple
+
+    def __str__(self) -> str:
+        return "Switch(" + ", ".join(str(s) for s in self.srcs) + ")"
+
+
+@dataclass(frozen=True)
+class SumOf:
+    a: object
+    b: object
+
+    def __str__(self) -> str:
+        return f"Sum({self.a}, {self.b})"
+
+
+@dataclass(frozen=True)
+class FailoverOf:
+    a: object
+    b: object
+
+    def __str__(self) -> str:
+        return f"Failover({self.a}, {self.b})"
+
+
+@dataclass(frozen=True)
+class IfDefinedOf:
+    a: object
+
+    def __str__(self) -> str:
+        return f"IfDefined({self.a})"
+
+
+@dataclass(frozen=True)
+class ConstOf:
+    value: float
+    dim: int
+
+    def __str__(self) -> str:
+        return f"Const({format_float(np.float32(self.value))}, {self.dim})"
+
+
+_FORWARDING = (NodeRef, OffsetOf, RoundOf, ReplaceIndexOf, SwitchOf)
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """A node's input: the column-wise ``Append`` of ``parts``."""
+
+    parts: tuple
+
+    def __str__(self) -> str:
+        if len(self.parts) == 1:
+            return str(self.parts[0])
+        return "Append(" + ", ".join(str(p) for p in self.parts) + ")"
+
+    def node_names(self) -> list[str]:
+        """Every node this descriptor reads, in first-appearance order."""
+        seen: list[str] = []
+        for p in self.parts:
+            for name in _nodes_of(p):
+                if name not in seen:
+                    seen.append(name)
+        return seen
+
+    def dim(self, node_dim: Callable[[str], int]) -> int:
+        return sum(part_dim(p, node_dim) for p in self.parts)
+
+    def part_dims(self, node_dim: Callable[[str], int]) -> list[int]:
+        return [part_dim(p, node_dim) for p in self.parts]
+
+    def map_nodes(self, fn: Callable[[str], str]) -> Descriptor:
+        return Descriptor(tuple(_map_nodes(p, fn) for p in self.parts))
+
+    def dependencies(self, indexes: np.ndarray) -> list[Dep]:
+        """Everything a batch of indexes may read: one :class:`Dep` per source term."""
+        out: list[Dep] = []
+        for p in self.parts:
+            _deps(p, np.asarray(indexes, dtype=np.int64), True, out)
+        return out
+
+
+@dataclass
+class Dep:
+    """Rows ``rows`` of a batch read ``node`` at ``indexes`` (aligned with ``rows``).
+    ``required`` False means the read is optional (inside IfDefined / Failover)."""
+
+    node: str
+    rows: np.ndarray
+    indexes: np.ndarray
+    required: bool
+
+
+def _nodes_of(e) -> list[str]:
+    if isinstance(e, NodeRef):
+        return [e.node]
+    if isinstance(e, (OffsetOf, RoundOf, ReplaceIndexOf)):
+        return _nodes_of(e.src)
+    if isinstance(e, SwitchOf):
+        return [n for s in e.srcs for n in _nodes_of(s)]
+    if isinstance(e, (SumOf, FailoverOf)):
+        return _nodes_of(e.a) + _nodes_of(e.b)
+    if isinstance(e, IfDefinedOf):
+        return _nodes_of(e.a)
+    return []
+
+
+def _map_nodes(e, fn):
+    if isinstance(e, NodeRef):
+        return NodeRef(fn(e.node), e.scale)
+    if isinstance(e, OffsetOf):
+        return OffsetOf(_map_nodes(e.src, fn), e.t_offset, e.x_offset)
+    if isinstance(e, RoundOf):
+        return RoundOf(_map_nodes(e.src, fn), e.t_modulus)
+    if isinstance(e, ReplaceIndexOf):
+        return ReplaceIndexOf(_map_nodes(e.src, fn), e.variable, e.value)
+    if isinstance(e, SwitchOf):
+        return SwitchOf(tuple(_map_nodes(s, fn) for s in e.srcs))
+    if isinstance(e, SumOf):
+        return SumOf(_map_nodes(e.a, fn), _map_nodes(e.b, fn))
+    if isinstance(e, FailoverOf):
+        return FailoverOf(_map_nodes(e.a, fn), _map_nodes(e.b, fn))
+    if isinstance(e, IfDefinedOf):
+        return IfDefinedOf(_map_nodes(e.a, fn))
+    return e
+
+
+def part_dim(e, node_dim: Callable[[str], int]) -> int:
+    if isinstance(e, NodeRef):
+        return node_dim(e.node)
+    if isinstance(e, (OffsetOf, RoundOf, ReplaceIndexOf)):
+        return part_dim(e.src, node_dim)
+    if isinstance(e, SwitchOf):
+        dims = {part_dim(s, node_dim) for s in e.srcs}
+        if len(dims) != 1:
+            raise DescriptorError(f"Switch() over inputs of different dims {sorted(dims)}: {e}")
+        return dims.pop()
+    if isinstance(e, (SumOf, FailoverOf)):
+        da, db = part_dim(e.a, node_dim), part_dim(e.b, node_dim)
+        if da != db:
+            kind = "Sum" if isinstance(e, SumOf) else "Failover"
+            raise DescriptorError(f"{kind}() of inputs with different dims {da} and {db}: {e}")
+        return da
+    if isinstance(e, IfDefinedOf):
+        return part_dim(e.a, node_dim)
+    if isinstance(e, ConstOf):
+        return e.dim
+    raise TypeError(e)
+
+
+# ----------------------------------------------------------------------------------
+# Index mapping through forwarding chains (vectorized)
+# ----------------------------------------------------------------------------------
+
+
+def _forward(e, idx: np.ndarray, rows: np.ndarray, out: list) -> None:
+    """Map rows of ``idx`` through forwarding chain ``e``; append
+    ``(NodeRef, rows, src_indexes)`` candidates (Switch yields several)."""
+    if isinstance(e, NodeRef):
+        out.append((e, rows, idx))
+    elif isinstance(e, OffsetOf):
+        m = idx.copy()
+        m[:, 1] += e.t_offset
+        m[:, 2] += e.x_offset
+        _forward(e.src, m, rows, out)
+    elif isinstance(e, RoundOf):
+        m = idx.copy()
+        m[:, 1] = np.floor_divide(m[:, 1], e.t_modulus) * e.t_modulus
+        _forward(e.src, m, rows, out)
+    elif isinstance(e, ReplaceIndexOf):
+        m = idx.copy()
+        m[:, 1 if e.variable == "t" else 2] = e.value
+        _forward(e.src, m, rows, out)
+    elif isinstance(e, SwitchOf):
+        which = np.mod(idx[:, 1], len(e.srcs))
+        for i, s in enumerate(e.srcs):
+            sel = which == i
+            if sel.any():
+                _forward(s, idx[sel], rows[sel], out)
+    else:
+        raise TypeError(e)
+
+
+def _deps(e, idx: np.ndarray, required: bool, out: list[Dep],
+          rows: np.ndarray | None = None) -> None:
+    if rows is None:
+        rows = np.arange(len(idx), dtype=np.int64)
+    if isinstance(e, _FORWARDING):
+        cands: list = []
+        _forward(e, idx, rows, cands)
+        for ref, r, src in cands:
+            out.append(Dep(ref.node, r, src, required))
+    elif isinstance(e, SumOf):
+        _deps(e.a, idx, required, out, rows)
+        _deps(e.b, idx, required, out, rows)
+    elif isinstance(e, FailoverOf):
+        _deps(e.a, idx, False, out, rows)
+        _deps(e.b, idx, False, out, rows)
+    elif isinstance(e, IfDefinedOf):
+        _deps(e.a, idx, False, out, rows)
+
+
+@dataclass
+class Term:
+    """One source of a part: rows ``rows`` (of the batch) add ``scale`` times
+    ``node`` at ``indexes``. For a constant, ``node`` is None and ``value`` is set."""
+
+    node: str | None
+    scale: float
+    rows: np.ndarray
+    indexes: np.ndarray | None = None
+    value: float = 0.0
+
+
+Availability = Callable[[str, np.ndarray], np.ndarray]
+
+
+def resolve_part(e, idx: np.ndarray, available: Availability) -> tuple[np.ndarray, list[Term]]:
+    """Which rows of ``idx`` the part ``e`` can compute, and the terms they use.
+
+    ``available(node, indexes)`` returns a bool mask. Sum needs both sides,
+    Failover uses the first side where it is computable and else the second,
+    IfDefined is always computable and uses its input only where available,
+    Const is always computable. Terms only cover computable rows.
+    """
+    idx = np.asarray(idx, dtype=np.int64)
+    comp, terms = _resolve(e, idx, np.arange(len(idx), dtype=np.int64), available)
+    return comp, terms
+
+
+def _resolve(e, idx, rows, available):
+    k = len(idx)
+    if isinstance(e, _FORWARDING):
+        cands: list = []
+        _forward(e, idx, np.arange(k, dtype=np.int64), cands)
+        comp = np.zeros(k, dtype=bool)
+        terms = []
+        for ref, local, src in cands:
+            ok = available(ref.node, src) if len(src) else np.zeros(0, dtype=bool)
+            comp[local[ok]] = True
+            if ok.any():
+                terms.append(Term(ref.node, ref.scale, rows[local[ok]], src[ok]))
+        return comp, terms
+    if isinstance(e, SumOf):
+        ca, ta = _resolve(e.a, idx, rows, available)
+        cb, tb = _resolve(e.b, idx, rows, available)
+        return ca & cb, ta + tb
+    if isinstance(e, FailoverOf):
+        ca, ta = _resolve(e.a, idx, rows, available)
+        cb, tb = _resolve(e.b, idx, rows, available)
+        keep_b = _restrict(tb, rows[~ca])
+        return ca | cb, _restrict(ta, rows[ca]) + keep_b
+    if isinstance(e, IfDefinedOf):
+        ca, ta = _resolve(e.a, idx, rows, available)
+        return np.ones(k, dtype=bool), _restrict(ta, rows[ca])
+    if isinstance(e, ConstOf):
+        return np.ones(k, dtype=bool), [Term(None, 1.0, rows.copy(), None, e.value)]
+    raise TypeError(e)
+
+
+def _restrict(terms: list[Term], allowed_rows: np.ndarray) -> list[Term]:
+    """Keep only the rows of each term that are in ``allowed_rows``."""
+    out = []
+    for t in terms:
+        keep = np.isin(t.rows, allowed_rows)
+        if keep.all():
+            out.append(t)
+        elif keep.any():
+            out.append(Term(t.node, t.scale, t.rows[keep],
+                            None if t.indexes is None else t.indexes[keep], t.value))
+    return out
+
+
+# ----------------------------------------------------------------------------------
+# Parsing and normalization
+# ----------------------------------------------------------------------------------
+
+_TOKEN_RE = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_.\-]*)|(-?[0-9.][0-9.eE+\-]*)|(.))")
+_FUNCTIONS = {"Append", "Sum", "Failover", "IfDefined", "Offset", "Round", "ReplaceIndex",
+              "Switch", "Const", "Scale"}
+
+
+class _Parser:
+    def __init__(self, text: str, node_names: set[str] | None):
+        self.text = text
+        self.node_names = node_names
+        self.tokens: list[tuple[str, str, int]] = []
+        pos = 0
+        while pos < len(text):
+            m = _TOKEN_RE.match(text, pos)
+            if m is None or m.end() == pos:
+                break
+            if m.group(1):
+                self.tokens.append(("name", m.group(1), m.start(1)))
+            elif m.group(2):
+                self.tokens.append(("num", m.group(2), m.start(2)))
+            elif m.group(3):
+                self.tokens.append(("punct", m.group(3), m.start(3)))
+            pos = m.end()
+        self.i = 0
+
+    def error(self, message: str) -> DescriptorError:
+        if self.i < len(self.tokens):
+            kind, tok, pos = self.tokens[self.i]
+            where = f" at {tok!r} (column {pos + 1})"
+        else:
+            where = " at end of input"
+        return DescriptorError(f"bad descriptor {self.text!r}: {message}{where}")
+
+    def peek(self):
+        return self.tokens[self.i] if self.i < len(self.tokens) else (None, None, None)
+
+    def take(self, kind=None, value=None):
+        tk = self.peek()
+        if tk[0] is None or (kind and tk[0] != kind) or (value and tk[1] != value):
+            want = value or kind or "a token"
+            raise self.error(f"expected {want}")
+        self.i += 1
+        return tk
+
+    def int_arg(self) -> int:
+        kind, tok, _ = self.peek()
+        try:
+            value = int(tok) if kind == "num" else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise self.error("expected an integer")
+        self.i += 1
+        return value
+
+    def float_arg(self) -> float:
+        kind, tok, _ = self.peek()
+        try:
+            value = float(tok) if kind == "num" else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise self.error("expected a number")
+        self.i += 1
+        return value
+
+    def parse(self):
+        expr = self.expr()
+        if self.i != len(self.tokens):
+            raise self.error("unexpected trailing text")
+        return expr
+
+    def expr(self):
+        kind, tok, _ = self.peek()
+        if kind != "name":
+            raise self.error("expected a node name or a descriptor function")
+        nxt = self.tokens[self.i + 1] if self.i + 1 < len(self.tokens) else (None, None, None)
+        if tok in _FUNCTIONS and nxt[1] == "(":
+            self.i += 2
+            node = getattr(self, "f_" + tok)()
+            self.take("punct", ")")
+            return node
+        self.i += 1
+        if self.node_names is not None and tok not in self.node_names:
+            self.i -= 1
+            raise self.error(f"unknown node {tok!r}")
+        return ("node", tok)
+
+    def comma(self):
+        self.take("punct", ",")
+
+    def expr_list(self, minimum: int) -> list:
+        items = [self.expr()]
+        while self.peek()[1] == ",":
+            self.i += 1
+            items.append(self.expr())
+        if len(items) < minimum:
+            raise self.error(f"expected at least {minimum} arguments")
+        return items
+
+    def f_Append(self):
+        return ("append", self.expr_list(1))
+
+    def f_Sum(self):
+        return ("sum", self.expr_list(1))
+
+    def f_Failover(self):
+        a = self.expr()
+        self.comma()
+        return ("failover", [a, self.expr()])
+
+    def f_IfDefined(self):
+        return ("ifdefined", self.expr())
+
+    def f_Offset(self):
+        a = self.expr()
+        self.comma()
+        t = self.int_arg()
+        x = 0
+        if self.peek()[1] == ",":
+            self.i += 1
+            x = self.int_arg()
+        return ("offset", a, t, x)
+
+    def f_Round(self):
+        a = self.expr()
+        self.comma()
+        m = self.int_arg()
+        if m <= 0:
+            self.i -= 1
+            raise self.error("Round() modulus must be positive")
+        return ("round", a, m)
+
+    def f_ReplaceIndex(self):
+        a = self.expr()
+        self.comma()
+        kind, var, _ = self.take("name")
+        if var not in ("t", "x"):
+            self.i -= 1
+            raise self.error("ReplaceIndex() variable must be t or x")
+        self.comma()
+        return ("replace", a, var, self.int_arg())
+
+    def f_Switch(self):
+        return ("switch", self.expr_list(1))
+
+    def f_Const(self):
+        v = self.float_arg()
+        self.comma()
+        d = self.int_arg()
+        if d <= 0:
+            self.i -= 1
+            raise self.error("Const() dimension must be positive")
+        return ("const", v, d)
+
+    def f_Scale(self):
+        s = self.float_arg()
+        self.comma()
+        return ("scale", s, self.expr())
+
+
+def _normalize(g, text: str) -> list:
+    """General parse tree -> list of normal-form parts."""
+    kind = g[0]
+    if kind == "node":
+        return [NodeRef(g[1])]
+    if kind == "append":
+        return [p for a in g[1] for p in _normalize(a, text)]
+    if kind in ("sum", "failover"):
+        args = [_normalize(a, text) for a in g[1]]
+        lengths = {len(a) for a in args}
+        if len(lengths) != 1:
+            raise DescriptorError(f"bad descriptor {text!r}: {kind.title()}() of Append "
+                                  "expressions with different numbers of terms")
+        cls = SumOf if kind == "sum" else FailoverOf
+        out = []
+        for col in zip(*args):
+            acc = col[-1]
+            for item in reversed(col[:-1]):
+                acc = cls(item, acc)
+            out.append(acc)
+        return out
+    if kind == "ifdefined":
+        return [IfDefinedOf(p) for p in _normalize(g[1], text)]
+    if kind == "const":
+        return [ConstOf(float(np.float32(g[1])), g[2])]
+    if kind == "scale":
+        return [_push(p, ("scale", float(np.float32(g[1])))) for p in _normalize(g[2], text)]
+    if kind == "offset":
+        return [_push(p, ("offset", g[2], g[3])) for p in _normalize(g[1], text)]
+    if kind == "round":
+        return [_push(p, ("round", g[2])) for p in _normalize(g[1], text)]
+    if kind == "replace":
+        return [_push(p, ("replace", g[2], g[3])) for p in _normalize(g[1], text)]
+    if kind == "switch":
+        srcs = []
+        for a in g[1]:
+            parts = _normalize(a, text)
+            if len(parts) != 1 or not isinstance(parts[0], _FORWARDING):
+                raise DescriptorError(f"bad descriptor {text!r}: Switch() arguments must be "
+                                      "plain node expressions")
+            srcs.append(parts[0])
+        return [SwitchOf(tuple(srcs))]
+    raise DescriptorError(f"bad descriptor {text!r}")
+
+
+def _push(e, op):
+    """Apply a forwarding operation (or scale) to a normal-form part, pushing it
+    below Sum / Failover / IfDefined as Kaldi's normalization does."""
+    if isinstance(e, SumOf):
+        return SumOf(_push(e.a, op), _push(e.b, op))
+    if isinstance(e, FailoverOf):
+        return FailoverOf(_push(e.a, op), _push(e.b, op))
+    if isinstance(e, IfDefinedOf):
+        return IfDefinedOf(_push(e.a, op))
+    if isinstance(e, ConstOf):
+        if op[0] == "scale":
+            return ConstOf(float(np.float32(e.value * op[1])), e.dim)
+        return e
+    kind = op[0]
+    if kind == "scale":
+        return _scale_leaves(e, op[1])
+    if kind == "offset":
+        if isinstance(e, OffsetOf):
+            e, t, x = e.src, e.t_offset + op[1], e.x_offset + op[2]
+        else:
+            t, x = op[1], op[2]
+        # Kaldi drops a zero offset: Offset(x, 0) prints as x.
+        return e if (t, x) == (0, 0) else OffsetOf(e, t, x)
+    if kind == "round":
+        return RoundOf(e, op[1])
+    if kind == "replace":
+        return ReplaceIndexOf(e, op[1], op[2])
+    raise TypeError(op)
+
+
+def _scale_leaves(e, s: float):
+    if isinstance(e, NodeRef):
+        return NodeRef(e.node, float(np.float32(e.scale * s)))
+    if isinstance(e, OffsetOf):
+        return OffsetOf(_scale_leaves(e.src, s), e.t_offset, e.x_offset)
+    if isinstance(e, RoundOf):
+        return RoundOf(_scale_leaves(e.src, s), e.t_modulus)
+    if isinstance(e, ReplaceIndexOf):
+        return ReplaceIndexOf(_scale_leaves(e.src, s), e.variable, e.value)
+    if isinstance(e, SwitchOf):
+        return SwitchOf(tuple(_scale_leaves(x, s) for x in e.srcs))
+    raise TypeError(e)
+
+
+def parse_descriptor(text: str, node_names: set[str] | None = None) -> Descriptor:
+    """Parse and normalize a descriptor. With ``node_names``, unknown nodes are errors."""
+    if not text or not text.strip():
+        raise DescriptorError("empty descriptor")
+    tree = _Parser(text, node_names).parse()
+    return Descriptor(tuple(_normalize(tree, text)))
+
+
+def part_computable(e, idx: np.ndarray, available: Availability) -> np.ndarray:
+    """Computability only (no terms), evaluated lazily: the second side of a Sum is
+    only asked about rows where the first is computable, the second side of a
+    Failover only where the first is not, and IfDefined / Const never ask."""
+    k = len(idx)
+    if k == 0:
+        return np.zeros(0, dtype=bool)
+    if isinstance(e, _FORWARDING):
+        cands: list = []
+        _forward(e, idx, np.arange(k, dtype=np.int64), cands)
+        res = np.zeros(k, dtype=bool)
+        for ref, rows, src in cands:
+            res[rows] = available(ref.node, src)
+        return res
+    if isinstance(e, SumOf):
+        res = part_computable(e.a, idx, available)
+        if res.any():
+            res[res] = part_computable(e.b, idx[res], available)
+        return res
+    if isinstance(e, FailoverOf):
+        res = part_computable(e.a, idx, available)
+        if not res.all():
+            res[~res] = part_computable(e.b, idx[~res], available)
+        return res
+    return np.ones(k, dtype=bool)
+
+
+def descriptor_computable(d: Descriptor, idx: np.ndarray, available: Availability) -> np.ndarray:
+    res = np.ones(len(idx), dtype=bool)
+    for p in d.parts:
+        if not res.any():
+            break
+        res[res] = part_computable(p, idx[res], available)
+    return res

@@ -1,0 +1,387 @@
+"""The network: nodes wired by descriptors, plus named components.
+
+Node kinds are Kaldi's: ``input-node``, ``component-node``, ``dim-range-node``,
+``output-node``. Config reading follows ``nnet3-init``: ``component`` lines make
+components, node lines make nodes; several configs can be applied in order, a
+later line replacing an earlier node or component of the same name (the node then
+moves to the position of its new line, as in Kaldi). Model files are read and
+written through :mod:`pynnet3.io.model_file`.
+
+Invariant after construction: every descriptor refers to existing nodes, every
+component-node to an existing component, and dimensions agree.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .components import component_class
+from .components.base import Component
+from .config import ConfigLine, split_config_lines
+from .descriptor import Descriptor, RoundOf, SwitchOf, parse_descriptor
+from .errors import ConfigError, DescriptorError, DimensionError, GraphError
+from .io.model_file import ModelParts, parse_model_bytes, write_model_parts
+
+NODE_KINDS = ("input-node", "component-node", "dim-range-node", "output-node")
+
+
+@dataclass
+class Node:
+    """One node. Fields used depend on ``kind``:
+    input: ``dim``; component: ``component``, ``descriptor``;
+    dim-range: ``source``, ``dim_offset``, ``dim``; output: ``descriptor``, ``objective``."""
+
+    kind: str
+    name: str
+    descriptor: Descriptor | None = None
+    component: str | None = None
+    dim: int = 0
+    source: str | None = None
+    dim_offset: int = 0
+    objective: str = "linear"
+
+    def config_line(self) -> str:
+        if self.kind == "input-node":
+            return f"input-node name={self.name} dim={self.dim}"
+        if self.kind == "component-node":
+            return (f"component-node name={self.name} component={self.component} "
+                    f"input={self.descriptor}")
+        if self.kind == "dim-range-node":
+            return (f"dim-range-node name={self.name} input-node={self.source} "
+                    f"dim-offset={self.dim_offset} dim={self.dim}")
+        return f"output-node name={self.name} input={self.descriptor} objective={self.objective}"
+
+    def inputs(self) -> list[str]:
+        """Names of the nodes this node reads (node-level graph)."""
+        if self.kind == "dim-range-node":
+            return [self.source]
+        if self.descriptor is not None:
+            return self.descriptor.node_names()
+        return []
+
+
+@dataclass
+class Nnet:
+    """A Kaldi nnet3 network."""
+
+    nodes: list[Node] = field(default_factory=list)
+    components: dict[str, Component] = field(default_factory=dict)
+
+    # -- construction -----------------------------------------------------------
+    @classmethod
+    def from_config(cls, text: str | list[str], seed: int = 0, source: str | None = None) -> Nnet:
+        """Build and randomly initialize a network from config text, like ``nnet3-init``.
+        A list of texts is applied in order (as with several configs)."""
+        nnet = cls()
+        rng = np.random.default_rng(seed)
+        texts = [text] if isinstance(text, str) else list(text)
+        for t in texts:
+            nnet.read_config(t, rng=rng, source=source)
+        return nnet
+
+    def read_config(self, text: str, rng: np.random.Generator | None = None,
+                    source: str | None = None) -> None:
+        """Apply one config to this network (adds or replaces nodes and components)."""
+        rng = rng if rng is not None else np.random.default_rng(0)
+        lines = split_config_lines(text, source)
+        node_lines: list[ConfigLine] = []
+        for cl in lines:
+            if cl.first == "component":
+                name = cl.get_str("name", required=True)
+                type_name = cl.get_str("type", required=True)
+                cls_ = component_class(type_name)
+                if cls_ is None:
+                    raise cl.error(f"unknown component type {type_name!r}")
+                _check_name(name, cl)
+                self.components[name] = cls_.from_config(cl, rng)
+            elif cl.first in NODE_KINDS:
+                node_lines.append(cl)
+            else:
+                raise cl.error(f"unknown config line type {cl.first!r}")
+        existing = [(None, n) for n in self.nodes]
+        new = [(cl, None) for cl in node_lines]
+        new_names = {cl.get_str("name", required=True) for cl in node_lines}
+        for cl in node_lines:
+            _check_name(cl.values.get("name", ""), cl)
+        # A redefined node takes the position of its last definition.
+        merged = [e for e in existing if e[1].name not in new_names]
+        last_def: dict[str, int] = {}
+        for i, (cl, _) in enumerate(new):
+            last_def[cl.values["name"]] = i
+        for i, (cl, node) in enumerate(new):
+            if last_def[cl.values["name"]] == i:
+                merged.append((cl, node))
+        names = set()
+        for cl, node in merged:
+            names.add(node.name if node is not None else cl.values["name"])
+        nodes = []
+        for cl, node in merged:
+            nodes.append(node if node is not None else _node_from_config(cl, names))
+        self.nodes = nodes
+        self.validate()
+
+    @classmethod
+    def from_model_parts(cls, parts: ModelParts, source: str = "<model>") -> Nnet:
+        nnet = cls()
+        seen = set()
+        for name, comp in parts.components:
+            if name in seen:
+                raise GraphError(f"{source}: duplicate component name {name!r}")
+            seen.add(name)
+            nnet.components[name] = comp
+        names = set()
+        lines = []
+        for line_no, text in parts.config_lines:
+            cl = ConfigLine(text, line_no, source)
+            if cl.first not in NODE_KINDS:
+                raise cl.error(f"unexpected line type {cl.first!r} in model config section")
+            name = cl.get_str("name", required=True)
+            if name in names:
+                raise cl.error(f"duplicate node name {name!r}")
+            names.add(name)
+            lines.append(cl)
+        nnet.nodes = [_node_from_config(cl, names) for cl in lines]
+        nnet.validate(source)
+        return nnet
+
+    def to_model_parts(self) -> ModelParts:
+        return ModelParts(config_lines=[(0, n.config_line()) for n in self.nodes],
+                          components=list(self.components.items()))
+
+    # -- files ---------------------------------------------------------------------
+    def write(self, path: str | os.PathLike, binary: bool = False) -> None:
+        """Write as Kaldi does (``nnet3-copy --binary=...``); atomically."""
+        atomic_write(path, self.to_bytes(binary))
+
+    def to_bytes(self, binary: bool = False) -> bytes:
+        return write_model_parts(self.to_model_parts(), binary)
+
+    # -- queries -------------------------------------------------------------------
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise GraphError(f"no node named {name!r}")
+
+    def has_node(self, name: str) -> bool:
+        return any(n.name == name for n in self.nodes)
+
+    @property
+    def node_map(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    def node_dim(self, name: str) -> int:
+        """Output dim of a node (for component-nodes, the component's output dim)."""
+        n = self.node(name)
+        if n.kind in ("input-node", "dim-range-node"):
+            return n.dim
+        if n.kind == "component-node":
+            return self.components[n.component].output_dim
+        return n.descriptor.dim(self.node_dim)
+
+    def input_names(self) -> list[str]:
+        return [n.name for n in self.nodes if n.kind == "input-node"]
+
+    def output_names(self) -> list[str]:
+        return [n.name for n in self.nodes if n.kind == "output-node"]
+
+    def input_dim(self, name: str) -> int:
+        n = self.node(name)
+        if n.kind != "input-node":
+            raise GraphError(f"{name!r} is not an input node")
+        return n.dim
+
+    def output_dim(self, name: str) -> int:
+        n = self.node(name)
+        if n.kind != "output-node":
+            raise GraphError(f"{name!r} is not an output node")
+        return self.node_dim(name)
+
+    def num_params(self) -> int:
+        return sum(c.num_params() for c in self.components.values())
+
+    def modulus(self) -> int:
+        """LCM of Round() moduli and Switch() sizes: the network is invariant to
+        time shifts by multiples of this."""
+        m = 1
+        for n in self.nodes:
+            if n.descriptor is None:
+                continue
+            for p in n.descriptor.parts:
+                for v in _moduli(p):
+                    m = int(np.lcm(m, v))
+        return m
+
+    def is_recurrent(self) -> bool:
+        from .compiler.epochs import node_sccs
+
+        return any(len(scc) > 1 or self.node(scc[0]).name in self.node(scc[0]).inputs()
+                   for scc in node_sccs(self))
+
+    @property
+    def left_context(self) -> int:
+        return self.context()[0]
+
+    @property
+    def right_context(self) -> int:
+        return self.context()[1]
+
+    def context(self) -> tuple[int, int]:
+        """(left, right) context, with Kaldi's ComputeSimpleNnetContext semantics."""
+        cached = getattr(self, "_context_cache", None)
+        if cached is None:
+            from .compiler.context import compute_simple_context
+
+            cached = compute_simple_context(self)
+            object.__setattr__(self, "_context_cache", cached)
+        return cached
+
+    def set_test_mode(self, test_mode: bool = True) -> None:
+        for c in self.components.values():
+            c.set_test_mode(test_mode)
+
+    def copy(self) -> Nnet:
+        import copy
+
+        return copy.deepcopy(self)
+
+    # -- validation ----------------------------------------------------------------
+    def validate(self, source: str = "config") -> None:
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            dup = next(x for x in names if names.count(x) > 1)
+            raise GraphError(f"{source}: duplicate node name {dup!r}")
+        nodes = {n.name: n for n in self.nodes}
+        for n in self.nodes:
+            for src in n.inputs():
+                if src not in nodes:
+                    raise GraphError(f"{source}: node {n.name!r} reads unknown node {src!r}")
+                if nodes[src].kind == "output-node":
+                    raise GraphError(f"{source}: node {n.name!r} reads output node {src!r}")
+            if n.kind == "component-node":
+                if n.component not in self.components:
+                    raise GraphError(f"{source}: node {n.name!r} uses unknown component "
+                                     f"{n.component!r}")
+                comp = self.components[n.component]
+                try:
+                    d = n.descriptor.dim(self.node_dim)
+                except DescriptorError as e:
+                    raise DimensionError(f"{source}: node {n.name!r}: {e}") from None
+                if d != comp.input_dim:
+                    raise DimensionError(
+                        f"{source}: node {n.name!r}: input descriptor has dim {d} but "
+                        f"component {n.component!r} ({comp.type_name}) has input-dim "
+                        f"{comp.input_dim}")
+            elif n.kind == "dim-range-node":
+                sd = self.node_dim(n.source)
+                if n.dim <= 0 or n.dim_offset < 0 or n.dim_offset + n.dim > sd:
+                    raise DimensionError(
+                        f"{source}: dim-range-node {n.name!r}: dim-offset={n.dim_offset} "
+                        f"dim={n.dim} exceeds the dim {sd} of {n.source!r}")
+            elif n.kind == "output-node":
+                try:
+                    n.descriptor.dim(self.node_dim)
+                except DescriptorError as e:
+                    raise DimensionError(f"{source}: node {n.name!r}: {e}") from None
+        if not any(n.kind == "output-node" for n in self.nodes) and self.nodes:
+            raise GraphError(f"{source}: network has no output-node")
+
+    def info(self) -> str:
+        """Text like ``nnet3-info``."""
+        left, right = self.context()
+        lines = [f"left-context: {left}", f"right-context: {right}",
+                 f"num-parameters: {self.num_params()}", f"modulus: {self.modulus()}"]
+        for n in self.nodes:
+            if n.kind == "input-node":
+                lines.append(f"input-node name={n.name} dim={n.dim}")
+            elif n.kind == "output-node":
+                lines.append(f"output-node name={n.name} input={n.descriptor} "
+                             f"dim={self.node_dim(n.name)} objective={n.objective}")
+            elif n.kind == "dim-range-node":
+                lines.append(n.config_line())
+            else:
+                c = self.components[n.component]
+                lines.append(f"component-node name={n.name} component={n.component} "
+                             f"input={n.descriptor} input-dim={c.input_dim} "
+                             f"output-dim={c.output_dim}")
+        for name, c in self.components.items():
+            lines.append(f"component name={name} {c.info()}")
+        return "\n".join(lines) + "\n"
+
+
+def _moduli(e):
+    if isinstance(e, RoundOf):
+        yield e.t_modulus
+    if isinstance(e, SwitchOf):
+        yield len(e.srcs)
+    for attr in ("src", "a", "b"):
+        sub = getattr(e, attr, None)
+        if sub is not None:
+            yield from _moduli(sub)
+    for sub in getattr(e, "srcs", ()):
+        yield from _moduli(sub)
+
+
+def _check_name(name: str, cl: ConfigLine) -> None:
+    if not name or any(c in name for c in " \t()=,") or name[0].isdigit():
+        raise cl.error(f"invalid name {name!r}")
+
+
+def _node_from_config(cl: ConfigLine, names: set[str]) -> Node:
+    name = cl.get_str("name", required=True)
+    kind = cl.first
+    try:
+        if kind == "input-node":
+            dim = cl.get_int("dim", required=True)
+            if dim <= 0:
+                raise cl.error(f"input-node dim must be positive, got {dim}")
+            node = Node(kind, name, dim=dim)
+        elif kind == "component-node":
+            node = Node(kind, name, component=cl.get_str("component", required=True),
+                        descriptor=parse_descriptor(cl.get_str("input", required=True), names))
+        elif kind == "dim-range-node":
+            src = cl.get_str("input-node", required=True)
+            if src not in names:
+                raise cl.error(f"unknown node {src!r}")
+            node = Node(kind, name, source=src, dim_offset=cl.get_int("dim-offset", 0),
+                        dim=cl.get_int("dim", required=True))
+        else:
+            objective = cl.get_str("objective", "linear")
+            if objective not in ("linear", "quadratic"):
+                raise cl.error(f"objective must be linear or quadratic, got {objective!r}")
+            node = Node(kind, name, objective=objective,
+                        descriptor=parse_descriptor(cl.get_str("input", required=True), names))
+    except DescriptorError as e:
+        raise ConfigError(str(e), cl.line_number, cl.text, cl.source) from None
+    cl.check_all_used()
+    return node
+
+
+def read_nnet(path: str | os.PathLike) -> Nnet:
+    """Read a Kaldi nnet3 model, text or binary (auto-detected by the ``\\0B`` marker)."""
+    path = Path(path)
+    data = path.read_bytes()
+    parts = parse_model_bytes(data, str(path))
+    return Nnet.from_model_parts(parts, str(path))
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers never see a partial file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".",
+                               prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
