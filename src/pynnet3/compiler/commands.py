@@ -355,7 +355,9 @@ class CommandCompiler:
                 self._alloc(md)
                 in_deriv = c.whole(md)
                 self.input_deriv_matrix[i] = md
-            model = self.request.need_model_derivative and comp.is_updatable()
+            # Kaldi uses kBackprop (with a to-update component) for every component
+            # once model derivatives are wanted, updatable or not.
+            model = self.request.need_model_derivative
             c.add(Command(CT.BACKPROP if model else CT.BACKPROP_NO_MODEL_UPDATE,
                           node=step.node, precomputed=self.precomputed[i],
                           in_value=(c.whole(self.input_matrix[i])

@@ -289,15 +289,16 @@ class BinaryReader(KaldiReader):
         return np.frombuffer(raw, dtype=dtype).astype(np.float32)
 
     def read_int_vector(self) -> np.ndarray:
+        """Kaldi's layout: a size byte (4), an int32 count, then raw int32 elements."""
         start = self.pos
         size = self._take(1, "an integer vector")[0]
         if size != 4:
             raise self.error(f"bad integer-vector size byte {size}", pos=start)
         n = struct.unpack("<i", self._take(4, "an integer vector"))[0]
-        out = np.empty(n, dtype=np.int64)
-        for i in range(n):
-            out[i] = self.read_int()
-        return out
+        if n < 0:
+            raise self.error(f"negative integer-vector size {n}", pos=start)
+        raw = self._take(4 * n, f"an integer vector of {n}")
+        return np.frombuffer(raw, dtype="<i4").astype(np.int64)
 
 
 def make_reader(data: bytes, source: str = "<string>") -> KaldiReader:
@@ -396,10 +397,8 @@ class BinaryWriter(KaldiWriter):
         self.parts.append(np.ascontiguousarray(v, dtype="<f4").tobytes())
 
     def write_int_vector(self, v) -> None:
-        v = list(v)
-        self.parts.append(b"\x04" + struct.pack("<i", len(v)))
-        for x in v:
-            self.write_int(x)
+        v = np.asarray(list(v), dtype="<i4")
+        self.parts.append(b"\x04" + struct.pack("<i", len(v)) + v.tobytes())
 
 
 def make_writer(binary: bool) -> KaldiWriter:

@@ -114,6 +114,8 @@ class NnetComputer:
                 comp = comps[name]
                 grad = None
                 if t is CT.BACKPROP:
+                    # A non-updatable component gets an empty dict: "training", which
+                    # turns on self-repair and stats as Kaldi's to-update pointer does.
                     grad = self.grads.get(name)
                     if grad is None:
                         grad = {k: np.zeros(v.shape, dtype=self.dtype)
@@ -153,13 +155,13 @@ class NnetComputer:
                 raise NotImplementedError(f"command {t.value} is not supported by the runtime")
         for name, grad in self.grads.items():
             comp = comps[name]
-            exported = comp.export_gradient(grad)
-            for key, value in exported.items():
-                if "#" in key:  # composite sub-component: "<i>#param" -> "name#i"
-                    sub, param = key.split("#", 1)
-                    result.gradients.setdefault(f"{name}#{sub}", {})[param] = value
-                else:
-                    result.gradients.setdefault(name, {})[key] = value
+            if not comp.is_updatable():
+                continue
+            if hasattr(comp, "sub_gradients"):  # composite: sub-component i is "name#i"
+                for i, g in comp.sub_gradients(grad).items():
+                    result.gradients[f"{name}#{i}"] = g
+            else:
+                result.gradients[name] = comp.export_gradient(grad)
         return result
 
 

@@ -1,0 +1,128 @@
+"""The ``pynnet3`` command line, mirroring Kaldi's nnet3 tools.
+
+``pynnet3 info MODEL``                      like nnet3-info
+``pynnet3 init CONFIG OUT [--binary=...]``  like nnet3-init
+``pynnet3 copy IN OUT [--binary=...]``      like nnet3-copy
+``pynnet3 show-computation MODEL --request REQ.json [--optimize=true|false]``
+``pynnet3 demo``                            compile and run the bundled TDNN-F example
+
+Flags are spelled as Kaldi spells them (``--binary=false``). Errors from bad
+input are printed as one line naming the file and place, with exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import PynnetError
+
+
+def kaldi_bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("true", "t", "1", "yes"):
+        return True
+    if low in ("false", "f", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _cmd_info(args) -> int:
+    from ..nnet import read_nnet
+
+    sys.stdout.write(read_nnet(args.model).info())
+    return 0
+
+
+def _cmd_init(args) -> int:
+    from pathlib import Path
+
+    from ..nnet import Nnet
+
+    text = Path(args.config).read_text()
+    nnet = Nnet.from_config(text, seed=args.srand, source=args.config)
+    nnet.write(args.out, binary=args.binary)
+    return 0
+
+
+def _cmd_copy(args) -> int:
+    from ..nnet import read_nnet
+
+    nnet = read_nnet(args.input)
+    if args.set_test_mode is not None:
+        nnet.set_test_mode(args.set_test_mode)
+    nnet.write(args.output, binary=args.binary)
+    return 0
+
+
+def _cmd_show(args) -> int:
+    from .. import ComputationRequest, compile
+    from ..nnet import read_nnet
+
+    nnet = read_nnet(args.model)
+    with open(args.request) as f:
+        req = ComputationRequest.from_json(json.load(f))
+    comp = compile(nnet, req, optimize=args.optimize)
+    sys.stdout.write(str(req) + "\n")
+    sys.stdout.write(str(comp))
+    sys.stdout.write("# stats: " + json.dumps(comp.stats()) + "\n")
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(seed=args.seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pynnet3", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("info", help="print nodes, components, dims, context (nnet3-info)")
+    s.add_argument("model")
+    s.set_defaults(fn=_cmd_info)
+
+    s = sub.add_parser("init", help="initialize a network from a config (nnet3-init)")
+    s.add_argument("config")
+    s.add_argument("out")
+    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false")
+    s.add_argument("--srand", type=int, default=0, help="random seed for initialization")
+    s.set_defaults(fn=_cmd_init)
+
+    s = sub.add_parser("copy", help="copy a model, converting text/binary (nnet3-copy)")
+    s.add_argument("input")
+    s.add_argument("output")
+    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false")
+    s.add_argument("--set-test-mode", dest="set_test_mode", type=kaldi_bool, default=None,
+                   metavar="true|false", help="set BatchNorm/dropout test mode")
+    s.set_defaults(fn=_cmd_copy)
+
+    s = sub.add_parser("show-computation", help="print the compiled computation and stats")
+    s.add_argument("model")
+    s.add_argument("--request", required=True, help="request.json (kaldi-reference format)")
+    s.add_argument("--optimize", type=kaldi_bool, default=True, metavar="true|false")
+    s.set_defaults(fn=_cmd_show)
+
+    s = sub.add_parser("demo", help="compile and run the bundled TDNN-F example")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(fn=_cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except PynnetError as e:
+        print(f"pynnet3 {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"pynnet3 {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

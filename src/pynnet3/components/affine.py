@@ -1,0 +1,667 @@
+"""Affine-family components: a matrix product plus (usually) a bias.
+
+Types: ``AffineComponent``, ``NaturalGradientAffineComponent``, ``LinearComponent``,
+``FixedAffineComponent``, ``RepeatedAffineComponent``,
+``NaturalGradientRepeatedAffineComponent``, ``BlockAffineComponent``.
+
+All are simple (row i of the output depends on row i of the input). Parameters are
+kept in float32 as Kaldi stores them; math runs in the dtype of the input. The
+natural-gradient types only differ from the plain ones in training-time
+preconditioning, which the plain gradient (what ``backprop`` computes) ignores; we
+keep their preconditioner settings so that files round-trip.
+
+The small helpers at the top (header reading, file-parameter loading, float32
+conversion) are shared with ``scale_offset`` and ``composite``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..io.kaldi_stream import make_reader
+from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
+
+# -- helpers shared by the updatable families ------------------------------------------
+
+
+def f32(x: float) -> float:
+    """A Python float holding the float32 value Kaldi would store (BaseFloat)."""
+    return float(np.float32(x))
+
+
+def init_learning_rates(comp: UpdatableComponent, cfg) -> None:
+    """Kaldi's InitLearningRatesFromConfig, including its check for negative values."""
+    comp.init_updatable_from_config(cfg)
+    for key, value in (("learning-rate", comp.learning_rate),
+                       ("learning-rate-factor", comp.learning_rate_factor),
+                       ("max-change", comp.max_change), ("l2-regularize", comp.l2_regularize)):
+        require(value >= 0.0, cfg, f"{key}={value} must be >= 0")
+    comp.learning_rate = f32(comp.learning_rate)
+    comp.learning_rate_factor = f32(comp.learning_rate_factor)
+    comp.max_change = f32(comp.max_change)
+    comp.l2_regularize = f32(comp.l2_regularize)
+
+
+def read_lenient_header(comp: UpdatableComponent, r) -> None:
+    """The updatable header for types whose Kaldi reader has its own variant
+    (Constant, ConstantFunction, Composite): every token optional, in Kaldi's order.
+    Accepting a superset of what each variant reads costs nothing and round-trips."""
+    for tag, attr, kind in (("<LearningRateFactor>", "learning_rate_factor", "float"),
+                            ("<IsGradient>", "is_gradient", "bool"),
+                            ("<MaxChange>", "max_change", "float"),
+                            ("<L2Regularize>", "l2_regularize", "float"),
+                            ("<LearningRate>", "learning_rate", "float")):
+        if r.peek_token() == tag:
+            setattr(comp, attr, r.read_tagged(tag, kind))
+
+
+def read_param(r, tag: str, kind: str, name: str) -> np.ndarray:
+    """``<Tag> matrix|vector``, rejecting NaN/inf like Kaldi's parameter checks."""
+    r.expect_token(tag)
+    pos = r.pos
+    value = r.read_matrix() if kind == "matrix" else r.read_vector()
+    check_finite(r, name, value, pos)
+    return value
+
+
+def read_legacy_is_gradient(comp: UpdatableComponent, r) -> None:
+    """Old files wrote ``<IsGradient>`` after the parameters; Kaldi still accepts it."""
+    if r.peek_token() == "<IsGradient>":
+        comp.is_gradient = r.read_tagged("<IsGradient>", "bool")
+
+
+def expect_one_or_two(r, first: str, second: str) -> None:
+    """Kaldi's ExpectOneOrTwoTokens: an optional repeated opening tag, then ``second``."""
+    start = r.pos
+    tok = r.read_token()
+    if tok == first:
+        start = r.pos
+        tok = r.read_token()
+    if tok != second:
+        raise r.error(f"expected {second!r}", token=tok, pos=start)
+
+
+def load_kaldi_object(cfg, key: str, kind: str) -> np.ndarray:
+    """Read the matrix or vector file named by option ``key`` (Kaldi's ReadKaldiObject)."""
+    path = cfg.get_str(key)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise cfg.error(f"{key}={path}: cannot read file ({e.strerror})") from None
+    r = make_reader(data, path)
+    value = r.read_matrix() if kind == "matrix" else r.read_vector()
+    require(np.all(np.isfinite(value)), cfg, f"{key}={path}: non-finite values")
+    return value
+
+
+def randn(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _cast(a: np.ndarray, dtype) -> np.ndarray:
+    return a.astype(dtype, copy=False)
+
+
+def _add_grad(grad, name: str, value: np.ndarray) -> None:
+    if grad is not None and name in grad:
+        grad[name] += value
+
+
+# -- AffineComponent and NaturalGradientAffineComponent ------------------------------
+
+
+@register
+class AffineComponent(UpdatableComponent):
+    """y = x W^T + b, with W [output-dim, input-dim] and b [output-dim]."""
+
+    type_name = "AffineComponent"
+
+    def __init__(self, linear_params: np.ndarray, bias_params: np.ndarray):
+        super().__init__()
+        self.linear_params = np.asarray(linear_params, np.float32)
+        self.bias_params = np.asarray(bias_params, np.float32)
+        self.orthonormal_constraint = 0.0
+
+    @property
+    def input_dim(self) -> int:
+        return self.linear_params.shape[1]
+
+    @property
+    def output_dim(self) -> int:
+        return self.linear_params.shape[0]
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_NEEDS_INPUT | Flags.BACKPROP_ADDS
+
+    # -- config --------------------------------------------------------------------
+    @classmethod
+    def _init_params(cls, cfg, rng, with_bias_mean: bool):
+        if cfg.has("matrix"):
+            mat = load_kaldi_object(cfg, "matrix", "matrix")
+            require(mat.shape[1] >= 2, cfg, "matrix= must have at least 2 columns")
+            linear, bias = mat[:, :-1].copy(), mat[:, -1].copy()
+            for key, want in (("input-dim", linear.shape[1]), ("output-dim", linear.shape[0])):
+                if cfg.has(key):
+                    require(cfg.get_int(key) == want, cfg, f"{key} mismatch vs. matrix")
+            return linear, bias
+        input_dim = cfg.get_int("input-dim", required=True)
+        output_dim = cfg.get_int("output-dim", required=True)
+        require(input_dim > 0 and output_dim > 0, cfg, "input-dim and output-dim must be > 0")
+        param_stddev = cfg.get_float("param-stddev", 1.0 / np.sqrt(input_dim))
+        bias_stddev = cfg.get_float("bias-stddev", 1.0)
+        bias_mean = cfg.get_float("bias-mean", 0.0) if with_bias_mean else 0.0
+        require(param_stddev >= 0.0, cfg, "param-stddev must be >= 0")
+        if with_bias_mean:
+            require(bias_stddev >= 0.0, cfg, "bias-stddev must be >= 0")
+        linear = randn(rng, output_dim, input_dim) * np.float32(param_stddev)
+        bias = randn(rng, output_dim) * np.float32(bias_stddev) + np.float32(bias_mean)
+        return linear, bias
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> AffineComponent:
+        linear, bias = cls._init_params(cfg, rng, with_bias_mean=cls is not AffineComponent)
+        comp = cls(linear, bias)
+        init_learning_rates(comp, cfg)
+        comp.orthonormal_constraint = f32(cfg.get_float("orthonormal-constraint", 0.0))
+        comp._init_extra(cfg)
+        cfg.check_all_used()
+        return comp
+
+    def _init_extra(self, cfg) -> None:
+        """Subclass hook for extra config options."""
+
+    # -- files ---------------------------------------------------------------------
+    @classmethod
+    def read(cls, r) -> AffineComponent:
+        comp = cls(np.zeros((0, 0)), np.zeros(0))
+        comp.read_updatable_common(r)
+        comp.linear_params = read_param(r, "<LinearParams>", "matrix", "linear_params")
+        comp.bias_params = read_param(r, "<BiasParams>", "vector", "bias_params")
+        comp.orthonormal_constraint = 0.0
+        comp._read_tail(r)
+        comp._check_dims(r)
+        return comp
+
+    def _read_tail(self, r) -> None:
+        read_legacy_is_gradient(self, r)
+        self.orthonormal_constraint = r.read_optional("<OrthonormalConstraint>", "float", 0.0)
+        read_closing(r, self.type_name)
+
+    def _check_dims(self, r) -> None:
+        if self.bias_params.shape[0] != self.linear_params.shape[0]:
+            raise r.error(f"{self.type_name}: bias dim {self.bias_params.shape[0]} != "
+                          f"output dim {self.linear_params.shape[0]}")
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_tagged("<LinearParams>", "matrix", self.linear_params)
+        w.write_tagged("<BiasParams>", "vector", self.bias_params)
+        self._write_tail(w)
+
+    def _write_tail(self, w) -> None:
+        if self.orthonormal_constraint != 0.0:
+            w.write_tagged("<OrthonormalConstraint>", "float", self.orthonormal_constraint)
+        w.write_token(f"</{self.type_name}>")
+
+    # -- parameters and math -------------------------------------------------------
+    def params(self) -> dict[str, np.ndarray]:
+        return {"linear_params": self.linear_params, "bias_params": self.bias_params}
+
+    def propagate(self, indexes, in_value, out_value):
+        dt = in_value.dtype
+        out_value[...] = in_value @ _cast(self.linear_params, dt).T
+        out_value += _cast(self.bias_params, dt)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        if in_deriv is not None:
+            in_deriv += out_deriv @ _cast(self.linear_params, out_deriv.dtype)
+        if grad is not None:
+            _add_grad(grad, "linear_params", out_deriv.T @ in_value)
+            _add_grad(grad, "bias_params", out_deriv.sum(axis=0))
+
+    def info(self) -> str:
+        s = super().info() + self.updatable_info()
+        if self.orthonormal_constraint != 0.0:
+            s += f", orthonormal-constraint={self.orthonormal_constraint:g}"
+        return s
+
+
+@register
+class NaturalGradientAffineComponent(AffineComponent):
+    """AffineComponent trained with Kaldi's natural gradient; the forward/backward
+    math and the plain gradient are the same. Stores the preconditioner settings
+    (ranks, update period, history, alpha) so files round-trip."""
+
+    type_name = "NaturalGradientAffineComponent"
+
+    def __init__(self, linear_params: np.ndarray, bias_params: np.ndarray):
+        super().__init__(linear_params, bias_params)
+        self.rank_in = min(20, (self.input_dim + 1) // 2)
+        self.rank_out = min(80, (self.output_dim + 1) // 2)
+        self.update_period = 4
+        self.num_samples_history = 2000.0
+        self.alpha = 4.0
+
+    def _init_extra(self, cfg) -> None:
+        self.num_samples_history = f32(cfg.get_float("num-samples-history", 2000.0))
+        self.alpha = f32(cfg.get_float("alpha", 4.0))
+        self.rank_in = cfg.get_int("rank-in", -1)
+        self.rank_out = cfg.get_int("rank-out", -1)
+        self.update_period = cfg.get_int("update-period", 4)
+        if self.rank_in < 0:
+            self.rank_in = min(20, (self.input_dim + 1) // 2)
+        if self.rank_out < 0:
+            self.rank_out = min(80, (self.output_dim + 1) // 2)
+
+    def _read_tail(self, r) -> None:
+        self.rank_in = r.read_tagged("<RankIn>", "int")
+        self.rank_out = r.read_tagged("<RankOut>", "int")
+        self.orthonormal_constraint = r.read_optional("<OrthonormalConstraint>", "float", 0.0)
+        self.update_period = r.read_tagged("<UpdatePeriod>", "int")
+        self.num_samples_history = r.read_tagged("<NumSamplesHistory>", "float")
+        self.alpha = r.read_tagged("<Alpha>", "float")
+        # Back-compatibility tokens Kaldi still accepts (and drops).
+        r.read_optional("<MaxChangePerSample>", "float")
+        read_legacy_is_gradient(self, r)
+        if r.peek_token() == "<UpdateCount>":
+            for tag in ("<UpdateCount>", "<ActiveScalingCount>", "<MaxChangeScaleStats>"):
+                r.read_tagged(tag, "float")
+        # Kaldi accepts any token containing "NaturalGradientAffineComponent>" here.
+        start = r.pos
+        tok = r.read_token()
+        if "NaturalGradientAffineComponent>" not in tok:
+            raise r.error("expected </NaturalGradientAffineComponent>", token=tok, pos=start)
+
+    def _write_tail(self, w) -> None:
+        w.write_tagged("<RankIn>", "int", self.rank_in)
+        w.write_tagged("<RankOut>", "int", self.rank_out)
+        if self.orthonormal_constraint != 0.0:
+            w.write_tagged("<OrthonormalConstraint>", "float", self.orthonormal_constraint)
+        w.write_tagged("<UpdatePeriod>", "int", self.update_period)
+        w.write_tagged("<NumSamplesHistory>", "float", self.num_samples_history)
+        w.write_tagged("<Alpha>", "float", self.alpha)
+        w.write_token(f"</{self.type_name}>")
+
+
+# -- LinearComponent ------------------------------------------------------------------
+
+
+@register
+class LinearComponent(UpdatableComponent):
+    """y += x W^T (no bias; note Kaldi's PROPAGATE_ADDS: the output is added to)."""
+
+    type_name = "LinearComponent"
+
+    def __init__(self, params: np.ndarray):
+        super().__init__()
+        self.params_ = np.asarray(params, np.float32)
+        self.orthonormal_constraint = 0.0
+        self.use_natural_gradient = True
+        self.rank_in, self.rank_out = 40, 80
+        self.alpha, self.num_samples_history, self.update_period = 4.0, 2000.0, 4
+
+    @property
+    def input_dim(self) -> int:
+        return self.params_.shape[1]
+
+    @property
+    def output_dim(self) -> int:
+        return self.params_.shape[0]
+
+    def properties(self) -> Flags:
+        return (Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_NEEDS_INPUT
+                | Flags.PROPAGATE_ADDS | Flags.BACKPROP_ADDS)
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> LinearComponent:
+        comp = cls(np.zeros((0, 0), np.float32))
+        init_learning_rates(comp, cfg)
+        if cfg.has("matrix"):
+            comp.params_ = load_kaldi_object(cfg, "matrix", "matrix")
+            require(comp.params_.shape[0] != 0, cfg, "matrix= is empty")
+            for key, want in (("input-dim", comp.input_dim), ("output-dim", comp.output_dim)):
+                if cfg.has(key):
+                    require(cfg.get_int(key) == want, cfg, f"{key} mismatch vs. matrix")
+        else:
+            input_dim = cfg.get_int("input-dim", required=True)
+            output_dim = cfg.get_int("output-dim", required=True)
+            require(input_dim > 0 and output_dim > 0, cfg, "input-dim and output-dim must be > 0")
+            stddev = cfg.get_float("param-stddev", 1.0 / np.sqrt(input_dim))
+            require(stddev >= 0.0, cfg, "param-stddev must be >= 0")
+            comp.params_ = randn(rng, output_dim, input_dim) * np.float32(stddev)
+        comp.num_samples_history = f32(cfg.get_float("num-samples-history", 2000.0))
+        comp.alpha = f32(cfg.get_float("alpha", 4.0))
+        comp.rank_in = cfg.get_int("rank-in", -1)
+        comp.rank_out = cfg.get_int("rank-out", -1)
+        comp.update_period = cfg.get_int("update-period", 4)
+        comp.use_natural_gradient = cfg.get_bool("use-natural-gradient", True)
+        if comp.rank_in < 0:
+            comp.rank_in = min(20, (comp.input_dim + 1) // 2)
+        if comp.rank_out < 0:
+            comp.rank_out = min(80, (comp.output_dim + 1) // 2)
+        comp.orthonormal_constraint = f32(cfg.get_float("orthonormal-constraint", 0.0))
+        cfg.check_all_used()
+        return comp
+
+    @classmethod
+    def read(cls, r) -> LinearComponent:
+        comp = cls(np.zeros((0, 0), np.float32))
+        comp.read_updatable_common(r)
+        comp.params_ = read_param(r, "<Params>", "matrix", "params")
+        comp.orthonormal_constraint = r.read_optional("<OrthonormalConstraint>", "float", 0.0)
+        comp.use_natural_gradient = r.read_tagged("<UseNaturalGradient>", "bool")
+        comp.rank_in = r.read_tagged("<RankInOut>", "int")
+        comp.rank_out = r.read_int()
+        comp.alpha = r.read_tagged("<Alpha>", "float")
+        comp.num_samples_history = r.read_tagged("<NumSamplesHistory>", "float")
+        comp.update_period = r.read_tagged("<UpdatePeriod>", "int")
+        read_closing(r, cls.type_name)
+        return comp
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_tagged("<Params>", "matrix", self.params_)
+        if self.orthonormal_constraint != 0.0:
+            w.write_tagged("<OrthonormalConstraint>", "float", self.orthonormal_constraint)
+        w.write_tagged("<UseNaturalGradient>", "bool", self.use_natural_gradient)
+        w.write_tagged("<RankInOut>", "int", self.rank_in)
+        w.write_int(self.rank_out)
+        w.write_tagged("<Alpha>", "float", self.alpha)
+        w.write_tagged("<NumSamplesHistory>", "float", self.num_samples_history)
+        w.write_tagged("<UpdatePeriod>", "int", self.update_period)
+        w.write_token(f"</{self.type_name}>")
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"params": self.params_}
+
+    def export_gradient(self, grad):
+        return {"params_vectorized": grad["params"].reshape(-1).copy()}
+
+    def propagate(self, indexes, in_value, out_value):
+        out_value += in_value @ _cast(self.params_, in_value.dtype).T
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        if in_deriv is not None:
+            in_deriv += out_deriv @ _cast(self.params_, out_deriv.dtype)
+        _add_grad(grad, "params", out_deriv.T @ in_value)
+
+
+# -- FixedAffineComponent -------------------------------------------------------------
+
+
+@register
+class FixedAffineComponent(AffineComponent):
+    """A non-trainable affine transform (e.g. an LDA matrix)."""
+
+    type_name = "FixedAffineComponent"
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE | Flags.BACKPROP_ADDS
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> FixedAffineComponent:
+        if cfg.has("matrix"):
+            mat = load_kaldi_object(cfg, "matrix", "matrix")
+            require(mat.shape[0] != 0 and mat.shape[1] > 1, cfg, "matrix= too small")
+        else:
+            # "input-dim=x output-dim=y": random, for testing only (as Kaldi).
+            input_dim = cfg.get_int("input-dim", required=True)
+            output_dim = cfg.get_int("output-dim", required=True)
+            require(input_dim > 0 and output_dim > 0, cfg, "input-dim and output-dim must be > 0")
+            mat = randn(rng, output_dim, input_dim + 1)
+        cfg.check_all_used()
+        return cls(mat[:, :-1].copy(), mat[:, -1].copy())
+
+    @classmethod
+    def read(cls, r) -> FixedAffineComponent:
+        expect_one_or_two(r, "<FixedAffineComponent>", "<LinearParams>")
+        pos = r.pos
+        linear = r.read_matrix()
+        check_finite(r, "linear_params", linear, pos)
+        bias = read_param(r, "<BiasParams>", "vector", "bias_params")
+        read_closing(r, cls.type_name)
+        comp = cls(linear, bias)
+        comp._check_dims(r)
+        return comp
+
+    def write(self, w) -> None:
+        w.write_token(f"<{self.type_name}>")
+        w.write_tagged("<LinearParams>", "matrix", self.linear_params)
+        w.write_tagged("<BiasParams>", "vector", self.bias_params)
+        w.write_token(f"</{self.type_name}>")
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        if in_deriv is not None:
+            in_deriv += out_deriv @ _cast(self.linear_params, out_deriv.dtype)
+
+    def info(self) -> str:
+        return f"type={self.type_name}, input-dim={self.input_dim}, output-dim={self.output_dim}"
+
+
+# -- RepeatedAffineComponent and its natural-gradient twin ------------------------------
+
+
+@register
+class RepeatedAffineComponent(UpdatableComponent):
+    """The same small affine map applied to each of ``num_repeats`` consecutive
+    column blocks: W [output-dim/r, input-dim/r], b [output-dim/r]."""
+
+    type_name = "RepeatedAffineComponent"
+
+    def __init__(self, linear_params: np.ndarray, bias_params: np.ndarray, num_repeats: int):
+        super().__init__()
+        self.linear_params = np.asarray(linear_params, np.float32)
+        self.bias_params = np.asarray(bias_params, np.float32)
+        self.num_repeats = int(num_repeats)
+
+    @property
+    def input_dim(self) -> int:
+        return self.linear_params.shape[1] * self.num_repeats
+
+    @property
+    def output_dim(self) -> int:
+        return self.linear_params.shape[0] * self.num_repeats
+
+    def properties(self) -> Flags:
+        return (Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_NEEDS_INPUT | Flags.BACKPROP_ADDS
+                | Flags.INPUT_CONTIGUOUS | Flags.OUTPUT_CONTIGUOUS)
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> RepeatedAffineComponent:
+        comp = cls(np.zeros((0, 0)), np.zeros(0), 1)
+        init_learning_rates(comp, cfg)
+        num_repeats = cfg.get_int("num-repeats", required=True)
+        input_dim = cfg.get_int("input-dim", required=True)
+        output_dim = cfg.get_int("output-dim", required=True)
+        require(num_repeats > 0, cfg, "num-repeats must be > 0")
+        require(input_dim > 0 and output_dim > 0, cfg, "input-dim and output-dim must be > 0")
+        require(input_dim % num_repeats == 0, cfg, "num-repeats must divide input-dim")
+        require(output_dim % num_repeats == 0, cfg, "num-repeats must divide output-dim")
+        block_in, block_out = input_dim // num_repeats, output_dim // num_repeats
+        stddev = cfg.get_float("param-stddev", 1.0 / np.sqrt(block_in))
+        bias_mean = cfg.get_float("bias-mean", 0.0)
+        bias_stddev = cfg.get_float("bias-stddev", 0.0)
+        require(stddev >= 0.0, cfg, "param-stddev must be >= 0")
+        comp.linear_params = randn(rng, block_out, block_in) * np.float32(stddev)
+        comp.bias_params = (randn(rng, block_out) * np.float32(bias_stddev)
+                            + np.float32(bias_mean))
+        comp.num_repeats = num_repeats
+        cfg.check_all_used()
+        return comp
+
+    @classmethod
+    def read(cls, r) -> RepeatedAffineComponent:
+        comp = cls(np.zeros((0, 0)), np.zeros(0), 1)
+        comp.read_updatable_common(r)
+        start = r.pos
+        comp.num_repeats = r.read_tagged("<NumRepeats>", "int")
+        if comp.num_repeats <= 0:
+            raise r.error("<NumRepeats> must be > 0", token=str(comp.num_repeats), pos=start)
+        comp.linear_params = read_param(r, "<LinearParams>", "matrix", "linear_params")
+        comp.bias_params = read_param(r, "<BiasParams>", "vector", "bias_params")
+        read_legacy_is_gradient(comp, r)
+        read_closing(r, cls.type_name)
+        if comp.bias_params.shape[0] != comp.linear_params.shape[0]:
+            raise r.error(f"{cls.type_name}: bias dim does not match linear params")
+        return comp
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_tagged("<NumRepeats>", "int", self.num_repeats)
+        w.write_tagged("<LinearParams>", "matrix", self.linear_params)
+        w.write_tagged("<BiasParams>", "vector", self.bias_params)
+        w.write_token(f"</{self.type_name}>")
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"linear_params": self.linear_params, "bias_params": self.bias_params}
+
+    def _blocks(self, m: np.ndarray, block: int) -> np.ndarray:
+        # Each input row holds num_repeats consecutive blocks; treat them as rows.
+        return m.reshape(-1, block)
+
+    def propagate(self, indexes, in_value, out_value):
+        dt = in_value.dtype
+        x = self._blocks(in_value, self.linear_params.shape[1])
+        y = x @ _cast(self.linear_params, dt).T + _cast(self.bias_params, dt)
+        out_value[...] = y.reshape(out_value.shape)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        dy = self._blocks(out_deriv, self.linear_params.shape[0])
+        if in_deriv is not None:
+            dx = dy @ _cast(self.linear_params, dy.dtype)
+            in_deriv += dx.reshape(in_deriv.shape)
+        if grad is not None:
+            x = self._blocks(in_value, self.linear_params.shape[1])
+            _add_grad(grad, "linear_params", dy.T @ x)
+            _add_grad(grad, "bias_params", dy.sum(axis=0))
+
+    def info(self) -> str:
+        return super().info() + self.updatable_info() + f", num-repeats={self.num_repeats}"
+
+
+@register
+class NaturalGradientRepeatedAffineComponent(RepeatedAffineComponent):
+    """RepeatedAffineComponent with a (fixed-configuration) natural-gradient update;
+    same file layout, math and plain gradient."""
+
+    type_name = "NaturalGradientRepeatedAffineComponent"
+
+
+# -- BlockAffineComponent -------------------------------------------------------------
+
+
+@register
+class BlockAffineComponent(UpdatableComponent):
+    """A block-diagonal affine map with ``num_blocks`` independent blocks.
+
+    ``linear_params`` [output-dim, input-dim/num-blocks] stacks the blocks
+    vertically: block b maps input columns b*ci..(b+1)*ci to output columns
+    b*co..(b+1)*co using rows b*co..(b+1)*co.
+    """
+
+    type_name = "BlockAffineComponent"
+
+    def __init__(self, linear_params: np.ndarray, bias_params: np.ndarray, num_blocks: int):
+        super().__init__()
+        self.linear_params = np.asarray(linear_params, np.float32)
+        self.bias_params = np.asarray(bias_params, np.float32)
+        self.num_blocks = int(num_blocks)
+
+    @property
+    def input_dim(self) -> int:
+        return self.linear_params.shape[1] * self.num_blocks
+
+    @property
+    def output_dim(self) -> int:
+        return self.linear_params.shape[0]
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_NEEDS_INPUT | Flags.BACKPROP_ADDS
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> BlockAffineComponent:
+        comp = cls(np.zeros((0, 0)), np.zeros(0), 1)
+        input_dim = cfg.get_int("input-dim", required=True)
+        output_dim = cfg.get_int("output-dim", required=True)
+        num_blocks = cfg.get_int("num-blocks", required=True)
+        init_learning_rates(comp, cfg)
+        require(input_dim > 0 and output_dim > 0 and num_blocks >= 1, cfg,
+                "input-dim, output-dim and num-blocks must be > 0")
+        require(input_dim % num_blocks == 0 and output_dim % num_blocks == 0, cfg,
+                "num-blocks must divide input-dim and output-dim")
+        stddev = cfg.get_float("param-stddev", 1.0 / np.sqrt(input_dim // num_blocks))
+        bias_stddev = cfg.get_float("bias-stddev", 1.0)
+        bias_mean = cfg.get_float("bias-mean", 0.0)
+        require(stddev >= 0.0 and bias_stddev >= 0.0, cfg,
+                "param-stddev and bias-stddev must be >= 0")
+        comp.linear_params = randn(rng, output_dim, input_dim // num_blocks) * np.float32(stddev)
+        comp.bias_params = randn(rng, output_dim) * np.float32(bias_stddev) + np.float32(bias_mean)
+        comp.num_blocks = num_blocks
+        cfg.check_all_used()
+        return comp
+
+    @classmethod
+    def read(cls, r) -> BlockAffineComponent:
+        comp = cls(np.zeros((0, 0)), np.zeros(0), 1)
+        comp.read_updatable_common(r)
+        start = r.pos
+        comp.num_blocks = r.read_tagged("<NumBlocks>", "int")
+        comp.linear_params = read_param(r, "<LinearParams>", "matrix", "linear_params")
+        comp.bias_params = read_param(r, "<BiasParams>", "vector", "bias_params")
+        read_legacy_is_gradient(comp, r)
+        read_closing(r, cls.type_name)
+        rows = comp.linear_params.shape[0]
+        if comp.num_blocks <= 0 or rows % comp.num_blocks:
+            raise r.error("<NumBlocks> must be > 0 and divide the output dim",
+                          token=str(comp.num_blocks), pos=start)
+        if comp.bias_params.shape[0] != rows:
+            raise r.error(f"{cls.type_name}: bias dim does not match linear params")
+        return comp
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_tagged("<NumBlocks>", "int", self.num_blocks)
+        w.write_tagged("<LinearParams>", "matrix", self.linear_params)
+        w.write_tagged("<BiasParams>", "vector", self.bias_params)
+        w.write_token(f"</{self.type_name}>")
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"linear_params": self.linear_params, "bias_params": self.bias_params}
+
+    def export_gradient(self, grad):
+        return {"params_vectorized": np.concatenate([grad["linear_params"].reshape(-1),
+                                                     grad["bias_params"].reshape(-1)])}
+
+    def _w3(self, dtype) -> np.ndarray:
+        """The blocks as [num_blocks, block_out, block_in]."""
+        nb = self.num_blocks
+        return _cast(self.linear_params, dtype).reshape(nb, -1, self.linear_params.shape[1])
+
+    def propagate(self, indexes, in_value, out_value):
+        dt = in_value.dtype
+        x = in_value.reshape(len(in_value), self.num_blocks, -1)
+        y = np.einsum("rbi,boi->rbo", x, self._w3(dt))
+        out_value[...] = y.reshape(out_value.shape) + _cast(self.bias_params, dt)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        dy = out_deriv.reshape(len(out_deriv), self.num_blocks, -1)
+        if in_deriv is not None:
+            dx = np.einsum("rbo,boi->rbi", dy, self._w3(out_deriv.dtype))
+            in_deriv += dx.reshape(in_deriv.shape)
+        if grad is not None:
+            x = in_value.reshape(len(in_value), self.num_blocks, -1)
+            gw = np.einsum("rbo,rbi->boi", dy, x)
+            _add_grad(grad, "linear_params", gw.reshape(self.linear_params.shape))
+            _add_grad(grad, "bias_params", out_deriv.sum(axis=0))
+
+    def info(self) -> str:
+        return super().info() + self.updatable_info() + f", num-blocks={self.num_blocks}"

@@ -1,0 +1,417 @@
+"""RestrictedAttentionComponent: multi-head self-attention over a window of frames.
+
+Each head's input columns are ``[key (key_dim), value (value_dim), query
+(key_dim + context_dim)]``, with ``context_dim = num_left + 1 + num_right``. The
+output at ``(n, t, x)`` attends over the inputs at ``t + k * time_stride`` for
+``k = -num_left .. num_right`` (context position ``j = k + num_left``):
+
+    b[j] = key_scale * <query_key_part(t), key(t_j)> + query_context_part(t)[j]
+    c    = softmax(b)
+    out  = [sum_j c[j] * value(t_j), c (only when output-context)]
+
+The query is the input row at the output's own time (always required). Inputs with
+``-num_left_required <= k <= num_right_required`` are required; the others are
+optional, and a missing optional input acts exactly as Kaldi's zero padding row:
+its key and value are zero, so it still takes part in the softmax with score
+``query_context_part[j]`` (it is NOT masked out), and its value adds nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ComputeError
+from ..index import KeySet, describe, pack
+from .base import Component, Flags, InputDeps, check_finite, register, require
+
+# Kaldi's kNoTime: the t of the padding rows that reorder_indexes() adds.
+NO_TIME = int(np.iinfo(np.int32).min)
+
+
+@dataclass
+class AttentionIndexes:
+    """``context_rows[o, j]``: input row of output ``o``'s context position ``j``,
+    or ``num_input_rows`` (a virtual zero row) when that optional input is absent.
+    The query of output ``o`` is row ``context_rows[o, num_left]``."""
+
+    context_rows: np.ndarray  # (rows_out, context_dim) int64
+    num_input_rows: int
+
+
+def _read_double_array(r, matrix: bool) -> np.ndarray:
+    """A Kaldi ``Vector<double>`` / ``Matrix<double>`` at full double precision
+    (the shared reader's read_vector/read_matrix give float32)."""
+    if r.binary:
+        start = r.pos
+        tok = r.read_token()
+        allowed = ("DM", "FM") if matrix else ("DV", "FV")
+        if tok not in allowed:
+            raise r.error(f"expected one of {list(allowed)}", token=tok, pos=start)
+        shape = (r.read_int(), r.read_int()) if matrix else (r.read_int(),)
+        if min(shape) < 0:
+            raise r.error(f"negative size {shape}", pos=start)
+        dtype = np.dtype("<f8" if tok[0] == "D" else "<f4")
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if r.pos + nbytes > len(r.data):
+            raise r.error("unexpected end of file while reading stats", pos=start)
+        raw = r.data[r.pos:r.pos + nbytes]
+        r.pos += nbytes
+        return np.frombuffer(raw, dtype=dtype).astype(np.float64).reshape(shape)
+    # Text: let the shared reader check the syntax and shape, then re-parse the
+    # same bytes as float64 so that a read/write round trip is exact.
+    start = r.pos
+    arr32 = r.read_matrix() if matrix else r.read_vector()
+    body = r.data[start:r.pos].replace(b"[", b" ").replace(b"]", b" ")
+    return np.array(body.split(), dtype=np.float64).reshape(arr32.shape)
+
+
+def _write_double_array(w, arr: np.ndarray) -> None:
+    arr = np.asarray(arr, dtype=np.float64)
+    if not w.binary:
+        (w.write_matrix if arr.ndim == 2 else w.write_vector)(arr)
+        return
+    if arr.ndim == 2:
+        w.write_token("DM")
+        w.write_int(arr.shape[0])
+        w.write_int(arr.shape[1])
+    else:
+        w.write_token("DV")
+        w.write_int(arr.size)
+    w.raw(np.ascontiguousarray(arr, dtype="<f8").tobytes())
+
+
+@register
+class RestrictedAttentionComponent(Component):
+    """See the module docstring. Not updatable; stores attention statistics
+    (per-head entropy and mean posteriors) when asked to.
+
+    Invariants: num_heads, key_dim, value_dim, time_stride > 0; num_left,
+    num_right >= 0 with a positive sum; 0 <= *_required <= the matching num_*;
+    0 < key_scale; stats are empty or shaped (num_heads,), (num_heads, context_dim).
+    """
+
+    type_name = "RestrictedAttentionComponent"
+
+    def __init__(self, num_heads: int, key_dim: int, value_dim: int, num_left_inputs: int,
+                 num_right_inputs: int, time_stride: int = 1,
+                 num_left_inputs_required: int | None = None,
+                 num_right_inputs_required: int | None = None, output_context: bool = True,
+                 key_scale: float | None = None):
+        self.num_heads = int(num_heads)
+        self.key_dim = int(key_dim)
+        self.value_dim = int(value_dim)
+        self.num_left_inputs = int(num_left_inputs)
+        self.num_right_inputs = int(num_right_inputs)
+        self.time_stride = int(time_stride)
+        self.num_left_inputs_required = (self.num_left_inputs if num_left_inputs_required
+                                         is None else int(num_left_inputs_required))
+        self.num_right_inputs_required = (self.num_right_inputs if num_right_inputs_required
+                                          is None else int(num_right_inputs_required))
+        self.output_context = bool(output_context)
+        self.key_scale = (1.0 / math.sqrt(self.key_dim) if key_scale is None
+                          else float(key_scale))
+        self.stats_count = 0.0
+        self.entropy_stats = np.zeros(0, dtype=np.float64)
+        self.posterior_stats = np.zeros((0, 0), dtype=np.float64)
+
+    def _problem(self) -> str | None:
+        if min(self.num_heads, self.key_dim, self.value_dim, self.time_stride) <= 0:
+            return "num-heads, key-dim, value-dim and time-stride must be > 0"
+        if self.num_left_inputs < 0 or self.num_right_inputs < 0:
+            return "num-left-inputs and num-right-inputs must be >= 0"
+        if self.num_left_inputs + self.num_right_inputs <= 0:
+            return "num-left-inputs + num-right-inputs must be > 0"
+        if not 0 <= self.num_left_inputs_required <= self.num_left_inputs:
+            return "num-left-inputs-required must be in [0, num-left-inputs]"
+        if not 0 <= self.num_right_inputs_required <= self.num_right_inputs:
+            return "num-right-inputs-required must be in [0, num-right-inputs]"
+        if not self.key_scale > 0.0:
+            return "key-scale must be > 0"
+        if self.stats_count < 0:
+            return "stats count must be >= 0"
+        if self.entropy_stats.size and self.entropy_stats.shape != (self.num_heads,):
+            return f"<EntropyStats> must have dim {self.num_heads}"
+        if self.posterior_stats.size and self.posterior_stats.shape != (
+                self.num_heads, self.context_dim):
+            return f"<PosteriorStats> must be {self.num_heads}x{self.context_dim}"
+        return None
+
+    # -- structure ------------------------------------------------------------------
+    @property
+    def context_dim(self) -> int:
+        return self.num_left_inputs + 1 + self.num_right_inputs
+
+    @property
+    def input_dim_per_head(self) -> int:
+        return 2 * self.key_dim + self.value_dim + self.context_dim
+
+    @property
+    def output_dim_per_head(self) -> int:
+        return self.value_dim + (self.context_dim if self.output_context else 0)
+
+    @property
+    def input_dim(self) -> int:
+        return self.num_heads * self.input_dim_per_head
+
+    @property
+    def output_dim(self) -> int:
+        return self.num_heads * self.output_dim_per_head
+
+    def properties(self) -> Flags:
+        return (Flags.REORDERS_INDEXES | Flags.BACKPROP_NEEDS_INPUT | Flags.PROPAGATE_ADDS
+                | Flags.BACKPROP_ADDS | Flags.STORES_STATS | Flags.USES_MEMO)
+
+    def info(self) -> str:
+        s = (f"type={self.type_name}, input-dim={self.input_dim}, "
+             f"output-dim={self.output_dim}, num-heads={self.num_heads}, "
+             f"time-stride={self.time_stride}, key-dim={self.key_dim}, "
+             f"value-dim={self.value_dim}, num-left-inputs={self.num_left_inputs}, "
+             f"num-right-inputs={self.num_right_inputs}, context-dim={self.context_dim}, "
+             f"num-left-inputs-required={self.num_left_inputs_required}, "
+             f"num-right-inputs-required={self.num_right_inputs_required}, "
+             f"output-context={str(self.output_context).lower()}, "
+             f"key-scale={self.key_scale:g}")
+        if self.stats_count != 0.0:
+            ent = ",".join(f"{v:g}" for v in self.entropy_stats / self.stats_count)
+            s += f", entropy={ent}, stats-count={self.stats_count:g}"
+        return s
+
+    # -- construction and files ----------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None):
+        mandatory = ("key-dim", "value-dim", "num-left-inputs", "num-right-inputs")
+        missing = [k for k in mandatory if not cfg.has(k)]
+        if missing:  # Kaldi names all four mandatory options together
+            raise cfg.error(f"{cls.type_name}: key-dim, value-dim, num-left-inputs and "
+                            f"num-right-inputs must all be given (missing "
+                            f"{', '.join(k + '=' for k in missing)})")
+        key_dim, value_dim, num_left, num_right = (cfg.get_int(k) for k in mandatory)
+        num_heads = cfg.get_int("num-heads", 1)
+        time_stride = cfg.get_int("time-stride", 1)
+        left_req = cfg.get_int("num-left-inputs-required", -1)
+        right_req = cfg.get_int("num-right-inputs-required", -1)
+        output_context = cfg.get_bool("output-context", True)
+        key_scale = cfg.get_float("key-scale", -1.0)
+        cfg.check_all_used()
+        require(key_dim > 0, cfg, f"{cls.type_name}: key-dim must be > 0")
+        comp = cls(num_heads, key_dim, value_dim, num_left, num_right, time_stride,
+                   num_left if left_req < 0 else left_req,
+                   num_right if right_req < 0 else right_req, output_context,
+                   None if key_scale < 0.0 else key_scale)
+        problem = comp._problem()
+        if problem is None and comp.key_scale > 1.0:
+            problem = "key-scale must be <= 1"
+        require(problem is None, cfg, f"{cls.type_name}: {problem}")
+        return comp
+
+    @classmethod
+    def read(cls, r):
+        start = r.pos
+        ints = [r.read_tagged(tag, "int") for tag in (
+            "<NumHeads>", "<KeyDim>", "<ValueDim>", "<NumLeftInputs>", "<NumRightInputs>",
+            "<TimeStride>", "<NumLeftInputsRequired>", "<NumRightInputsRequired>")]
+        output_context = r.read_tagged("<OutputContext>", "bool")
+        key_scale = r.read_tagged("<KeyScale>", "float")
+        stats_count = r.read_tagged("<StatsCount>", "float")
+        r.expect_token("<EntropyStats>")
+        pos = r.pos
+        entropy = _read_double_array(r, matrix=False)
+        check_finite(r, "<EntropyStats>", entropy, pos)
+        r.expect_token("<PosteriorStats>")
+        pos = r.pos
+        posterior = _read_double_array(r, matrix=True)
+        check_finite(r, "<PosteriorStats>", posterior, pos)
+        r.expect_token(f"</{cls.type_name}>")
+        if not math.isfinite(key_scale) or not math.isfinite(stats_count):
+            raise r.error("non-finite <KeyScale> or <StatsCount>", pos=start)
+        comp = cls(*ints, output_context=output_context, key_scale=key_scale)
+        comp.stats_count = stats_count
+        comp.entropy_stats = entropy
+        comp.posterior_stats = posterior
+        problem = comp._problem()
+        if problem is not None:
+            raise r.error(f"invalid {cls.type_name}: {problem}", pos=start)
+        return comp
+
+    def write(self, w) -> None:
+        w.write_token(f"<{self.type_name}>")
+        for tag, value in (
+                ("<NumHeads>", self.num_heads), ("<KeyDim>", self.key_dim),
+                ("<ValueDim>", self.value_dim), ("<NumLeftInputs>", self.num_left_inputs),
+                ("<NumRightInputs>", self.num_right_inputs),
+                ("<TimeStride>", self.time_stride),
+                ("<NumLeftInputsRequired>", self.num_left_inputs_required),
+                ("<NumRightInputsRequired>", self.num_right_inputs_required)):
+            w.write_tagged(tag, "int", value)
+        w.write_tagged("<OutputContext>", "bool", self.output_context)
+        w.write_tagged("<KeyScale>", "float", self.key_scale)
+        w.write_tagged("<StatsCount>", "double", self.stats_count)
+        w.write_token("<EntropyStats>")
+        _write_double_array(w, self.entropy_stats)
+        w.write_token("<PosteriorStats>")
+        _write_double_array(w, self.posterior_stats)
+        w.write_token(f"</{self.type_name}>")
+
+    # -- indexes ---------------------------------------------------------------------
+    def _offsets(self) -> np.ndarray:
+        """Time offset of each context position j (in frames)."""
+        return np.arange(-self.num_left_inputs, self.num_right_inputs + 1) * self.time_stride
+
+    def _required_mask(self) -> np.ndarray:
+        k = np.arange(-self.num_left_inputs, self.num_right_inputs + 1)
+        return (k >= -self.num_left_inputs_required) & (k <= self.num_right_inputs_required)
+
+    def _context_indexes(self, output_indexes) -> np.ndarray:
+        """(rows_out, context_dim, 3): the input index of every context position."""
+        out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+        ctx = np.repeat(out[:, None, :], self.context_dim, axis=1)
+        ctx[:, :, 1] += self._offsets()[None, :]
+        return ctx
+
+    def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
+        """Per output, context_dim dependencies in order of time: required for
+        offsets within ``[-num_left_required, num_right_required] * time_stride``
+        (which includes the query at offset 0), optional otherwise."""
+        ctx = self._context_indexes(output_indexes)
+        k = len(ctx)
+        owner = np.repeat(np.arange(k, dtype=np.int64), self.context_dim)
+        required = np.tile(self._required_mask(), k)
+        return InputDeps(owner, ctx.reshape(-1, 3), required)
+
+    def precompute_indexes(self, input_indexes, output_indexes, need_backprop: bool):
+        """Gather map for any row order. Absent optional inputs (and rows with
+        ``t == NO_TIME``, Kaldi's padding) read as zero rows; output rows with
+        ``t == NO_TIME`` are padding too: they attend over zero rows only."""
+        inp = np.asarray(input_indexes, dtype=np.int64).reshape(-1, 3)
+        out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+        real_in = np.flatnonzero(inp[:, 1] != NO_TIME)
+        real_out = out[:, 1] != NO_TIME
+        ctx = self._context_indexes(out[real_out])
+        rows = np.full((len(out), self.context_dim), -1, dtype=np.int64)
+        found = KeySet.from_indexes(inp[real_in]).position(pack(ctx.reshape(-1, 3)))
+        found = np.where(found >= 0, real_in[np.maximum(found, 0)], -1)
+        rows[real_out] = found.reshape(len(ctx), self.context_dim)
+        missing = (rows < 0) & self._required_mask()[None, :] & real_out[:, None]
+        if np.any(missing):
+            bad = out[np.any(missing, axis=1)]
+            raise ComputeError(f"{self.type_name}: required inputs missing for outputs "
+                               f"{describe(bad)}")
+        rows[rows < 0] = len(inp)  # the virtual zero row
+        return AttentionIndexes(rows, len(inp))
+
+    def reorder_indexes(self, input_indexes, output_indexes) -> tuple[np.ndarray, np.ndarray]:
+        """Kaldi's ReorderIndexes (optional for our compiler): the rows Kaldi's
+        input and output matrices get. Both become a full time grid (t outer,
+        sorted (n, x) pairs of the input inner) with step gcd(input t step, output
+        t step, time_stride); the input grid runs from the first to the last
+        *requested* context time, and grid points that are not among the given
+        indexes get ``t = NO_TIME`` (zero rows). Matching this is only needed to
+        reproduce Kaldi's matrix sizes; the math does not depend on it."""
+        inp = np.asarray(input_indexes, dtype=np.int64).reshape(-1, 3)
+        out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+        nx = np.unique(inp[:, [0, 2]], axis=0)
+
+        def t_grid(idx):
+            t = np.unique(idx[idx[:, 1] != NO_TIME, 1])
+            step = int(np.gcd.reduce(np.diff(t))) if len(t) > 1 else 0
+            return int(t[0]), (step or self.time_stride), int(t[-1])
+
+        start_in, step_in, _ = t_grid(inp)
+        start_out, step_out, last_out = t_grid(out)
+        step = math.gcd(math.gcd(step_out, step_in), self.time_stride)
+        start_in = start_out - self.time_stride * self.num_left_inputs
+        last_in = last_out + self.time_stride * self.num_right_inputs
+
+        def layout(first, last, given):
+            ts = np.arange(first, last + 1, step)
+            grid = np.empty((len(ts) * len(nx), 3), dtype=np.int64)
+            grid[:, 0] = np.tile(nx[:, 0], len(ts))
+            grid[:, 1] = np.repeat(ts, len(nx))
+            grid[:, 2] = np.tile(nx[:, 1], len(ts))
+            present = KeySet.from_indexes(given[given[:, 1] != NO_TIME]).contains(pack(grid))
+            grid[~present, 1] = NO_TIME
+            return grid
+
+        return layout(start_in, last_in, inp), layout(start_out, last_out, out)
+
+    # -- math ------------------------------------------------------------------------
+    def _split(self, values: np.ndarray):
+        """[rows, input_dim] -> views (keys, values, query key part, query context
+        part), each [rows, heads, ...]."""
+        x = values.reshape(len(values), self.num_heads, self.input_dim_per_head)
+        kd, vd = self.key_dim, self.value_dim
+        return x[..., :kd], x[..., kd:kd + vd], x[..., kd + vd:2 * kd + vd], x[..., 2 * kd + vd:]
+
+    def _padded(self, in_value: np.ndarray) -> np.ndarray:
+        """The input with one zero row appended (for absent optional inputs)."""
+        return np.concatenate([in_value, np.zeros((1, in_value.shape[1]), in_value.dtype)])
+
+    def propagate(self, indexes: AttentionIndexes, in_value, out_value):
+        dtype = in_value.dtype
+        keys, vals, _, _ = self._split(self._padded(in_value))
+        rows = indexes.context_rows
+        _, _, q_key, q_ctx = self._split(in_value[rows[:, self.num_left_inputs]])
+        k_ctx = keys[rows]  # [out, ctx, heads, key_dim]
+        v_ctx = vals[rows]  # [out, ctx, heads, value_dim]
+        scale = dtype.type(self.key_scale)
+        b = scale * np.einsum("ohk,ojhk->ohj", q_key, k_ctx) + q_ctx
+        b -= b.max(axis=2, keepdims=True)
+        c = np.exp(b)
+        c /= c.sum(axis=2, keepdims=True)  # [out, heads, ctx]
+        out = out_value.reshape(len(out_value), self.num_heads, self.output_dim_per_head)
+        # Kaldi adds the weighted values (PROPAGATE_ADDS) but copies c.
+        out[..., :self.value_dim] += np.einsum("ohj,ojhv->ohv", c, v_ctx)
+        if self.output_context:
+            out[..., self.value_dim:] = c
+        return c
+
+    def backprop(self, indexes: AttentionIndexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is None:
+            return
+        c = memo  # [out, heads, ctx] softmax weights from propagate
+        dtype = in_value.dtype
+        rows = indexes.context_rows
+        qrows = rows[:, self.num_left_inputs]
+        keys, vals, _, _ = self._split(self._padded(in_value))
+        _, _, q_key, _ = self._split(in_value[qrows])
+        k_ctx, v_ctx = keys[rows], vals[rows]
+        dout = out_deriv.reshape(len(out_deriv), self.num_heads, self.output_dim_per_head)
+        d_val_out = dout[..., :self.value_dim]
+        dc = np.einsum("ohv,ojhv->ohj", d_val_out, v_ctx)
+        if self.output_context:
+            dc = dc + dout[..., self.value_dim:]
+        db = c * (dc - np.sum(c * dc, axis=2, keepdims=True))  # through the softmax
+        scale = dtype.type(self.key_scale)
+        # Everything is accumulated into a padded copy; the zero row's share is dropped.
+        acc = np.zeros((len(in_value) + 1, in_deriv.shape[1]), dtype=dtype)
+        d_keys, d_vals, d_qkey, d_qctx = self._split(acc)
+        np.add.at(d_qctx, qrows, db)
+        np.add.at(d_qkey, qrows, scale * np.einsum("ohj,ojhk->ohk", db, k_ctx))
+        np.add.at(d_keys, rows, scale * np.einsum("ohj,ohk->ojhk", db, q_key))
+        np.add.at(d_vals, rows, np.einsum("ohj,ohv->ojhv", c, d_val_out))
+        in_deriv += acc[:-1]
+
+    def store_stats(self, in_value, out_value, memo) -> None:
+        """Accumulate per-head posterior sums and entropies of the attention
+        weights. (Kaldi samples one minibatch in three at random to save time;
+        we use every minibatch, which has the same expected averages.)"""
+        c = np.asarray(memo, dtype=np.float64)  # [out, heads, ctx]
+        if self.entropy_stats.shape != (self.num_heads,):
+            self.entropy_stats = np.zeros(self.num_heads)
+            self.posterior_stats = np.zeros((self.num_heads, self.context_dim))
+            self.stats_count = 0.0
+        self.posterior_stats += c.sum(axis=0)
+        self.entropy_stats += -(c * np.log(np.maximum(c, 1e-20))).sum(axis=(0, 2))
+        self.stats_count += len(c)
+
+    def zero_stats(self) -> None:
+        self.entropy_stats = np.zeros_like(self.entropy_stats)
+        self.posterior_stats = np.zeros_like(self.posterior_stats)
+        self.stats_count = 0.0
+
+
+__all__ = ["RestrictedAttentionComponent", "AttentionIndexes", "NO_TIME"]

@@ -1,0 +1,228 @@
+"""BatchNormComponent: batch normalization in Kaldi's two modes.
+
+* Training mode (``test_mode`` False): each minibatch is normalized with its own
+  per-column mean and variance; propagate returns a memo (mean, uncentered
+  variance, scale) that backprop and ``store_stats`` use.
+* Test mode: a fixed affine map ``y = x * scale + offset`` derived from the
+  accumulated statistics (count, sum, sum of squares).
+
+With ``block-dim < dim`` each row is seen as ``dim/block-dim`` rows of
+``block-dim`` columns (spatial batch norm), so statistics are shared by blocks.
+
+The file stores ``<Count>`` (double) and ``<StatsMean>`` / ``<StatsVar>``; Kaldi
+keeps sums in memory and re-derives mean/variance on writing, which can move a
+value by a float rounding step. We keep the mean/variance exactly as read and
+write them back unchanged until the statistics change (new stats, zeroing, or
+invented test-mode stats), so a read->write round trip is byte-identical.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .affine import expect_one_or_two, f32
+from .base import Component, Flags, check_finite, read_closing, register, require
+
+
+@register
+class BatchNormComponent(Component):
+    """Batch normalization; see the module docstring for the modes and the file."""
+
+    type_name = "BatchNormComponent"
+
+    def __init__(self, dim: int, block_dim: int | None = None, epsilon: float = 1.0e-3,
+                 target_rms: float = 1.0, test_mode: bool = False):
+        self.dim = int(dim)
+        self.block_dim = self.dim if block_dim is None else int(block_dim)
+        self.epsilon = epsilon
+        self.target_rms = target_rms
+        self.test_mode = test_mode
+        self.count = 0.0
+        self.stats_sum = np.zeros(self.block_dim, np.float64)
+        self.stats_sumsq = np.zeros(self.block_dim, np.float64)
+        # (mean, var) exactly as read from a file; None once the stats changed.
+        self._written_stats: tuple[np.ndarray, np.ndarray] | None = None
+        self.offset: np.ndarray | None = None  # test mode only
+        self.scale: np.ndarray | None = None
+
+    @property
+    def input_dim(self) -> int:
+        return self.dim
+
+    output_dim = input_dim
+
+    def properties(self) -> Flags:
+        flags = (Flags.SIMPLE | Flags.BACKPROP_NEEDS_OUTPUT | Flags.PROPAGATE_IN_PLACE
+                 | Flags.BACKPROP_IN_PLACE)
+        if self.block_dim < self.dim:
+            flags |= Flags.INPUT_CONTIGUOUS | Flags.OUTPUT_CONTIGUOUS
+        if not self.test_mode:
+            flags |= Flags.USES_MEMO | Flags.STORES_STATS
+        return flags
+
+    # -- config and files ----------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> BatchNormComponent:
+        dim = cfg.get_int("dim", required=True)
+        block_dim = cfg.get_int("block-dim", -1)
+        epsilon = cfg.get_float("epsilon", 1.0e-3)
+        target_rms = cfg.get_float("target-rms", 1.0)
+        test_mode = cfg.get_bool("test-mode", False)
+        require(dim > 0, cfg, "dim must be > 0")
+        if block_dim == -1:
+            block_dim = dim
+        require(block_dim > 0 and dim % block_dim == 0, cfg,
+                f"block-dim={block_dim} must be > 0 and divide dim={dim}")
+        require(epsilon > 0 and target_rms > 0, cfg, "epsilon and target-rms must be > 0")
+        cfg.check_all_used()
+        comp = cls(dim, block_dim, f32(epsilon), f32(target_rms), test_mode)
+        if test_mode:
+            comp._compute_derived(rng)
+        return comp
+
+    @classmethod
+    def read(cls, r) -> BatchNormComponent:
+        expect_one_or_two(r, "<BatchNormComponent>", "<Dim>")
+        start = r.pos
+        dim = r.read_int()
+        block_dim = r.read_tagged("<BlockDim>", "int")
+        epsilon = r.read_tagged("<Epsilon>", "float")
+        target_rms = r.read_tagged("<TargetRms>", "float")
+        if not (dim > 0 and block_dim > 0 and dim % block_dim == 0 and epsilon > 0
+                and target_rms > 0):
+            raise r.error("bad BatchNormComponent dims/epsilon/target-rms", token=str(dim),
+                          pos=start)
+        comp = cls(dim, block_dim, epsilon, target_rms, r.read_tagged("<TestMode>", "bool"))
+        comp.count = r.read_tagged("<Count>", "float")
+        mean, var = [], []
+        for tag, out in (("<StatsMean>", mean), ("<StatsVar>", var)):
+            r.expect_token(tag)
+            pos = r.pos
+            v = r.read_vector()
+            check_finite(r, tag, v, pos)
+            if v.shape[0] != block_dim:
+                raise r.error(f"{tag} has dim {v.shape[0]}, expected {block_dim}", pos=pos)
+            out.append(v)
+        read_closing(r, cls.type_name)
+        comp._set_stats_from_file(mean[0], var[0])
+        return comp
+
+    def _set_stats_from_file(self, mean: np.ndarray, var: np.ndarray) -> None:
+        """Sums as Kaldi rebuilds them (in double) from the stored mean/variance."""
+        self._written_stats = (mean, var)
+        m = mean.astype(np.float64)
+        self.stats_sum = m * self.count
+        self.stats_sumsq = (var.astype(np.float64) + m * m) * self.count
+        # In test mode with count 0 this invents random stats (and forgets the
+        # file's mean/variance), as Kaldi does on reading such a file.
+        self._compute_derived(None)
+
+    def write(self, w) -> None:
+        w.write_token(f"<{self.type_name}>")
+        w.write_tagged("<Dim>", "int", self.dim)
+        w.write_tagged("<BlockDim>", "int", self.block_dim)
+        w.write_tagged("<Epsilon>", "float", self.epsilon)
+        w.write_tagged("<TargetRms>", "float", self.target_rms)
+        w.write_tagged("<TestMode>", "bool", self.test_mode)
+        w.write_tagged("<Count>", "double", self.count)
+        mean, var = self._written_stats or self._mean_var_from_sums()
+        w.write_tagged("<StatsMean>", "vector", mean)
+        w.write_tagged("<StatsVar>", "vector", var)
+        w.write_token(f"</{self.type_name}>")
+
+    def _mean_var_from_sums(self) -> tuple[np.ndarray, np.ndarray]:
+        """Kaldi's Write: float32 copies of the sums, scaled by 1/count in float32."""
+        mean = self.stats_sum.astype(np.float32)
+        var = self.stats_sumsq.astype(np.float32)
+        if self.count != 0:
+            inv = np.float32(1.0 / self.count)
+            mean = mean * inv
+            var = var * inv - mean * mean
+        return mean, var
+
+    def info(self) -> str:
+        return (f"type={self.type_name}, dim={self.dim}, block-dim={self.block_dim}, "
+                f"epsilon={self.epsilon:g}, target-rms={self.target_rms:g}, "
+                f"count={self.count:g}, test-mode={'true' if self.test_mode else 'false'}")
+
+    # -- modes and statistics ------------------------------------------------------------
+    def set_test_mode(self, test_mode: bool) -> None:
+        self.test_mode = bool(test_mode)
+        self._compute_derived(None)
+
+    def _compute_derived(self, rng: np.random.Generator | None) -> None:
+        """The test-mode transform from the stats (float32, in Kaldi's order)."""
+        if not self.test_mode:
+            self.offset = self.scale = None
+            return
+        if self.count == 0.0:
+            # Kaldi invents random stats here (with a warning); so do we.
+            rng = rng or np.random.default_rng()
+            self.count = 1.0
+            self.stats_sum = rng.standard_normal(self.block_dim)
+            self.stats_sumsq = rng.standard_normal(self.block_dim) + self.stats_sum ** 2
+            self._written_stats = None
+        neg_mean = self.stats_sum.astype(np.float32) * np.float32(-1.0 / self.count)
+        var = self.stats_sumsq.astype(np.float32) * np.float32(1.0 / self.count)
+        var = np.maximum(var - neg_mean * neg_mean, np.float32(0.0))
+        scale = (var + np.float32(self.epsilon)) ** np.float32(-0.5)
+        self.scale = (scale * np.float32(self.target_rms)).astype(np.float32)
+        self.offset = (neg_mean * self.scale).astype(np.float32)
+
+    def store_stats(self, in_value, out_value, memo) -> None:
+        if self.test_mode or memo is None:
+            return  # no STORES_STATS in test mode
+        n = memo["num_frames"]
+        self.count += n
+        self.stats_sum = self.stats_sum + np.float32(n) * memo["mean"].astype(np.float64)
+        self.stats_sumsq = self.stats_sumsq + np.float32(n) * memo["uvar"].astype(np.float64)
+        self._written_stats = None
+
+    def zero_stats(self) -> None:
+        # Test mode keeps its stats: they define the transform.
+        if not self.test_mode:
+            self.count = 0.0
+            self.stats_sum = np.zeros(self.block_dim, np.float64)
+            self.stats_sumsq = np.zeros(self.block_dim, np.float64)
+            self._written_stats = None
+
+    # -- math ------------------------------------------------------------------------
+    def _blocks(self, m: np.ndarray) -> np.ndarray:
+        return m.reshape(-1, self.block_dim)
+
+    def propagate(self, indexes, in_value, out_value):
+        dt = in_value.dtype
+        x = self._blocks(in_value)
+        if self.test_mode:
+            if self.scale is None:
+                self._compute_derived(None)
+            y = x * self.scale.astype(dt) + self.offset.astype(dt)
+            out_value[...] = y.reshape(out_value.shape)
+            return None
+        n = x.shape[0]
+        mean = x.sum(axis=0) / dt.type(n)
+        uvar = np.einsum("ij,ij->j", x, x) / dt.type(n)
+        var_scale = dt.type(1.0 / (self.target_rms * self.target_rms))
+        # scale = (max(var, 0) + eps)^-0.5 * target-rms, computed as Kaldi does it.
+        scaled_var = np.maximum((uvar - mean * mean) * var_scale, dt.type(0.0))
+        scale = (scaled_var + var_scale * dt.type(self.epsilon)) ** dt.type(-0.5)
+        y = (x - mean) * scale  # computed before writing: out may alias in
+        out_value[...] = y.reshape(out_value.shape)
+        return {"num_frames": n, "mean": mean, "uvar": uvar, "scale": scale}
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        if in_deriv is None:
+            return
+        dt = out_deriv.dtype
+        dz = self._blocks(out_deriv)
+        if self.test_mode:
+            dx = dz * self.scale.astype(dt)
+        else:
+            if memo is None:
+                raise ValueError("BatchNormComponent (training mode): backprop needs the memo")
+            z = self._blocks(out_value)
+            n, scale = memo["num_frames"], memo["scale"].astype(dt)
+            coeff = dt.type(-1.0 / (self.target_rms * self.target_rms * n))
+            var_deriv_mod = coeff * np.einsum("ij,ij->j", z, dz) * scale
+            dx = (dz - dz.sum(axis=0) / dt.type(n)) * scale + z * var_deriv_mod
+        in_deriv[...] = dx.reshape(in_deriv.shape)

@@ -1,0 +1,133 @@
+"""DistributeComponent: splits each input row into blocks spread over the x index.
+
+With ``num_blocks = input_dim / output_dim``, output index ``(n, t, x)`` is block
+``b = x - num_blocks * floor(x / num_blocks)`` (columns ``b*output_dim ..
+(b+1)*output_dim``) of input index ``(n, t, floor(x / num_blocks))``. Used to
+share one set of parameters across blocks of a larger feature vector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ComputeError
+from ..index import KeySet, describe, pack
+from .base import Component, Flags, InputDeps, register, require
+
+
+@dataclass
+class DistributeIndexes:
+    """Output row ``o`` is ``in[rows[o], offsets[o]:offsets[o] + output_dim]``."""
+
+    rows: np.ndarray  # (rows_out,) int64
+    offsets: np.ndarray  # (rows_out,) int64 column offsets (block * output_dim)
+    num_input_rows: int
+
+
+@register
+class DistributeComponent(Component):
+    """Invariant: input_dim > 0, output_dim > 0, input_dim % output_dim == 0."""
+
+    type_name = "DistributeComponent"
+
+    def __init__(self, input_dim: int, output_dim: int):
+        self._input_dim = int(input_dim)
+        self._output_dim = int(output_dim)
+
+    @staticmethod
+    def _problem(input_dim: int, output_dim: int) -> str | None:
+        if input_dim <= 0 or output_dim <= 0:
+            return f"input-dim and output-dim must be > 0, got {input_dim}, {output_dim}"
+        if input_dim % output_dim:
+            return f"input-dim={input_dim} must be a multiple of output-dim={output_dim}"
+        return None
+
+    @property
+    def input_dim(self) -> int:
+        return self._input_dim
+
+    @property
+    def output_dim(self) -> int:
+        return self._output_dim
+
+    @property
+    def num_blocks(self) -> int:
+        return self._input_dim // self._output_dim
+
+    def properties(self) -> Flags:
+        return Flags.NONE
+
+    # -- construction and files ----------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None):
+        input_dim = cfg.get_int("input-dim", required=True)
+        output_dim = cfg.get_int("output-dim", required=True)
+        cfg.check_all_used()
+        problem = cls._problem(input_dim, output_dim)
+        require(problem is None, cfg, f"{cls.type_name}: {problem}")
+        return cls(input_dim, output_dim)
+
+    @classmethod
+    def read(cls, r):
+        start = r.pos
+        input_dim = r.read_tagged("<InputDim>", "int")
+        output_dim = r.read_tagged("<OutputDim>", "int")
+        r.expect_token(f"</{cls.type_name}>")
+        problem = cls._problem(input_dim, output_dim)
+        if problem is not None:
+            raise r.error(f"invalid {cls.type_name}: {problem}", pos=start)
+        return cls(input_dim, output_dim)
+
+    def write(self, w) -> None:
+        w.write_token(f"<{self.type_name}>")
+        w.write_tagged("<InputDim>", "int", self._input_dim)
+        w.write_tagged("<OutputDim>", "int", self._output_dim)
+        w.write_token(f"</{self.type_name}>")
+
+    # -- indexes ---------------------------------------------------------------------
+    def _source(self, output_indexes) -> tuple[np.ndarray, np.ndarray]:
+        """(input index, block) of each output index (floor division, so negative
+        x map like Kaldi's ComputeInputIndexAndBlock)."""
+        out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+        src = out.copy()
+        src[:, 2] = np.floor_divide(out[:, 2], self.num_blocks)
+        return src, out[:, 2] - src[:, 2] * self.num_blocks
+
+    def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
+        """Exactly one required input per output: ``(n, t, floor(x / num_blocks))``."""
+        src, _ = self._source(output_indexes)
+        k = len(src)
+        return InputDeps(np.arange(k, dtype=np.int64), src, np.ones(k, dtype=bool))
+
+    def precompute_indexes(self, input_indexes, output_indexes, need_backprop: bool):
+        src, block = self._source(output_indexes)
+        inp = np.asarray(input_indexes, dtype=np.int64).reshape(-1, 3)
+        rows = KeySet.from_indexes(inp).position(pack(src))
+        if np.any(rows < 0):
+            raise ComputeError(f"{self.type_name}: input indexes missing for outputs "
+                               f"{describe(np.asarray(output_indexes)[rows < 0])}")
+        return DistributeIndexes(rows, block * self._output_dim, len(inp))
+
+    # -- math ------------------------------------------------------------------------
+    def _columns(self, indexes: DistributeIndexes) -> np.ndarray:
+        return indexes.offsets[:, None] + np.arange(self._output_dim)
+
+    def propagate(self, indexes: DistributeIndexes, in_value, out_value):
+        out_value[...] = in_value[indexes.rows[:, None], self._columns(indexes)]
+        return None
+
+    def backprop(self, indexes: DistributeIndexes, in_value, out_value, out_deriv, memo,
+                 grad, in_deriv) -> None:
+        if in_deriv is None:
+            return
+        # Distinct outputs map to distinct (row, block) places, so assignment is
+        # exact; places no output refers to get derivative 0 (Kaldi zeroes the
+        # input derivative when there are such gaps).
+        if len(out_deriv) != in_deriv.shape[0] * self.num_blocks:
+            in_deriv[...] = 0
+        in_deriv[indexes.rows[:, None], self._columns(indexes)] = out_deriv
+
+
+__all__ = ["DistributeComponent", "DistributeIndexes"]

@@ -1,0 +1,731 @@
+"""Element-wise and per-row nonlinearities: Sigmoid, Tanh, RectifiedLinear, Softmax,
+LogSoftmax (Kaldi's ``NonlinearComponent`` family), plus Normalize and Pnorm.
+
+The ``NonlinearComponent`` family keeps activation statistics next to the math:
+
+* ``value_sum`` / ``deriv_sum`` (float64, per dimension) with ``count``: sums of the
+  output and of the nonlinearity's derivative over stored frames (``store_stats``);
+* ``oderiv_sumsq`` with ``oderiv_count``: sum of squared output derivatives (stored
+  during a training backprop);
+* ``num_dims_self_repaired`` / ``num_dims_processed``: self-repair diagnostics.
+
+Files hold the count-normalized averages (``<ValueAvg>``, ``<DerivAvg>``,
+``<OderivRms>``); reading multiplies by the count again, writing divides, with
+Kaldi's exact float/double conversions, so text -> memory -> text gives Kaldi's
+bytes back.
+
+Self-repair (Sigmoid, Tanh, RectifiedLinear) adds a small term to the input
+derivative of dimensions whose average derivative is out of range. It needs stats
+(``count > 0``), a nonzero ``self_repair_scale`` and a training backprop. Kaldi runs
+it only when the backprop has a component "to update"; here that is signalled by
+``grad is not None`` (then the component's own stats counters are updated, as Kaldi
+does when the stats go to the model itself). Kaldi applies it at random on about
+half of the minibatches and stores stats on about half (backprop stats: 3/4) of
+them; with ``rng`` (a ``numpy.random.Generator``) set we do the same, with
+``rng = None`` (default) the repair and the stats storage always happen, which is
+deterministic and is exactly Kaldi's math on the minibatches where it repairs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ComputeError
+from .base import Component, Flags, read_closing, register, require
+
+UNSET_THRESHOLD = -1000.0  # Kaldi's kUnsetThreshold
+_REPAIR_PROBABILITY = 0.5
+
+
+def f32(x: float) -> float:
+    """The value a C++ ``BaseFloat`` (float32) holds, as a Python float."""
+    return float(np.float32(x))
+
+
+def read_double_vector(r) -> np.ndarray:
+    """Read a Kaldi vector into float64, as ``Vector<double>::Read`` does.
+
+    Text numbers are parsed as doubles (not rounded to float32 first), which matters
+    for the count-normalized stats: Kaldi multiplies them by the count in double.
+    """
+    if r.binary:
+        return r.read_vector().astype(np.float64)
+    body, start = r._bracketed("vector")  # noqa: SLF001 - float64 parse of the body
+    words = body.split()
+    try:
+        return np.array(words, dtype=np.float64)
+    except ValueError:
+        bad = next(w for w in words if not _is_number(w))
+        raise r.error("bad number in vector", token=bad.decode(errors="replace"),
+                      pos=start) from None
+
+
+def _is_number(word: bytes) -> bool:
+    try:
+        float(word)
+        return True
+    except ValueError:
+        return False
+
+
+def _read_positive_int(r, tag: str) -> int:
+    pos = r.pos
+    value = r.read_tagged(tag, "int")
+    if value <= 0:
+        raise r.error(f"{tag} must be positive", token=str(value), pos=pos)
+    return value
+
+
+def _as_float_dtype(x: np.ndarray) -> np.dtype:
+    return x.dtype if x.dtype in (np.float32, np.float64) else np.dtype(np.float32)
+
+
+# ----------------------------------------------------------------------------------
+class NonlinearComponent(Component):
+    """Kaldi's ``NonlinearComponent``: a simple ``dim -> dim`` nonlinearity with
+    activation statistics and self-repair options (see the module docstring).
+
+    Invariants: ``block_dim`` divides ``dim``; the stats vectors are empty or have
+    ``dim`` entries; sums are kept unnormalized (count-weighted) in float64.
+    Subclasses provide ``_forward`` / ``_diff`` and, where Kaldi has them,
+    ``_stats_deriv`` (the derivative stored by ``store_stats``) and ``_repair``.
+    """
+
+    def __init__(self, dim: int = 0, block_dim: int | None = None,
+                 self_repair_lower_threshold: float = UNSET_THRESHOLD,
+                 self_repair_upper_threshold: float = UNSET_THRESHOLD,
+                 self_repair_scale: float = 0.0) -> None:
+        self.dim = int(dim)
+        self.block_dim = int(dim if block_dim is None else block_dim)
+        self.value_sum = np.zeros(0, dtype=np.float64)
+        self.deriv_sum = np.zeros(0, dtype=np.float64)
+        self.count = 0.0
+        self.oderiv_sumsq = np.zeros(0, dtype=np.float64)
+        self.oderiv_count = 0.0
+        self.num_dims_self_repaired = 0.0
+        self.num_dims_processed = 0.0
+        self.self_repair_lower_threshold = f32(self_repair_lower_threshold)
+        self.self_repair_upper_threshold = f32(self_repair_upper_threshold)
+        self.self_repair_scale = f32(self_repair_scale)
+        # None: deterministic (always repair / always store); a Generator: Kaldi's draws.
+        self.rng: np.random.Generator | None = None
+
+    # -- structure -----------------------------------------------------------
+    @property
+    def input_dim(self) -> int:
+        return self.dim
+
+    @property
+    def output_dim(self) -> int:
+        return self.dim
+
+    def properties(self) -> Flags:
+        raise NotImplementedError
+
+    def info(self) -> str:
+        s = f"type={self.type_name}, dim={self.dim}"
+        if self.block_dim != self.dim:
+            s += f", block-dim={self.block_dim}"
+        if self.self_repair_lower_threshold != f32(UNSET_THRESHOLD):
+            s += f", self-repair-lower-threshold={self.self_repair_lower_threshold:g}"
+        if self.self_repair_upper_threshold != f32(UNSET_THRESHOLD):
+            s += f", self-repair-upper-threshold={self.self_repair_upper_threshold:g}"
+        if self.self_repair_scale != 0.0:
+            s += f", self-repair-scale={self.self_repair_scale:g}"
+        if self.count > 0 and self.value_sum.size == self.dim:
+            s += f", count={self.count:.3g}"
+        return s
+
+    # -- construction and files ------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None) -> NonlinearComponent:
+        dim = cfg.get_int("dim", required=True)
+        block_dim = cfg.get_int("block-dim", dim)
+        lower = cfg.get_float("self-repair-lower-threshold", UNSET_THRESHOLD)
+        upper = cfg.get_float("self-repair-upper-threshold", UNSET_THRESHOLD)
+        scale = cfg.get_float("self-repair-scale", 0.0)
+        cfg.check_all_used()
+        require(dim > 0, cfg, f"dim must be positive, got dim={dim}")
+        require(block_dim > 0 and dim % block_dim == 0, cfg,
+                f"block-dim={block_dim} must be positive and divide dim={dim}")
+        return cls(dim, block_dim, lower, upper, scale)
+
+    @classmethod
+    def read(cls, r) -> NonlinearComponent:
+        self = cls()
+        self.dim = _read_positive_int(r, "<Dim>")
+        self.block_dim = self.dim
+        if r.peek_token() == "<BlockDim>":
+            pos = r.pos
+            self.block_dim = r.read_tagged("<BlockDim>", "int")
+            if self.block_dim <= 0 or self.dim % self.block_dim:
+                raise r.error("<BlockDim> must be positive and divide <Dim>",
+                              token=str(self.block_dim), pos=pos)
+        value_avg = self._read_stats_vector(r, "<ValueAvg>")
+        deriv_avg = self._read_stats_vector(r, "<DerivAvg>")
+        self.count = r.read_tagged("<Count>", "float")
+        oderiv_rms = np.zeros(0, dtype=np.float64)
+        self.oderiv_count = 0.0
+        if r.peek_token() == "<OderivRms>":
+            oderiv_rms = self._read_stats_vector(r, "<OderivRms>")
+            self.oderiv_count = r.read_tagged("<OderivCount>", "float")
+        # Kaldi keeps sums in memory: average * count, in double.
+        self.value_sum = value_avg * self.count
+        self.deriv_sum = deriv_avg * self.count
+        self.oderiv_sumsq = (oderiv_rms ** 2) * self.oderiv_count
+        self.num_dims_self_repaired = r.read_optional("<NumDimsSelfRepaired>", "float", 0.0)
+        self.num_dims_processed = r.read_optional("<NumDimsProcessed>", "float", 0.0)
+        self.self_repair_lower_threshold = f32(
+            r.read_optional("<SelfRepairLowerThreshold>", "float", UNSET_THRESHOLD))
+        self.self_repair_upper_threshold = f32(
+            r.read_optional("<SelfRepairUpperThreshold>", "float", UNSET_THRESHOLD))
+        self.self_repair_scale = f32(r.read_optional("<SelfRepairScale>", "float", 0.0))
+        read_closing(r, self.type_name)
+        return self
+
+    def _read_stats_vector(self, r, tag: str) -> np.ndarray:
+        r.expect_token(tag)
+        pos = r.pos
+        v = read_double_vector(r)
+        if v.size not in (0, self.dim):
+            raise r.error(f"{tag} has dimension {v.size}, expected 0 or {self.dim}",
+                          pos=pos)
+        return v
+
+    def write(self, w) -> None:
+        w.write_token(f"<{self.type_name}>")
+        w.write_tagged("<Dim>", "int", self.dim)
+        if self.block_dim != self.dim:
+            w.write_tagged("<BlockDim>", "int", self.block_dim)
+        # Kaldi: Vector<float> temp(sum); temp.Scale(1.0 / count) -- float math.
+        w.write_tagged("<ValueAvg>", "vector", _normalized(self.value_sum, self.count))
+        w.write_tagged("<DerivAvg>", "vector", _normalized(self.deriv_sum, self.count))
+        w.write_tagged("<Count>", "double", self.count)
+        rms = np.maximum(_normalized(self.oderiv_sumsq, self.oderiv_count), np.float32(0))
+        # std::pow(float, float) computes in double, then rounds to float.
+        rms = np.sqrt(rms.astype(np.float64)).astype(np.float32)
+        w.write_tagged("<OderivRms>", "vector", rms)
+        w.write_tagged("<OderivCount>", "double", self.oderiv_count)
+        w.write_tagged("<NumDimsSelfRepaired>", "double", self.num_dims_self_repaired)
+        w.write_tagged("<NumDimsProcessed>", "double", self.num_dims_processed)
+        if self.self_repair_lower_threshold != f32(UNSET_THRESHOLD):
+            w.write_tagged("<SelfRepairLowerThreshold>", "float",
+                           self.self_repair_lower_threshold)
+        if self.self_repair_upper_threshold != f32(UNSET_THRESHOLD):
+            w.write_tagged("<SelfRepairUpperThreshold>", "float",
+                           self.self_repair_upper_threshold)
+        if self.self_repair_scale != 0.0:
+            w.write_tagged("<SelfRepairScale>", "float", self.self_repair_scale)
+        w.write_token(f"</{self.type_name}>")
+
+    # -- math --------------------------------------------------------------------
+    def _forward(self, x: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _diff(self, out_value: np.ndarray, out_deriv: np.ndarray) -> np.ndarray:
+        """The plain input derivative (no self-repair)."""
+        raise NotImplementedError
+
+    def _stats_deriv(self, out_value: np.ndarray) -> np.ndarray | None:
+        """The nonlinearity's derivative as a function of its output, for the stats."""
+        return None
+
+    def _repair(self, out_value: np.ndarray, in_deriv: np.ndarray) -> None:
+        """Add the self-repair term to ``in_deriv`` (in place); default: none."""
+
+    def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray):
+        out_value[...] = self._forward(in_value)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is None:
+            return
+        d = self._diff(out_value, out_deriv)
+        if grad is not None:  # Kaldi's "to_update != NULL": training backprop
+            self._repair(out_value, d)
+            self.store_backprop_stats(out_deriv)
+        in_deriv[...] = d
+
+    # -- statistics -------------------------------------------------------------
+    def _skip(self, n: int, have: bool) -> bool:
+        """Kaldi's ``RandInt(0, n-1) == 0 && have``: skip storing this minibatch."""
+        return self.rng is not None and have and int(self.rng.integers(0, n)) == 0
+
+    def store_stats(self, in_value, out_value, memo) -> None:
+        """Sigmoid/Tanh/RectifiedLinear: value and derivative sums (Kaldi stores
+        them on about every other minibatch, always on the first)."""
+        if self._skip(2, self.count != 0):
+            return
+        self._store_stats_internal(out_value, self._stats_deriv(out_value))
+
+    def _store_stats_internal(self, out_value: np.ndarray, deriv: np.ndarray | None) -> None:
+        if self.value_sum.size != self.dim:
+            self.value_sum = np.zeros(self.dim, dtype=np.float64)
+            self.count = 0.0
+        if deriv is not None and self.deriv_sum.size != self.dim:
+            self.deriv_sum = np.zeros(self.dim, dtype=np.float64)
+            self.count = 0.0
+            self.value_sum[:] = 0.0
+        self.count += out_value.shape[0]
+        # Kaldi sums the rows in float (CuVector<BaseFloat>), then adds into double.
+        self.value_sum += out_value.sum(axis=0, dtype=out_value.dtype)
+        if deriv is not None:
+            self.deriv_sum += deriv.sum(axis=0, dtype=deriv.dtype)
+
+    def store_backprop_stats(self, out_deriv: np.ndarray) -> None:
+        """Accumulate the squared output derivative (Kaldi's StoreBackpropStats)."""
+        if self._skip(4, self.oderiv_count != 0):
+            return
+        if self.oderiv_sumsq.size != self.dim:
+            self.oderiv_sumsq = np.zeros(self.dim, dtype=np.float64)
+            self.oderiv_count = 0.0
+        self.oderiv_sumsq += (out_deriv * out_deriv).sum(axis=0, dtype=out_deriv.dtype)
+        self.oderiv_count += out_deriv.shape[0]
+
+    def zero_stats(self) -> None:
+        self.value_sum[:] = 0.0
+        self.deriv_sum[:] = 0.0
+        self.oderiv_sumsq[:] = 0.0
+        self.count = 0.0
+        self.oderiv_count = 0.0
+        self.num_dims_self_repaired = 0.0
+        self.num_dims_processed = 0.0
+
+    def _repair_draw_fails(self) -> bool:
+        """Kaldi's ``RandUniform() > repair_probability`` (never, when deterministic)."""
+        return self.rng is not None and float(self.rng.random()) > _REPAIR_PROBABILITY
+
+    def _problem_dims(self, default_lower: float) -> np.ndarray | None:
+        """Sigmoid/Tanh self-repair: 1.0 for dimensions whose deriv-sum is below
+        the lower threshold times the count (float32, like Kaldi), or None when no
+        repair happens this time. Also updates the repair diagnostics."""
+        self.num_dims_processed += self.dim
+        if (self.self_repair_scale == 0.0 or self.count == 0.0
+                or self.deriv_sum.size != self.dim or self._repair_draw_fails()):
+            return None
+        if self.self_repair_upper_threshold != f32(UNSET_THRESHOLD):
+            raise ComputeError(f"{self.type_name}: do not set self-repair-upper-threshold "
+                               "for sigmoid/tanh components, it does nothing")
+        lower = self.self_repair_lower_threshold
+        lower = f32((default_lower if lower == f32(UNSET_THRESHOLD) else lower) * self.count)
+        thresholds = (np.float32(lower) - self.deriv_sum.astype(np.float32)) > 0
+        thresholds = thresholds.astype(np.float32)
+        self.num_dims_self_repaired += float(thresholds.sum())
+        return thresholds
+
+
+def _normalized(total: np.ndarray, count: float) -> np.ndarray:
+    """Kaldi's ``Vector<BaseFloat> temp(sum); if (count != 0) temp.Scale(1.0 / count)``."""
+    t = np.asarray(total, dtype=np.float64).astype(np.float32)
+    if count != 0.0:
+        t = t * np.float32(1.0 / count)
+    return t
+
+
+# ----------------------------------------------------------------------------------
+@register
+class SigmoidComponent(NonlinearComponent):
+    """``y = 1 / (1 + exp(-x))``; backprop ``dx = dy * y * (1 - y)`` (needs the output).
+
+    Self-repair: for dimensions whose average derivative is below the lower threshold
+    (default 0.05), add ``scale / 0.5 * (1 - 2 y)`` to the input derivative.
+    """
+
+    type_name = "SigmoidComponent"
+
+    def properties(self) -> Flags:
+        return (Flags.SIMPLE | Flags.BACKPROP_NEEDS_OUTPUT | Flags.PROPAGATE_IN_PLACE
+                | Flags.STORES_STATS)
+
+    def _forward(self, x):
+        dt = _as_float_dtype(x)
+        x = x.astype(dt, copy=False)
+        e = np.exp(-np.abs(x))  # never overflows
+        return np.where(x > 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(dt, copy=False)
+
+    def _diff(self, y, dy):
+        return dy * y * (1 - y)
+
+    def _stats_deriv(self, y):
+        return (1 - y) * y
+
+    def _repair(self, y, d):
+        thr = self._problem_dims(0.05)
+        if thr is None:
+            return
+        scale = f32(self.self_repair_scale / _REPAIR_PROBABILITY)
+        thr = thr.astype(d.dtype)
+        d += thr * d.dtype.type(-2.0 * scale) * y
+        d += thr * d.dtype.type(scale)
+
+
+@register
+class TanhComponent(NonlinearComponent):
+    """``y = tanh(x)``; backprop ``dx = dy * (1 - y^2)`` (needs the output).
+
+    Self-repair: for dimensions whose average derivative is below the lower threshold
+    (default 0.2), add ``-scale / 0.5 * y`` to the input derivative.
+    """
+
+    type_name = "TanhComponent"
+
+    def properties(self) -> Flags:
+        return (Flags.SIMPLE | Flags.BACKPROP_NEEDS_OUTPUT | Flags.PROPAGATE_IN_PLACE
+                | Flags.STORES_STATS)
+
+    def _forward(self, x):
+        return np.tanh(x)
+
+    def _diff(self, y, dy):
+        return dy * (1 - y * y)
+
+    def _stats_deriv(self, y):
+        return 1 - y * y
+
+    def _repair(self, y, d):
+        thr = self._problem_dims(0.2)
+        if thr is None:
+            return
+        scale = f32(-self.self_repair_scale / _REPAIR_PROBABILITY)
+        d += thr.astype(d.dtype) * d.dtype.type(scale) * y
+
+
+@register
+class RectifiedLinearComponent(NonlinearComponent):
+    """``y = max(x, 0)``; backprop ``dx = dy * (y > 0)`` (needs the output).
+
+    Self-repair works on blocks of ``block_dim`` columns (stats averaged over the
+    blocks): add ``+2 scale`` to the derivative of dimensions whose average
+    derivative is at most the lower threshold (default 0.05) and ``-2 scale`` where
+    it exceeds the upper threshold (default 0.95). With ``block_dim != dim`` Kaldi
+    views the rows as ``block_dim`` wide, so the input must be contiguous.
+    """
+
+    type_name = "RectifiedLinearComponent"
+
+    def properties(self) -> Flags:
+        f = (Flags.SIMPLE | Flags.BACKPROP_NEEDS_OUTPUT | Flags.PROPAGATE_IN_PLACE
+             | Flags.STORES_STATS)
+        if self.block_dim != self.dim:
+            f |= Flags.INPUT_CONTIGUOUS
+        return f
+
+    def _forward(self, x):
+        return np.maximum(x, x.dtype.type(0))
+
+    def _diff(self, y, dy):
+        return dy * (y > 0).astype(dy.dtype)
+
+    def _stats_deriv(self, y):
+        return (y > 0).astype(y.dtype)
+
+    def _repair(self, y, d):
+        if (self.self_repair_scale == 0.0 or self.count == 0.0
+                or self.deriv_sum.size != self.dim):
+            return
+        if self._repair_draw_fails():
+            return
+        self.num_dims_processed += self.block_dim
+        unset = f32(UNSET_THRESHOLD)
+        count = f32(self.count)
+        lower = self.self_repair_lower_threshold
+        upper = self.self_repair_upper_threshold
+        lower = np.float32((0.05 if lower == unset else lower) * count)
+        upper = np.float32((0.95 if upper == unset else upper) * count)
+        if self.block_dim == self.dim:
+            stats = self.deriv_sum.astype(np.float32)
+        else:
+            blocks = self.deriv_sum.reshape(self.dim // self.block_dim, self.block_dim)
+            stats = (blocks.sum(axis=0) * (self.block_dim / self.dim)).astype(np.float32)
+        # +1 where stats <= lower, -1 where stats > upper, 0 between.
+        row = ((stats - lower) > 0).astype(np.float32) + ((stats - upper) > 0) - 1
+        self.num_dims_self_repaired += float((row * row).sum())
+        row = row * np.float32(-self.self_repair_scale / _REPAIR_PROBABILITY)
+        d += np.tile(row, self.dim // self.block_dim).astype(d.dtype)
+
+
+class _RowNormalizedNonlinear(NonlinearComponent):
+    """Softmax-like per-row functions: no self-repair; a training backprop stores the
+    squared output derivative whether or not an input derivative is wanted."""
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if grad is not None:  # Kaldi's "to_update != NULL"
+            self.store_backprop_stats(out_deriv)
+        if in_deriv is not None:
+            in_deriv[...] = self._diff(out_value, out_deriv)
+
+
+@register
+class SoftmaxComponent(_RowNormalizedNonlinear):
+    """Row softmax, floored at 1e-20 (so outputs can be logged); backprop
+    ``dx = y * dy - y (y . dy)``, which may run in place. Stores value stats only
+    (on every minibatch)."""
+
+    type_name = "SoftmaxComponent"
+
+    def properties(self) -> Flags:
+        return (Flags.SIMPLE | Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_IN_PLACE
+                | Flags.BACKPROP_NEEDS_OUTPUT | Flags.STORES_STATS)
+
+    def _forward(self, x):
+        z = np.exp(x - x.max(axis=1, keepdims=True))
+        y = z / z.sum(axis=1, keepdims=True)
+        return np.maximum(y, y.dtype.type(1.0e-20))
+
+    def _diff(self, y, dy):
+        pe = (y * dy).sum(axis=1, keepdims=True)
+        return y * dy - y * pe
+
+    def store_stats(self, in_value, out_value, memo) -> None:
+        self._store_stats_internal(out_value, None)
+
+
+@register
+class LogSoftmaxComponent(_RowNormalizedNonlinear):
+    """Row log-softmax ``y = x - log(sum(exp(x)))``; backprop
+    ``dx = dy - exp(y) * sum(dy)``. Kaldi flags it as storing stats but stores no
+    forward stats (only the squared output derivative in a training backprop)."""
+
+    type_name = "LogSoftmaxComponent"
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE | Flags.BACKPROP_NEEDS_OUTPUT | Flags.STORES_STATS
+
+    def _forward(self, x):
+        s = x - x.max(axis=1, keepdims=True)
+        return s - np.log(np.exp(s).sum(axis=1, keepdims=True))
+
+    def _diff(self, y, dy):
+        return dy - np.exp(y) * dy.sum(axis=1, keepdims=True)
+
+    def store_stats(self, in_value, out_value, memo) -> None:
+        """Kaldi's LogSoftmaxComponent keeps the base class's no-op StoreStats."""
+
+
+# ----------------------------------------------------------------------------------
+_SQUARED_NORM_FLOOR = 2.0 ** -66  # Kaldi's kSquaredNormFloor; its sqrt is exact
+
+
+@register
+class NormalizeComponent(Component):
+    """Scale each block of ``block_dim`` inputs to root-mean-square ``target_rms``:
+    ``y = x / sqrt(max(2^-66, x.x / (D target_rms^2)))`` (D = block_dim).
+
+    With ``add_log_stddev`` each block's output gets one more column,
+    ``log(target_rms) - log(scale)`` = the log of the block's (floored) RMS times
+    target_rms, so the output dim is ``input_dim + input_dim / block_dim``.
+    Backprop *adds* into ``in_deriv`` (Kaldi's kBackpropAdds) unless it aliases
+    ``out_deriv`` (in place, only without add_log_stddev).
+    """
+
+    type_name = "NormalizeComponent"
+
+    def __init__(self, input_dim: int = 0, block_dim: int | None = None,
+                 target_rms: float = 1.0, add_log_stddev: bool = False) -> None:
+        self.dim = int(input_dim)
+        self.block_dim = int(input_dim if block_dim is None else block_dim)
+        self.target_rms = f32(target_rms)
+        self.add_log_stddev = bool(add_log_stddev)
+
+    @property
+    def input_dim(self) -> int:
+        return self.dim
+
+    @property
+    def output_dim(self) -> int:
+        return self.dim + (self.dim // self.block_dim if self.add_log_stddev else 0)
+
+    def properties(self) -> Flags:
+        f = Flags.SIMPLE | Flags.BACKPROP_NEEDS_INPUT | Flags.BACKPROP_ADDS
+        if not self.add_log_stddev:
+            f |= Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_IN_PLACE
+        if self.block_dim != self.dim:
+            f |= Flags.INPUT_CONTIGUOUS | Flags.OUTPUT_CONTIGUOUS
+        return f
+
+    def info(self) -> str:
+        s = (f"type={self.type_name}, input-dim={self.input_dim}, "
+             f"output-dim={self.output_dim}, target-rms={self.target_rms:g}, "
+             f"add-log-stddev={str(self.add_log_stddev).lower()}")
+        if self.block_dim != self.dim:
+            s += f", block-dim={self.block_dim}"
+        return s
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None) -> NormalizeComponent:
+        if cfg.has("dim"):
+            dim = cfg.get_int("dim")
+        else:
+            dim = cfg.get_int("input-dim", required=True)
+        block_dim = cfg.get_int("block-dim", dim)
+        target_rms = cfg.get_float("target-rms", 1.0)
+        add_log_stddev = cfg.get_bool("add-log-stddev", False)
+        cfg.check_all_used()
+        require(dim > 0, cfg, f"dim must be positive, got {dim}")
+        require(target_rms > 0.0, cfg, f"target-rms must be positive, got {target_rms}")
+        require(block_dim > 0 and dim % block_dim == 0, cfg,
+                f"block-dim={block_dim} must be positive and divide dim={dim}")
+        return cls(dim, block_dim, target_rms, add_log_stddev)
+
+    @classmethod
+    def read(cls, r) -> NormalizeComponent:
+        self = cls()
+        start = r.pos
+        tok = r.read_token()
+        if tok not in ("<Dim>", "<InputDim>"):
+            raise r.error("expected <InputDim> or <Dim>", token=tok, pos=start)
+        self.dim = r.read_int()
+        if self.dim <= 0:
+            raise r.error("input dim must be positive", token=str(self.dim), pos=start)
+        self.block_dim = self.dim
+        if r.peek_token() == "<BlockDim>":
+            pos = r.pos
+            self.block_dim = r.read_tagged("<BlockDim>", "int")
+            if self.block_dim <= 0 or self.dim % self.block_dim:
+                raise r.error("<BlockDim> must be positive and divide the input dim",
+                              token=str(self.block_dim), pos=pos)
+        self.target_rms = f32(r.read_optional("<TargetRms>", "float", 1.0))
+        self.add_log_stddev = bool(r.read_optional("<AddLogStddev>", "bool", False))
+        if r.peek_token() == "<ValueAvg>":  # old format: stats that are now unused
+            r.expect_token("<ValueAvg>")
+            r.read_vector()
+            r.read_tagged("<DerivAvg>", "vector")
+            r.read_tagged("<Count>", "float")
+        read_closing(r, cls.type_name)
+        return self
+
+    def write(self, w) -> None:
+        w.write_token("<NormalizeComponent>")
+        w.write_tagged("<InputDim>", "int", self.dim)
+        if self.block_dim != self.dim:
+            w.write_tagged("<BlockDim>", "int", self.block_dim)
+        w.write_tagged("<TargetRms>", "float", self.target_rms)
+        w.write_tagged("<AddLogStddev>", "bool", self.add_log_stddev)
+        w.write_token("</NormalizeComponent>")
+
+    def _blocks(self, m: np.ndarray, width: int) -> np.ndarray:
+        """View rows as (rows * num_blocks, width), like Kaldi's reshaped submatrix."""
+        return m.reshape(m.shape[0] * (self.dim // self.block_dim), width)
+
+    def _inv_scale(self, sq: np.ndarray, dtype) -> np.ndarray:
+        """``1 / sqrt(max(floor, x.x / (D rms^2)))`` per block row."""
+        d_scaled = dtype.type(self.block_dim * self.target_rms * self.target_rms)
+        return dtype.type(1.0) / np.sqrt(np.maximum(sq / d_scaled,
+                                                    dtype.type(_SQUARED_NORM_FLOOR)))
+
+    def propagate(self, indexes, in_value, out_value):
+        dt = in_value.dtype
+        out_w = self.block_dim + (1 if self.add_log_stddev else 0)
+        x = self._blocks(in_value, self.block_dim)
+        f = self._inv_scale((x * x).sum(axis=1), dt)
+        y = x * f[:, None]
+        if self.add_log_stddev:
+            log_col = np.log(dt.type(self.target_rms)) - np.log(f)
+            y = np.concatenate([y, log_col[:, None].astype(dt)], axis=1)
+        out_value[...] = y.reshape(in_value.shape[0], self.dim // self.block_dim * out_w)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is None:
+            return
+        dt = in_value.dtype
+        in_place = np.shares_memory(in_deriv, out_deriv)
+        out_w = self.block_dim + (1 if self.add_log_stddev else 0)
+        x = self._blocks(in_value, self.block_dim)
+        od = self._blocks(out_deriv, out_w)
+        od_main = od[:, :self.block_dim]
+        dots = (od_main * x).sum(axis=1)
+        sq = (x * x).sum(axis=1)
+        d = np.zeros_like(x)
+        if self.add_log_stddev:
+            # d log(rms) / dx = x / (x.x), the norm floored at D * 2^-66
+            floor = dt.type(self.block_dim * _SQUARED_NORM_FLOOR)
+            d += (od[:, self.block_dim] / np.maximum(sq, floor))[:, None] * x
+        f = self._inv_scale(sq, dt)
+        d += od_main * f[:, None]
+        # Where the floor was hit the scale does not depend on x: no second term.
+        f3 = np.where(f == dt.type(1.0 / np.sqrt(_SQUARED_NORM_FLOOR)), dt.type(0), f) ** 3
+        d_scaled = dt.type(self.block_dim * self.target_rms * self.target_rms)
+        d -= ((dots * f3) / d_scaled)[:, None] * x
+        d = d.reshape(in_value.shape)
+        if in_place:
+            in_deriv[...] = d
+        else:
+            in_deriv += d
+
+
+@register
+class PnormComponent(Component):
+    """2-norm over groups of ``input_dim / output_dim`` consecutive inputs (Kaldi
+    always uses p = 2); backprop ``dx = dy * x / y`` (0 where y = 0)."""
+
+    type_name = "PnormComponent"
+
+    def __init__(self, input_dim: int = 0, output_dim: int = 0) -> None:
+        self._input_dim = int(input_dim)
+        self._output_dim = int(output_dim)
+
+    @property
+    def input_dim(self) -> int:
+        return self._input_dim
+
+    @property
+    def output_dim(self) -> int:
+        return self._output_dim
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE | Flags.BACKPROP_NEEDS_INPUT | Flags.BACKPROP_NEEDS_OUTPUT
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None) -> PnormComponent:
+        output_dim = cfg.get_int("output-dim", required=True)
+        input_dim = cfg.get_int("input-dim", required=True)
+        cfg.check_all_used()
+        require(output_dim > 0, cfg, f"output-dim must be positive, got {output_dim}")
+        require(input_dim > 0 and input_dim % output_dim == 0, cfg,
+                f"input-dim={input_dim} must be a positive multiple of "
+                f"output-dim={output_dim}")
+        return cls(input_dim, output_dim)
+
+    @classmethod
+    def read(cls, r) -> PnormComponent:
+        pos = r.pos
+        input_dim = r.read_tagged("<InputDim>", "int")
+        output_dim = r.read_tagged("<OutputDim>", "int")
+        if input_dim <= 0 or output_dim <= 0 or input_dim % output_dim:
+            raise r.error(f"bad PnormComponent dims {input_dim} -> {output_dim}", pos=pos)
+        read_closing(r, cls.type_name)
+        return cls(input_dim, output_dim)
+
+    def write(self, w) -> None:
+        w.write_token("<PnormComponent>")
+        w.write_tagged("<InputDim>", "int", self._input_dim)
+        w.write_tagged("<OutputDim>", "int", self._output_dim)
+        w.write_token("</PnormComponent>")
+
+    def _groups(self, m: np.ndarray) -> np.ndarray:
+        return m.reshape(m.shape[0], self._output_dim, self._input_dim // self._output_dim)
+
+    def propagate(self, indexes, in_value, out_value):
+        x = self._groups(in_value)
+        out_value[...] = np.sqrt((x * x).sum(axis=2))
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is None:
+            return
+        y = out_value[:, :, None]
+        safe = np.where(y == 0, y.dtype.type(1), y)
+        ratio = np.where(y == 0, y.dtype.type(0), self._groups(in_value) / safe)
+        in_deriv[...] = (ratio * out_deriv[:, :, None]).reshape(in_value.shape)
+
+
+__all__ = [
+    "NonlinearComponent", "SigmoidComponent", "TanhComponent", "RectifiedLinearComponent",
+    "SoftmaxComponent", "LogSoftmaxComponent", "NormalizeComponent", "PnormComponent",
+    "read_double_vector", "f32", "UNSET_THRESHOLD",
+]

@@ -1,0 +1,603 @@
+"""The fused nonlinearity blocks of recurrent layers: LSTM, GRU and output-gated GRU.
+
+Each of these is the element-wise part of one recurrent step, fused into one
+simple component (the matrix products live in the affine components around it):
+
+* :class:`LstmNonlinearityComponent`: (i, f, c, o parts, c_{t-1}) -> (c_t, m_t),
+  with diagonal "peephole" parameters w_ic, w_fc, w_oc.
+* :class:`GruNonlinearityComponent`: (z_t, r_t, hpart_t, c_{t-1}, s_{t-1}) -> (h_t, c_t),
+  parameter W^h [cell-dim, recurrent-dim].
+* :class:`OutputGruNonlinearityComponent`: (z_t, hpart_t, c_{t-1}) -> (h_t, c_t),
+  parameter w_h [cell-dim] (element-wise).
+
+All three keep value/derivative statistics of their nonlinearities for
+self-repair. On disk these are count-normalized averages; we keep the averages
+exactly as read (so writing reproduces the file) and derive sums when needed.
+
+Self-repair, as Kaldi does it:
+
+* LSTM: always evaluated in backprop from the component's own stats, with
+  count = 1 + count, so with zero stats (average 0 < threshold) it is ACTIVE: the
+  gate pre-activation derivatives get ``-scale * (2 * sigmoid - 1)`` and the tanh
+  inputs ``-scale * tanh``; these terms also flow into the peephole gradient.
+* GRU / output-GRU: Kaldi repairs only in a random half of the minibatches and
+  from the statistics accumulated into the gradient copy. That is neither
+  deterministic nor visible with zero statistics, so it is not reproduced here
+  (backprop is the plain derivative).
+
+Kaldi accumulates the nonlinearity statistics of these components during backprop
+into the component being updated; our backprop leaves the model untouched.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # tanh form: no overflow warnings for large |x|, same value as 1/(1+exp(-x)).
+    return 0.5 * np.tanh(0.5 * x) + 0.5
+
+
+def _read_checked_matrix(r, tag: str, name: str) -> np.ndarray:
+    r.expect_token(tag)
+    pos = r.pos
+    m = r.read_matrix()
+    check_finite(r, name, m, pos)
+    return m
+
+
+def _read_checked_vector(r, tag: str, name: str) -> np.ndarray:
+    r.expect_token(tag)
+    pos = r.pos
+    v = r.read_vector()
+    check_finite(r, name, v, pos)
+    return v
+
+
+def _new_updatable(cls):
+    obj = cls.__new__(cls)
+    UpdatableComponent.__init__(obj)
+    return obj
+
+
+def _require_shape(r, cond: bool, message: str, pos: int) -> None:
+    if not cond:
+        raise r.error(message, pos=pos)
+
+
+# ---------------------------------------------------------------------------------
+@register
+class LstmNonlinearityComponent(UpdatableComponent):
+    """The sigmoid/tanh part of an LSTM step, with diagonal peephole weights.
+
+    Input (5C [+3 dropout-mask columns]): i_part, f_part, c_part, o_part, c_{t-1}.
+    Output (2C): c_t, m_t, where::
+
+        i_t = sigmoid(i_part + w_ic * c_{t-1})
+        f_t = sigmoid(f_part + w_fc * c_{t-1})
+        c_t = f_t * f_scale * c_{t-1} + i_t * i_scale * tanh(c_part)
+        o_t = sigmoid(o_part + w_oc * c_t)
+        m_t = o_t * o_scale * tanh(c_t)
+
+    (the scales are the 3 mask columns with use-dropout, else 1).
+    Invariant: ``params`` is [3, C]; ``value_avg``/``deriv_avg`` are [5, C] (rows:
+    i_t, f_t, tanh(c_part), o_t, tanh(c_t)); ``self_repair_config`` has 10 entries
+    (5 thresholds then 5 scales); ``self_repair_prob`` has 5.
+    """
+
+    type_name = "LstmNonlinearityComponent"
+
+    def __init__(self, cell_dim: int = 1, use_dropout: bool = False):
+        super().__init__()
+        self.use_dropout = use_dropout
+        self.params_ = np.zeros((3, cell_dim), dtype=np.float32)
+        self.value_avg = np.zeros((5, cell_dim), dtype=np.float32)
+        self.deriv_avg = np.zeros((5, cell_dim), dtype=np.float32)
+        self.self_repair_config = np.zeros(10, dtype=np.float32)
+        self.self_repair_prob = np.zeros(5, dtype=np.float32)
+        self.count = 0.0
+
+    # -- structure ---------------------------------------------------------------
+    @property
+    def cell_dim(self) -> int:
+        return self.params_.shape[1]
+
+    @property
+    def input_dim(self) -> int:
+        return 5 * self.cell_dim + (3 if self.use_dropout else 0)
+
+    @property
+    def output_dim(self) -> int:
+        return 2 * self.cell_dim
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_NEEDS_INPUT
+
+    def info(self) -> str:
+        return (super().info() + self.updatable_info()
+                + f", cell-dim={self.cell_dim}, use-dropout={str(self.use_dropout).lower()}")
+
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> LstmNonlinearityComponent:
+        cell_dim = cfg.get_int("cell-dim", required=True)
+        param_stddev = cfg.get_float("param-stddev", 1.0)
+        tanh_thr = cfg.get_float("tanh-self-repair-threshold", 0.2)
+        sigmoid_thr = cfg.get_float("sigmoid-self-repair-threshold", 0.05)
+        scale = cfg.get_float("self-repair-scale", 1.0e-05)
+        use_dropout = cfg.get_bool("use-dropout", False)
+        comp = cls(max(cell_dim, 1), use_dropout)
+        comp.init_updatable_from_config(cfg)
+        cfg.check_all_used()
+        require(cell_dim > 0, cfg, "cell-dim must be > 0")
+        require(param_stddev >= 0.0, cfg, "param-stddev must be >= 0")
+        require(0.0 <= tanh_thr <= 1.0, cfg, "tanh-self-repair-threshold must be in [0, 1]")
+        require(0.0 <= sigmoid_thr <= 0.25, cfg,
+                "sigmoid-self-repair-threshold must be in [0, 0.25]")
+        require(0.0 <= scale <= 0.1, cfg, "self-repair-scale must be in [0, 0.1]")
+        comp.params_ = (param_stddev * rng.standard_normal((3, cell_dim))).astype(np.float32)
+        # thresholds: sigmoid for i, f, o; tanh for c_part and c_t.
+        comp.self_repair_config = np.array(
+            [sigmoid_thr, sigmoid_thr, tanh_thr, sigmoid_thr, tanh_thr] + [scale] * 5,
+            dtype=np.float32)
+        return comp
+
+    @classmethod
+    def read(cls, r) -> LstmNonlinearityComponent:
+        comp = _new_updatable(cls)
+        comp.read_updatable_common(r)
+        pos = r.pos
+        comp.params_ = _read_checked_matrix(r, "<Params>", "<Params>")
+        _require_shape(r, comp.params_.ndim == 2 and comp.params_.shape[0] == 3
+                       and comp.params_.shape[1] > 0, "<Params> must have 3 rows", pos)
+        c = comp.params_.shape[1]
+        pos = r.pos
+        comp.value_avg = _read_checked_matrix(r, "<ValueAvg>", "<ValueAvg>")
+        _require_shape(r, comp.value_avg.shape == (5, c), "<ValueAvg> must be 5 x cell-dim", pos)
+        pos = r.pos
+        comp.deriv_avg = _read_checked_matrix(r, "<DerivAvg>", "<DerivAvg>")
+        _require_shape(r, comp.deriv_avg.shape == (5, c), "<DerivAvg> must be 5 x cell-dim", pos)
+        pos = r.pos
+        comp.self_repair_config = _read_checked_vector(r, "<SelfRepairConfig>",
+                                                       "<SelfRepairConfig>")
+        _require_shape(r, comp.self_repair_config.shape == (10,),
+                       "<SelfRepairConfig> must have 10 values", pos)
+        pos = r.pos
+        comp.self_repair_prob = _read_checked_vector(r, "<SelfRepairProb>", "<SelfRepairProb>")
+        _require_shape(r, comp.self_repair_prob.shape == (5,),
+                       "<SelfRepairProb> must have 5 values", pos)
+        comp.use_dropout = bool(r.read_optional("<UseDropout>", "bool", False))
+        comp.count = r.read_tagged("<Count>", "float")
+        read_closing(r, cls.type_name)
+        return comp
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_tagged("<Params>", "matrix", self.params_)
+        w.write_tagged("<ValueAvg>", "matrix", self.value_avg)
+        w.write_tagged("<DerivAvg>", "matrix", self.deriv_avg)
+        w.write_tagged("<SelfRepairConfig>", "vector", self.self_repair_config)
+        w.write_tagged("<SelfRepairProb>", "vector", self.self_repair_prob)
+        if self.use_dropout:  # written only when true, like Kaldi
+            w.write_tagged("<UseDropout>", "bool", True)
+        w.write_tagged("<Count>", "double", self.count)
+        w.write_token(f"</{self.type_name}>")
+
+    # -- parameters ------------------------------------------------------------------
+    def params(self) -> dict[str, np.ndarray]:
+        return {"params": self.params_}
+
+    def export_gradient(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"params_vectorized": np.asarray(grad["params"]).reshape(-1)}
+
+    def zero_stats(self) -> None:
+        self.value_avg[:] = 0
+        self.deriv_avg[:] = 0
+        self.self_repair_prob[:] = 0
+        self.count = 0.0
+
+    # -- math ------------------------------------------------------------------------
+    def _split(self, x: np.ndarray):
+        c = self.cell_dim
+        parts = [x[:, k * c:(k + 1) * c] for k in range(5)]
+        if self.use_dropout:
+            scales = [x[:, 5 * c + k:5 * c + k + 1] for k in range(3)]
+        else:
+            scales = [1.0, 1.0, 1.0]
+        return parts, scales
+
+    def propagate(self, indexes, in_value, out_value):
+        c = self.cell_dim
+        w = self.params_.astype(in_value.dtype, copy=False)
+        (i_part, f_part, c_part, o_part, c_prev), (i_s, f_s, o_s) = self._split(in_value)
+        i_t = _sigmoid(i_part + w[0] * c_prev)
+        f_t = _sigmoid(f_part + w[1] * c_prev)
+        c_t = f_t * f_s * c_prev + i_t * i_s * np.tanh(c_part)
+        o_t = _sigmoid(o_part + w[2] * c_t)
+        m_t = o_t * o_s * np.tanh(c_t)
+        out_value[:, :c] = c_t
+        out_value[:, c:] = m_t
+        return None
+
+    def _self_repair_scales(self, dtype) -> np.ndarray:
+        """[5, C] extra-term scales: the configured scale where the average
+        derivative (sum / (1 + count), as Kaldi computes it) is below threshold."""
+        count = np.float32(1.0 + self.count)
+        deriv_sum = self.deriv_avg.astype(np.float64) * self.count
+        thr = self.self_repair_config[:5].astype(np.float64)[:, None]
+        active = deriv_sum / np.float64(count) < thr
+        scales = self.self_repair_config[5:].astype(np.float64)[:, None]
+        return np.where(active, scales, 0.0).astype(dtype)
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        c = self.cell_dim
+        dt = in_value.dtype
+        w = self.params_.astype(dt, copy=False)
+        (i_part, f_part, c_part, o_part, c_prev), (i_s, f_s, o_s) = self._split(in_value)
+        sr = self._self_repair_scales(dt)  # rows: i_t, f_t, c_part, o_t, c_t
+        i_t = _sigmoid(i_part + w[0] * c_prev)
+        f_t = _sigmoid(f_part + w[1] * c_prev)
+        tanh_c_part = np.tanh(c_part)
+        c_t = f_t * f_s * c_prev + i_t * i_s * tanh_c_part
+        o_t = _sigmoid(o_part + w[2] * c_t)
+        tanh_c_t = np.tanh(c_t)
+
+        dc_t_out = out_deriv[:, :c]
+        dm_t = out_deriv[:, c:]
+        dtanh_c_t = o_t * o_s * dm_t
+        do_t = o_s * tanh_c_t * dm_t
+        do_t_input = o_t * (1 - o_t) * do_t - (2 * o_t - 1) * sr[3]
+        dc_t = ((1 - tanh_c_t * tanh_c_t) * dtanh_c_t + dc_t_out + do_t_input * w[2]
+                - tanh_c_t * sr[4])
+        dtanh_c_part = i_t * i_s * dc_t
+        df_t = dc_t * f_s * c_prev
+        df_t_input = df_t * f_t * (1 - f_t) - (2 * f_t - 1) * sr[1]
+        di_t = dc_t * i_s * tanh_c_part
+        di_t_input = di_t * i_t * (1 - i_t) - (2 * i_t - 1) * sr[0]
+
+        if grad is not None:
+            g = grad["params"]
+            g[0] += np.sum(c_prev * di_t_input, axis=0).astype(g.dtype)
+            g[1] += np.sum(c_prev * df_t_input, axis=0).astype(g.dtype)
+            g[2] += np.sum(c_t * do_t_input, axis=0).astype(g.dtype)
+
+        if in_deriv is not None:
+            dc_prev = w[0] * di_t_input + w[1] * df_t_input + f_t * f_s * dc_t
+            dc_part = (1 - tanh_c_part * tanh_c_part) * dtanh_c_part - tanh_c_part * sr[2]
+            in_deriv[:, 0:c] = di_t_input
+            in_deriv[:, c:2 * c] = df_t_input
+            in_deriv[:, 2 * c:3 * c] = dc_part
+            in_deriv[:, 3 * c:4 * c] = do_t_input
+            in_deriv[:, 4 * c:5 * c] = dc_prev
+            if self.use_dropout:
+                # Kaldi leaves the mask columns' derivative alone; masks are
+                # constants, so zero is the right value.
+                in_deriv[:, 5 * c:] = 0
+
+
+# ---------------------------------------------------------------------------------
+class _GruStatsMixin:
+    """Reading/writing of the statistics and self-repair fields shared by the two
+    GRU components (``<ValueAvg> <DerivAvg> <SelfRepairTotal> <Count>
+    <SelfRepairThreshold> <SelfRepairScale> <Alpha>``)."""
+
+    def _init_stats(self, cell_dim: int) -> None:
+        self.value_avg = np.zeros(cell_dim, dtype=np.float32)
+        self.deriv_avg = np.zeros(cell_dim, dtype=np.float32)
+        self.self_repair_total = 0.0
+        self.count = 0.0
+
+    def _read_stats(self, r, cell_dim: int) -> None:
+        pos = r.pos
+        self.value_avg = _read_checked_vector(r, "<ValueAvg>", "<ValueAvg>")
+        _require_shape(r, self.value_avg.shape == (cell_dim,),
+                       "<ValueAvg> must have cell-dim values", pos)
+        pos = r.pos
+        self.deriv_avg = _read_checked_vector(r, "<DerivAvg>", "<DerivAvg>")
+        _require_shape(r, self.deriv_avg.shape == (cell_dim,),
+                       "<DerivAvg> must have cell-dim values", pos)
+        self.self_repair_total = r.read_tagged("<SelfRepairTotal>", "float")
+        self.count = r.read_tagged("<Count>", "float")
+        self.self_repair_threshold = r.read_tagged("<SelfRepairThreshold>", "float")
+        self.self_repair_scale = r.read_tagged("<SelfRepairScale>", "float")
+        self.alpha = r.read_tagged("<Alpha>", "float")
+
+    def _write_stats(self, w) -> None:
+        w.write_tagged("<ValueAvg>", "vector", self.value_avg)
+        w.write_tagged("<DerivAvg>", "vector", self.deriv_avg)
+        w.write_tagged("<SelfRepairTotal>", "double", self.self_repair_total)
+        w.write_tagged("<Count>", "double", self.count)
+        w.write_tagged("<SelfRepairThreshold>", "float", self.self_repair_threshold)
+        w.write_tagged("<SelfRepairScale>", "float", self.self_repair_scale)
+        w.write_tagged("<Alpha>", "float", self.alpha)
+
+    def zero_stats(self) -> None:
+        self.value_avg[:] = 0
+        self.deriv_avg[:] = 0
+        self.self_repair_total = 0.0
+        self.count = 0.0
+
+
+_GRU_FLAGS = (Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_NEEDS_INPUT
+              | Flags.BACKPROP_NEEDS_OUTPUT | Flags.BACKPROP_ADDS)
+
+
+@register
+class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
+    """The nonlinear part of a (projected) GRU step.
+
+    Input: z_t [C], r_t [R], hpart_t [C], c_{t-1} [C], s_{t-1} [R]; when R == C
+    (plain GRU) c_{t-1} and s_{t-1} are the same C columns, so the input is 4C.
+    Output: h_t = tanh(hpart_t + W^h (s_{t-1} * r_t)) and
+    c_t = (1 - z_t) * h_t + z_t * c_{t-1}. ``w_h`` is [C, R].
+    h_t is an output only so backprop can use it (BACKPROP_NEEDS_OUTPUT).
+    """
+
+    type_name = "GruNonlinearityComponent"
+
+    def __init__(self, cell_dim: int = 1, recurrent_dim: int | None = None):
+        super().__init__()
+        r = cell_dim if recurrent_dim is None else recurrent_dim
+        self.w_h = np.zeros((cell_dim, r), dtype=np.float32)
+        self._init_stats(cell_dim)
+        self.self_repair_threshold = 0.2
+        self.self_repair_scale = 1.0e-05
+        self.alpha = 4.0
+        self.rank_in = 20
+        self.rank_out = 80
+        self.update_period = 4
+
+    @property
+    def cell_dim(self) -> int:
+        return self.w_h.shape[0]
+
+    @property
+    def recurrent_dim(self) -> int:
+        return self.w_h.shape[1]
+
+    @property
+    def input_dim(self) -> int:
+        c, r = self.cell_dim, self.recurrent_dim
+        return 4 * c if r == c else 3 * c + 2 * r
+
+    @property
+    def output_dim(self) -> int:
+        return 2 * self.cell_dim
+
+    def properties(self) -> Flags:
+        return _GRU_FLAGS
+
+    def info(self) -> str:
+        return (super().info() + self.updatable_info()
+                + f", cell-dim={self.cell_dim}, recurrent-dim={self.recurrent_dim}")
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> GruNonlinearityComponent:
+        cell_dim = cfg.get_int("cell-dim", required=True)
+        require(cell_dim > 0, cfg, "cell-dim > 0 is required")
+        recurrent_dim = cfg.get_int("recurrent-dim", -1)
+        thr = cfg.get_float("self-repair-threshold", 0.2)
+        scale = cfg.get_float("self-repair-scale", 1.0e-05)
+        param_stddev = cfg.get_float("param-stddev", 1.0 / math.sqrt(cell_dim))
+        alpha = cfg.get_float("alpha", 4.0)
+        rank_in = cfg.get_int("rank-in", 20)
+        rank_out = cfg.get_int("rank-out", 80)
+        update_period = cfg.get_int("update-period", 4)
+        if recurrent_dim < 0:
+            recurrent_dim = cell_dim
+        require(0 < recurrent_dim <= cell_dim, cfg,
+                "invalid recurrent-dim: need 0 < recurrent-dim <= cell-dim")
+        require(thr >= 0.0 and scale >= 0.0, cfg,
+                "self-repair-threshold and self-repair-scale must be >= 0")
+        comp = cls(cell_dim, recurrent_dim)
+        comp.init_updatable_from_config(cfg)
+        cfg.check_all_used()
+        comp.w_h = (param_stddev * rng.standard_normal((cell_dim, recurrent_dim))
+                    ).astype(np.float32)
+        comp.self_repair_threshold, comp.self_repair_scale = thr, scale
+        comp.alpha, comp.rank_in, comp.rank_out = alpha, rank_in, rank_out
+        comp.update_period = update_period
+        return comp
+
+    @classmethod
+    def read(cls, r) -> GruNonlinearityComponent:
+        comp = _new_updatable(cls)
+        comp.read_updatable_common(r)
+        pos = r.pos
+        cell_dim = r.read_tagged("<CellDim>", "int")
+        recurrent_dim = r.read_tagged("<RecurrentDim>", "int")
+        _require_shape(r, 0 < recurrent_dim <= cell_dim,
+                       "need 0 < <RecurrentDim> <= <CellDim>", pos)
+        pos = r.pos
+        comp.w_h = _read_checked_matrix(r, "<w_h>", "<w_h>")
+        _require_shape(r, comp.w_h.shape == (cell_dim, recurrent_dim),
+                       "<w_h> must be cell-dim x recurrent-dim", pos)
+        comp._read_stats(r, cell_dim)
+        r.expect_token("<RankInOut>")
+        comp.rank_in = r.read_int()
+        comp.rank_out = r.read_int()
+        comp.update_period = r.read_tagged("<UpdatePeriod>", "int")
+        read_closing(r, cls.type_name)
+        return comp
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_tagged("<CellDim>", "int", self.cell_dim)
+        w.write_tagged("<RecurrentDim>", "int", self.recurrent_dim)
+        w.write_tagged("<w_h>", "matrix", self.w_h)
+        self._write_stats(w)
+        w.write_token("<RankInOut>")
+        w.write_int(self.rank_in)
+        w.write_int(self.rank_out)
+        w.write_tagged("<UpdatePeriod>", "int", self.update_period)
+        w.write_token(f"</{self.type_name}>")
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"w_h": self.w_h}
+
+    def export_gradient(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"params_vectorized": np.asarray(grad["w_h"]).reshape(-1)}
+
+    def _split(self, x: np.ndarray):
+        c, r = self.cell_dim, self.recurrent_dim
+        z_t = x[:, :c]
+        r_t = x[:, c:c + r]
+        hpart_t = x[:, c + r:2 * c + r]
+        c_t1 = x[:, 2 * c + r:3 * c + r]
+        s_t1 = x[:, x.shape[1] - r:]  # same columns as c_t1 when r == c
+        return z_t, r_t, hpart_t, c_t1, s_t1
+
+    def propagate(self, indexes, in_value, out_value):
+        c = self.cell_dim
+        w_h = self.w_h.astype(in_value.dtype, copy=False)
+        z_t, r_t, hpart_t, c_t1, s_t1 = self._split(in_value)
+        h_t = np.tanh(hpart_t + (r_t * s_t1) @ w_h.T)
+        out_value[:, :c] = h_t
+        out_value[:, c:] = h_t - z_t * h_t + z_t * c_t1
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        c = self.cell_dim
+        w_h = self.w_h.astype(in_value.dtype, copy=False)
+        z_t, r_t, hpart_t, c_t1, s_t1 = self._split(in_value)
+        h_t = out_value[:, :c]
+        c_t_deriv = out_deriv[:, c:]
+        # h_t's own output derivative is normally zero; include it anyway.
+        h_t_deriv = out_deriv[:, :c] + c_t_deriv - c_t_deriv * z_t
+        if in_deriv is not None:
+            z_d, r_d, hpart_d, c_t1_d, s_t1_d = self._split(in_deriv)
+            z_d += c_t_deriv * c_t1 - c_t_deriv * h_t
+            c_t1_d += c_t_deriv * z_t
+        h_t_deriv = h_t_deriv * (1 - h_t * h_t)  # derivative w.r.t. the tanh input
+        if grad is not None:
+            g = grad["w_h"]
+            g += (h_t_deriv.T @ (r_t * s_t1)).astype(g.dtype)
+        if in_deriv is not None:
+            hpart_d += h_t_deriv
+            sdotr_deriv = h_t_deriv @ w_h
+            r_d += sdotr_deriv * s_t1
+            # for a plain GRU s_t1_d is c_t1_d again: both terms add up there.
+            s_t1_d += sdotr_deriv * r_t
+
+
+@register
+class OutputGruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
+    """The nonlinear part of an output-gated GRU step.
+
+    Input: z_t, hpart_t, c_{t-1} (each C). Output: h_t = tanh(hpart_t + w_h * c_{t-1})
+    (element-wise w_h [C]) and c_t = (1 - z_t) * h_t + z_t * c_{t-1}.
+    """
+
+    type_name = "OutputGruNonlinearityComponent"
+
+    def __init__(self, cell_dim: int = 1):
+        super().__init__()
+        self.w_h = np.zeros(cell_dim, dtype=np.float32)
+        self._init_stats(cell_dim)
+        self.self_repair_threshold = 0.2
+        self.self_repair_scale = 1.0e-05
+        self.alpha = 4.0
+        self.rank = 8
+        self.update_period = 10
+
+    @property
+    def cell_dim(self) -> int:
+        return self.w_h.shape[0]
+
+    @property
+    def input_dim(self) -> int:
+        return 3 * self.cell_dim
+
+    @property
+    def output_dim(self) -> int:
+        return 2 * self.cell_dim
+
+    def properties(self) -> Flags:
+        return _GRU_FLAGS
+
+    def info(self) -> str:
+        return super().info() + self.updatable_info() + f", cell-dim={self.cell_dim}"
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> OutputGruNonlinearityComponent:
+        cell_dim = cfg.get_int("cell-dim", required=True)
+        require(cell_dim > 0, cfg, "cell-dim > 0 is required")
+        thr = cfg.get_float("self-repair-threshold", 0.2)
+        scale = cfg.get_float("self-repair-scale", 1.0e-05)
+        param_mean = cfg.get_float("param-mean", 0.0)
+        param_stddev = cfg.get_float("param-stddev", 1.0)
+        alpha = cfg.get_float("alpha", 4.0)
+        rank = cfg.get_int("rank", 8)
+        update_period = cfg.get_int("update-period", 10)
+        require(thr >= 0.0 and scale >= 0.0, cfg,
+                "self-repair-threshold and self-repair-scale must be >= 0")
+        comp = cls(cell_dim)
+        comp.init_updatable_from_config(cfg)
+        cfg.check_all_used()
+        comp.w_h = (param_stddev * rng.standard_normal(cell_dim) + param_mean).astype(np.float32)
+        comp.self_repair_threshold, comp.self_repair_scale = thr, scale
+        comp.alpha, comp.rank, comp.update_period = alpha, rank, update_period
+        return comp
+
+    @classmethod
+    def read(cls, r) -> OutputGruNonlinearityComponent:
+        comp = _new_updatable(cls)
+        comp.read_updatable_common(r)
+        pos = r.pos
+        cell_dim = r.read_tagged("<CellDim>", "int")
+        _require_shape(r, cell_dim > 0, "<CellDim> must be > 0", pos)
+        pos = r.pos
+        comp.w_h = _read_checked_vector(r, "<w_h>", "<w_h>")
+        _require_shape(r, comp.w_h.shape == (cell_dim,), "<w_h> must have cell-dim values", pos)
+        comp._read_stats(r, cell_dim)
+        comp.rank = r.read_tagged("<Rank>", "int")
+        comp.update_period = r.read_tagged("<UpdatePeriod>", "int")
+        read_closing(r, cls.type_name)
+        return comp
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_tagged("<CellDim>", "int", self.cell_dim)
+        w.write_tagged("<w_h>", "vector", self.w_h)
+        self._write_stats(w)
+        w.write_tagged("<Rank>", "int", self.rank)
+        w.write_tagged("<UpdatePeriod>", "int", self.update_period)
+        w.write_token(f"</{self.type_name}>")
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"w_h": self.w_h}
+
+    def export_gradient(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"params_vectorized": np.asarray(grad["w_h"]).reshape(-1)}
+
+    def propagate(self, indexes, in_value, out_value):
+        c = self.cell_dim
+        w_h = self.w_h.astype(in_value.dtype, copy=False)
+        z_t, hpart_t, c_t1 = in_value[:, :c], in_value[:, c:2 * c], in_value[:, 2 * c:]
+        h_t = np.tanh(c_t1 * w_h + hpart_t)
+        out_value[:, :c] = h_t
+        out_value[:, c:] = h_t - z_t * h_t + z_t * c_t1
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        c = self.cell_dim
+        w_h = self.w_h.astype(in_value.dtype, copy=False)
+        z_t, c_t1 = in_value[:, :c], in_value[:, 2 * c:]
+        h_t = out_value[:, :c]
+        c_t_deriv = out_deriv[:, c:]
+        h_t_deriv = out_deriv[:, :c] + c_t_deriv - c_t_deriv * z_t
+        if in_deriv is not None:
+            in_deriv[:, :c] += c_t_deriv * c_t1 - c_t_deriv * h_t
+            in_deriv[:, 2 * c:] += c_t_deriv * z_t
+        h_t_deriv = h_t_deriv * (1 - h_t * h_t)
+        if grad is not None:
+            g = grad["w_h"]
+            g += np.sum(h_t_deriv * c_t1, axis=0).astype(g.dtype)
+        if in_deriv is not None:
+            in_deriv[:, c:2 * c] += h_t_deriv
+            in_deriv[:, 2 * c:] += h_t_deriv * w_h

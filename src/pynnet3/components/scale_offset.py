@@ -1,0 +1,627 @@
+"""Per-element scales and offsets, and constant outputs.
+
+Types: ``FixedScaleComponent``, ``FixedBiasComponent``, ``PerElementScaleComponent``,
+``NaturalGradientPerElementScaleComponent``, ``PerElementOffsetComponent``,
+``ScaleAndOffsetComponent``, ``ConstantFunctionComponent`` (simple) and
+``ConstantComponent`` (non-simple: it needs no input at all).
+
+Where Kaldi has a ``block-dim`` (PerElementOffset, ScaleAndOffset), a parameter
+vector of ``block-dim`` values is applied to each consecutive block of ``dim``
+columns; we express that by viewing a row as ``dim/block-dim`` blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .affine import (
+    f32,
+    init_learning_rates,
+    load_kaldi_object,
+    randn,
+    read_legacy_is_gradient,
+    read_lenient_header,
+    read_param,
+)
+from .base import (
+    Component,
+    Flags,
+    InputDeps,
+    UpdatableComponent,
+    check_finite,
+    read_closing,
+    register,
+    require,
+)
+
+
+def _blocks(m: np.ndarray, block: int) -> np.ndarray:
+    """A [rows, dim] matrix seen as [rows * dim/block, block] (copies if not contiguous)."""
+    return m.reshape(-1, block)
+
+
+def _add_grad(grad, name: str, value: np.ndarray) -> None:
+    if grad is not None and name in grad:
+        grad[name] += value
+
+
+def _read_fixed_vector(r, type_name: str, tag: str, name: str) -> np.ndarray:
+    """Body of FixedScale/FixedBias: an optional repeated opening tag, ``tag`` vector."""
+    start = r.pos
+    tok = r.read_token()
+    if tok == f"<{type_name}>":
+        start = r.pos
+        tok = r.read_token()
+    if tok != tag:
+        raise r.error(f"expected {tag!r}", token=tok, pos=start)
+    pos = r.pos
+    v = r.read_vector()
+    check_finite(r, name, v, pos)
+    read_closing(r, type_name)
+    if v.size == 0:
+        raise r.error(f"{type_name}: empty {tag} vector", pos=pos)
+    return v
+
+
+# -- fixed (non-trainable) scale and bias ---------------------------------------------
+
+
+@register
+class FixedScaleComponent(Component):
+    """y = x * scales (per column), fixed."""
+
+    type_name = "FixedScaleComponent"
+
+    def __init__(self, scales: np.ndarray):
+        self.scales = np.asarray(scales, np.float32)
+
+    @property
+    def input_dim(self) -> int:
+        return self.scales.shape[0]
+
+    output_dim = input_dim
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE | Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_IN_PLACE
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> FixedScaleComponent:
+        if cfg.has("scales"):
+            vec = load_kaldi_object(cfg, "scales", "vector")
+            require(vec.size > 0, cfg, "scales= is empty")
+        else:
+            dim = cfg.get_int("dim", required=True)
+            require(dim > 0, cfg, "dim must be > 0")
+            if cfg.has("scale"):
+                vec = np.full(dim, cfg.get_float("scale"), np.float32)
+            else:
+                vec = randn(rng, dim)
+        cfg.check_all_used()
+        return cls(vec)
+
+    @classmethod
+    def read(cls, r) -> FixedScaleComponent:
+        return cls(_read_fixed_vector(r, cls.type_name, "<Scales>", "scales"))
+
+    def write(self, w) -> None:
+        w.write_token(f"<{self.type_name}>")
+        w.write_tagged("<Scales>", "vector", self.scales)
+        w.write_token(f"</{self.type_name}>")
+
+    def propagate(self, indexes, in_value, out_value):
+        np.multiply(in_value, self.scales.astype(in_value.dtype), out=out_value)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        if in_deriv is not None:
+            np.multiply(out_deriv, self.scales.astype(out_deriv.dtype), out=in_deriv)
+
+
+@register
+class FixedBiasComponent(Component):
+    """y = x + bias, fixed."""
+
+    type_name = "FixedBiasComponent"
+
+    def __init__(self, bias: np.ndarray):
+        self.bias = np.asarray(bias, np.float32)
+
+    @property
+    def input_dim(self) -> int:
+        return self.bias.shape[0]
+
+    output_dim = input_dim
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE | Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_IN_PLACE
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> FixedBiasComponent:
+        if cfg.has("bias"):
+            vec = load_kaldi_object(cfg, "bias", "vector")
+            require(vec.size > 0, cfg, "bias= is empty")
+        else:
+            dim = cfg.get_int("dim", required=True)
+            require(dim > 0, cfg, "dim must be > 0")
+            vec = randn(rng, dim)
+        cfg.check_all_used()
+        return cls(vec)
+
+    @classmethod
+    def read(cls, r) -> FixedBiasComponent:
+        return cls(_read_fixed_vector(r, cls.type_name, "<Bias>", "bias"))
+
+    def write(self, w) -> None:
+        w.write_token(f"<{self.type_name}>")
+        w.write_tagged("<Bias>", "vector", self.bias)
+        w.write_token(f"</{self.type_name}>")
+
+    def propagate(self, indexes, in_value, out_value):
+        np.add(in_value, self.bias.astype(in_value.dtype), out=out_value)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        if in_deriv is not None and in_deriv is not out_deriv:
+            in_deriv[...] = out_deriv
+
+
+# -- trainable per-element scale -----------------------------------------------------
+
+
+@register
+class PerElementScaleComponent(UpdatableComponent):
+    """y = x * scales, scales trainable (gradient name ``scales``)."""
+
+    type_name = "PerElementScaleComponent"
+
+    def __init__(self, scales: np.ndarray):
+        super().__init__()
+        self.scales = np.asarray(scales, np.float32)
+
+    @property
+    def input_dim(self) -> int:
+        return self.scales.shape[0]
+
+    output_dim = input_dim
+
+    def properties(self) -> Flags:
+        return (Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_NEEDS_INPUT
+                | Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_IN_PLACE)
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> PerElementScaleComponent:
+        comp = cls(np.zeros(0))
+        comp._init_extra(cfg)
+        init_learning_rates(comp, cfg)
+        # NaturalGradientPerElementScale names its file option "scales", the plain
+        # type "vector".
+        key = "scales" if cls is NaturalGradientPerElementScaleComponent else "vector"
+        if cfg.has(key):
+            comp.scales = load_kaldi_object(cfg, key, "vector")
+            if cfg.has("dim"):
+                require(cfg.get_int("dim") == comp.input_dim, cfg, "dim mismatch vs. vector")
+        else:
+            dim = cfg.get_int("dim", required=True)
+            mean = cfg.get_float("param-mean", 1.0)
+            stddev = cfg.get_float("param-stddev", 0.0)
+            require(dim > 0 and stddev >= 0.0, cfg, "dim must be > 0 and param-stddev >= 0")
+            comp.scales = randn(rng, dim) * np.float32(stddev) + np.float32(mean)
+        cfg.check_all_used()
+        return comp
+
+    def _init_extra(self, cfg) -> None:
+        """Subclass hook for extra config options."""
+
+    @classmethod
+    def read(cls, r) -> PerElementScaleComponent:
+        comp = cls(np.zeros(0))
+        comp.read_updatable_common(r)
+        comp.scales = read_param(r, "<Params>", "vector", "scales")
+        comp._read_tail(r)
+        return comp
+
+    def _read_tail(self, r) -> None:
+        read_legacy_is_gradient(self, r)
+        read_closing(r, self.type_name)
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_tagged("<Params>", "vector", self.scales)
+        self._write_tail(w)
+
+    def _write_tail(self, w) -> None:
+        w.write_token(f"</{self.type_name}>")
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"scales": self.scales}
+
+    def propagate(self, indexes, in_value, out_value):
+        np.multiply(in_value, self.scales.astype(in_value.dtype), out=out_value)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        # The gradient first: in_deriv may alias out_deriv.
+        _add_grad(grad, "scales", np.einsum("ij,ij->j", out_deriv, in_value))
+        if in_deriv is not None:
+            np.multiply(out_deriv, self.scales.astype(out_deriv.dtype), out=in_deriv)
+
+
+@register
+class NaturalGradientPerElementScaleComponent(PerElementScaleComponent):
+    """PerElementScaleComponent with a natural-gradient update; keeps the
+    preconditioner settings (rank, update period, history, alpha) for the file."""
+
+    type_name = "NaturalGradientPerElementScaleComponent"
+
+    def __init__(self, scales: np.ndarray):
+        super().__init__(scales)
+        self.rank, self.update_period = 8, 10
+        self.num_samples_history, self.alpha = 2000.0, 4.0
+
+    def _init_extra(self, cfg) -> None:
+        self.rank = cfg.get_int("rank", 8)
+        self.update_period = cfg.get_int("update-period", 10)
+        self.num_samples_history = f32(cfg.get_float("num-samples-history", 2000.0))
+        self.alpha = f32(cfg.get_float("alpha", 4.0))
+
+    def _read_tail(self, r) -> None:
+        self.is_gradient = r.read_tagged("<IsGradient>", "bool")
+        self.rank = r.read_tagged("<Rank>", "int")
+        self.update_period = r.read_tagged("<UpdatePeriod>", "int")
+        self.num_samples_history = r.read_tagged("<NumSamplesHistory>", "float")
+        self.alpha = r.read_tagged("<Alpha>", "float")
+        r.read_optional("<MaxChangePerMinibatch>", "float")  # long removed; dropped
+        read_closing(r, self.type_name)
+
+    def _write_tail(self, w) -> None:
+        w.write_tagged("<IsGradient>", "bool", self.is_gradient)
+        w.write_tagged("<Rank>", "int", self.rank)
+        w.write_tagged("<UpdatePeriod>", "int", self.update_period)
+        w.write_tagged("<NumSamplesHistory>", "float", self.num_samples_history)
+        w.write_tagged("<Alpha>", "float", self.alpha)
+        w.write_token(f"</{self.type_name}>")
+
+
+# -- trainable per-element offset -----------------------------------------------------
+
+
+@register
+class PerElementOffsetComponent(UpdatableComponent):
+    """y = x + offsets, with ``offsets`` of block-dim values repeated over ``dim``."""
+
+    type_name = "PerElementOffsetComponent"
+
+    def __init__(self, offsets: np.ndarray, dim: int | None = None):
+        super().__init__()
+        self.offsets = np.asarray(offsets, np.float32)
+        self.dim = self.offsets.shape[0] if dim is None else int(dim)
+        self.use_natural_gradient = True
+
+    @property
+    def input_dim(self) -> int:
+        return self.dim
+
+    output_dim = input_dim
+
+    def properties(self) -> Flags:
+        flags = (Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_IN_PLACE
+                 | Flags.PROPAGATE_IN_PLACE)
+        if self.dim != self.offsets.shape[0]:
+            flags |= Flags.OUTPUT_CONTIGUOUS
+        return flags
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> PerElementOffsetComponent:
+        comp = cls(np.zeros(0))
+        init_learning_rates(comp, cfg)
+        if cfg.has("vector"):
+            comp.offsets = load_kaldi_object(cfg, "vector", "vector")
+            comp.dim = cfg.get_int("dim", comp.offsets.shape[0])
+            require(comp.dim > 0 and comp.offsets.shape[0] % comp.dim == 0, cfg,
+                    f"invalid dimension dim={comp.dim}")
+        else:
+            comp.dim = cfg.get_int("dim", required=True)
+            require(comp.dim > 0, cfg, f"invalid dimension dim={comp.dim}")
+            mean = cfg.get_float("param-mean", 0.0)
+            stddev = cfg.get_float("param-stddev", 0.0)
+            block_dim = cfg.get_int("block-dim", comp.dim)
+            require(block_dim > 0 and comp.dim % block_dim == 0, cfg,
+                    f"invalid value block-dim={block_dim}")
+            comp.offsets = randn(rng, block_dim) * np.float32(stddev) + np.float32(mean)
+        comp.use_natural_gradient = cfg.get_bool("use-natural-gradient", True)
+        cfg.check_all_used()
+        return comp
+
+    @classmethod
+    def read(cls, r) -> PerElementOffsetComponent:
+        comp = cls(np.zeros(0))
+        comp.read_updatable_common(r)
+        comp.offsets = read_param(r, "<Offsets>", "vector", "offsets")
+        read_legacy_is_gradient(comp, r)
+        if r.peek_token() == "<Dim>":
+            start = r.pos
+            comp.dim = r.read_tagged("<Dim>", "int")
+            comp.use_natural_gradient = r.read_tagged("<UseNaturalGradient>", "bool")
+            block = comp.offsets.shape[0]
+            if comp.dim <= 0 or block == 0 or comp.dim % block:
+                raise r.error("<Dim> must be a positive multiple of the offsets dim",
+                              token=str(comp.dim), pos=start)
+        else:
+            comp.dim = comp.offsets.shape[0]
+            comp.use_natural_gradient = True
+        read_closing(r, cls.type_name)
+        return comp
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_tagged("<Offsets>", "vector", self.offsets)
+        w.write_tagged("<Dim>", "int", self.dim)
+        w.write_tagged("<UseNaturalGradient>", "bool", self.use_natural_gradient)
+        w.write_token(f"</{self.type_name}>")
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"offsets": self.offsets}
+
+    def propagate(self, indexes, in_value, out_value):
+        reps = self.dim // self.offsets.shape[0]
+        np.add(in_value, np.tile(self.offsets, reps).astype(in_value.dtype), out=out_value)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        _add_grad(grad, "offsets", _blocks(out_deriv, self.offsets.shape[0]).sum(axis=0))
+        if in_deriv is not None and in_deriv is not out_deriv:
+            in_deriv[...] = out_deriv
+
+
+# -- trainable scale and offset --------------------------------------------------------
+
+
+@register
+class ScaleAndOffsetComponent(UpdatableComponent):
+    """y = x * s + o per block of ``block-dim`` columns, where s is ``scales`` with
+    values closer to zero than 1e-4 moved out to +-1e-4 (Kaldi's EnsureNonzero).
+
+    The backprop consumes the OUTPUT (Kaldi reconstructs the input from it), and
+    Kaldi's input derivative uses the raw scales, not the nonzero-ensured ones;
+    both reproduced here.
+    """
+
+    type_name = "ScaleAndOffsetComponent"
+    EPSILON = 1.0e-4
+
+    def __init__(self, scales: np.ndarray, offsets: np.ndarray, dim: int | None = None):
+        super().__init__()
+        self.scales = np.asarray(scales, np.float32)
+        self.offsets = np.asarray(offsets, np.float32)
+        self.dim = self.scales.shape[0] if dim is None else int(dim)
+        self.use_natural_gradient = True
+        self.rank = 20
+
+    @property
+    def input_dim(self) -> int:
+        return self.dim
+
+    output_dim = input_dim
+
+    def properties(self) -> Flags:
+        flags = (Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_IN_PLACE
+                 | Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_NEEDS_OUTPUT)
+        if self.dim != self.scales.shape[0]:
+            flags |= Flags.INPUT_CONTIGUOUS | Flags.OUTPUT_CONTIGUOUS
+        return flags
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> ScaleAndOffsetComponent:
+        comp = cls(np.zeros(0), np.zeros(0))
+        init_learning_rates(comp, cfg)
+        dim = cfg.get_int("dim", required=True)
+        require(dim > 0, cfg, "dim must be > 0")
+        comp.use_natural_gradient = cfg.get_bool("use-natural-gradient", True)
+        block_dim = cfg.get_int("block-dim", dim)
+        require(block_dim > 0 and dim % block_dim == 0, cfg, f"invalid block-dim={block_dim}")
+        comp.rank = cfg.get_int("rank", 20)
+        comp.dim = dim
+        comp.scales = np.ones(block_dim, np.float32)  # Kaldi: unit scale, zero offset
+        comp.offsets = np.zeros(block_dim, np.float32)
+        cfg.check_all_used()
+        return comp
+
+    @classmethod
+    def read(cls, r) -> ScaleAndOffsetComponent:
+        comp = cls(np.zeros(0), np.zeros(0))
+        comp.read_updatable_common(r)
+        start = r.pos
+        comp.dim = r.read_tagged("<Dim>", "int")
+        comp.scales = read_param(r, "<Scales>", "vector", "scales")
+        comp.offsets = read_param(r, "<Offsets>", "vector", "offsets")
+        comp.use_natural_gradient = r.read_tagged("<UseNaturalGradient>", "bool")
+        comp.rank = r.read_tagged("<Rank>", "int")
+        read_closing(r, cls.type_name)
+        block = comp.scales.shape[0]
+        if block == 0 or comp.offsets.shape[0] != block or comp.dim % block:
+            raise r.error("<Dim> / <Scales> / <Offsets> dimensions do not agree",
+                          token=str(comp.dim), pos=start)
+        return comp
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_tagged("<Dim>", "int", self.dim)
+        w.write_tagged("<Scales>", "vector", self.scales)
+        w.write_tagged("<Offsets>", "vector", self.offsets)
+        w.write_tagged("<UseNaturalGradient>", "bool", self.use_natural_gradient)
+        w.write_tagged("<Rank>", "int", self.rank)
+        w.write_token(f"</{self.type_name}>")
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"scales": self.scales, "offsets": self.offsets}
+
+    def export_gradient(self, grad):
+        return {"params_vectorized": np.concatenate([grad["scales"], grad["offsets"]])}
+
+    def _nonzero_scales(self) -> np.ndarray:
+        s = self.scales
+        eps = s.dtype.type(self.EPSILON)
+        return np.where(np.abs(s) >= eps, s, np.where(s >= 0, eps, -eps)).astype(s.dtype)
+
+    def propagate(self, indexes, in_value, out_value):
+        dt, block = in_value.dtype, self.scales.shape[0]
+        y = _blocks(in_value, block) * self._nonzero_scales().astype(dt)
+        y += self.offsets.astype(dt)
+        out_value[...] = y.reshape(out_value.shape)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        dt, block = out_deriv.dtype, self.scales.shape[0]
+        dy = _blocks(out_deriv, block)
+        if grad is not None:
+            _add_grad(grad, "offsets", dy.sum(axis=0))
+            # Kaldi reconstructs the input from the output: x = (y - o) * (1/s).
+            inv = (1 / self._nonzero_scales()).astype(dt)
+            x = (_blocks(out_value, block) - self.offsets.astype(dt)) * inv
+            _add_grad(grad, "scales", np.einsum("ij,ij->j", x, dy))
+        if in_deriv is not None:
+            dx = dy * self.scales.astype(dt)
+            in_deriv[...] = dx.reshape(in_deriv.shape)
+
+
+# -- constant outputs ------------------------------------------------------------------
+
+
+class _ConstantBase(UpdatableComponent):
+    """Shared parts of ConstantComponent / ConstantFunctionComponent: an output
+    vector (gradient name ``output``), optionally trainable."""
+
+    def __init__(self, output: np.ndarray):
+        super().__init__()
+        self.output = np.asarray(output, np.float32)
+        self.is_updatable_ = True
+        self.use_natural_gradient = True
+
+    @property
+    def output_dim(self) -> int:
+        return self.output.shape[0]
+
+    def _init_output(self, cfg, rng) -> None:
+        output_dim = cfg.get_int("output-dim", required=True)
+        self.is_updatable_ = cfg.get_bool("is-updatable", True)
+        self.use_natural_gradient = cfg.get_bool("use-natural-gradient", True)
+        mean = cfg.get_float("output-mean", 0.0)
+        stddev = cfg.get_float("output-stddev", 0.0)
+        require(output_dim > 0, cfg, "output-dim must be > 0")
+        self.output = randn(rng, output_dim) * np.float32(stddev) + np.float32(mean)
+
+    def _read_output_tail(self, r) -> None:
+        self.output = read_param(r, "<Output>", "vector", "output")
+        self.is_updatable_ = r.read_tagged("<IsUpdatable>", "bool")
+        self.use_natural_gradient = r.read_tagged("<UseNaturalGradient>", "bool")
+        read_closing(r, self.type_name)
+
+    def _write_output_tail(self, w) -> None:
+        w.write_tagged("<Output>", "vector", self.output)
+        w.write_tagged("<IsUpdatable>", "bool", self.is_updatable_)
+        w.write_tagged("<UseNaturalGradient>", "bool", self.use_natural_gradient)
+        w.write_token(f"</{self.type_name}>")
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"output": self.output} if self.is_updatable_ else {}
+
+    def propagate(self, indexes, in_value, out_value):
+        out_value[...] = self.output.astype(out_value.dtype)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        # The output does not depend on the input: its derivative is zero, and
+        # with BACKPROP_ADDS (ConstantFunction) nothing needs to be written.
+        _add_grad(grad, "output", out_deriv.sum(axis=0))
+
+
+@register
+class ConstantFunctionComponent(_ConstantBase):
+    """A simple component whose output rows are all the same vector, whatever the
+    input (the input only gives the rows)."""
+
+    type_name = "ConstantFunctionComponent"
+
+    def __init__(self, output: np.ndarray, input_dim: int = -1):
+        super().__init__(output)
+        self.input_dim_ = int(input_dim)
+
+    @property
+    def input_dim(self) -> int:
+        return self.input_dim_
+
+    def properties(self) -> Flags:
+        flags = Flags.SIMPLE | Flags.BACKPROP_ADDS
+        if self.is_updatable_:
+            flags |= Flags.UPDATABLE
+        if self.input_dim == self.output_dim:
+            flags |= Flags.PROPAGATE_IN_PLACE
+        return flags
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> ConstantFunctionComponent:
+        comp = cls(np.zeros(0))
+        init_learning_rates(comp, cfg)
+        comp.input_dim_ = cfg.get_int("input-dim", required=True)
+        require(comp.input_dim_ > 0, cfg, "input-dim must be > 0")
+        comp._init_output(cfg, rng)
+        cfg.check_all_used()
+        return comp
+
+    @classmethod
+    def read(cls, r) -> ConstantFunctionComponent:
+        comp = cls(np.zeros(0))
+        read_lenient_header(comp, r)
+        comp.input_dim_ = r.read_tagged("<InputDim>", "int")
+        comp._read_output_tail(r)
+        return comp
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_tagged("<InputDim>", "int", self.input_dim_)
+        self._write_output_tail(w)
+
+
+@register
+class ConstantComponent(_ConstantBase):
+    """A non-simple component with NO input dependencies: every requested output
+    index gets the same vector. Its nominal input dim equals its output dim
+    (a don't-care, as in Kaldi); propagate ignores ``in_value``."""
+
+    type_name = "ConstantComponent"
+
+    @property
+    def input_dim(self) -> int:
+        return self.output_dim
+
+    def properties(self) -> Flags:
+        return Flags.UPDATABLE if self.is_updatable_ else Flags.NONE
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> ConstantComponent:
+        comp = cls(np.zeros(0))
+        init_learning_rates(comp, cfg)
+        comp._init_output(cfg, rng)
+        cfg.check_all_used()
+        return comp
+
+    @classmethod
+    def read(cls, r) -> ConstantComponent:
+        comp = cls(np.zeros(0))
+        read_lenient_header(comp, r)
+        comp._read_output_tail(r)
+        return comp
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        self._write_output_tail(w)
+
+    def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
+        # No inputs at all; with no required dependency every output is computable.
+        return InputDeps(np.zeros(0, np.int64), np.zeros((0, 3), np.int64),
+                         np.zeros(0, bool), any_suffices=False)
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        super().backprop(indexes, in_value, out_value, out_deriv, memo, grad, in_deriv)
+        if in_deriv is not None:
+            in_deriv[...] = 0  # no BACKPROP_ADDS flag: assign the (zero) derivative

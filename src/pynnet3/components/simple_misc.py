@@ -1,0 +1,746 @@
+"""Small parameter-free components: SumGroup, SumBlock, NoOp, ClipGradient,
+BackpropTruncation, ElementwiseProduct and Permute.
+
+Most are simple (row i of the output depends on row i of the input). The
+exception is BackpropTruncation, whose derivative zeroing depends on each row's
+(n, t) index; its :meth:`~BackpropTruncationComponent.precompute_indexes` turns
+the indexes into a per-row zeroing mask (and a row map, since the compiler may
+hand over the input rows in another order than the output rows).
+
+ClipGradient and BackpropTruncation keep counters (elements clipped, processed,
+...) that Kaldi updates only in a training backprop (when it passes a component
+"to update"); here that is signalled by ``grad is not None`` and the component's
+own counters are updated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ComputeError
+from .base import Component, Flags, read_closing, register, require
+from .nonlinear import f32
+
+
+def _read_positive_int(r, tag: str) -> int:
+    pos = r.pos
+    value = r.read_tagged(tag, "int")
+    if value <= 0:
+        raise r.error(f"{tag} must be positive", token=str(value), pos=pos)
+    return value
+
+
+def _row_norms_sq(m: np.ndarray) -> np.ndarray:
+    return (m * m).sum(axis=1)
+
+
+class _Dim(Component):
+    """A ``dim -> dim`` component (shared plumbing)."""
+
+    def __init__(self, dim: int = 0) -> None:
+        self.dim = int(dim)
+
+    @property
+    def input_dim(self) -> int:
+        return self.dim
+
+    @property
+    def output_dim(self) -> int:
+        return self.dim
+
+
+class _InOut(Component):
+    """An ``input_dim -> output_dim`` component written as ``<InputDim> <OutputDim>``."""
+
+    def __init__(self, input_dim: int = 0, output_dim: int = 0) -> None:
+        self._input_dim = int(input_dim)
+        self._output_dim = int(output_dim)
+
+    @property
+    def input_dim(self) -> int:
+        return self._input_dim
+
+    @property
+    def output_dim(self) -> int:
+        return self._output_dim
+
+
+# ----------------------------------------------------------------------------------
+@register
+class SumGroupComponent(Component):
+    """Sums consecutive groups of input columns: output column g is the sum of the
+    ``sizes[g]`` inputs after the previous groups. Backprop copies each output
+    derivative back to every column of its group."""
+
+    type_name = "SumGroupComponent"
+
+    def __init__(self, sizes=(1,)) -> None:
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self._reverse = np.repeat(np.arange(self.sizes.size), self.sizes)
+
+    @property
+    def input_dim(self) -> int:
+        return int(self.sizes.sum())
+
+    @property
+    def output_dim(self) -> int:
+        return int(self.sizes.size)
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None) -> SumGroupComponent:
+        if cfg.has("sizes"):
+            sizes = cfg.get_int_list("sizes")
+            cfg.check_all_used()
+            require(len(sizes) > 0 and all(s > 0 for s in sizes), cfg,
+                    "sizes= must be a non-empty list of positive integers")
+            return cls(sizes)
+        input_dim = cfg.get_int("input-dim", required=True)
+        output_dim = cfg.get_int("output-dim", required=True)
+        cfg.check_all_used()
+        require(output_dim > 0 and input_dim > 0 and input_dim % output_dim == 0, cfg,
+                f"input-dim={input_dim} must be a positive multiple of "
+                f"output-dim={output_dim}")
+        return cls([input_dim // output_dim] * output_dim)
+
+    @classmethod
+    def read(cls, r) -> SumGroupComponent:
+        r.expect_token("<Sizes>")
+        pos = r.pos
+        sizes = r.read_int_vector()
+        if sizes.size == 0 or np.any(sizes <= 0):
+            raise r.error("<Sizes> must be non-empty and positive", pos=pos)
+        start = r.pos
+        tok = r.read_token()
+        # Kaldi accepts a repeated opening token here too (an old writer's bug).
+        if tok not in ("</SumGroupComponent>", "<SumGroupComponent>"):
+            raise r.error("expected '</SumGroupComponent>'", token=tok, pos=start)
+        return cls(sizes)
+
+    def write(self, w) -> None:
+        w.write_token("<SumGroupComponent>")
+        w.write_token("<Sizes>")
+        w.write_int_vector(self.sizes.tolist())
+        w.write_token("</SumGroupComponent>")
+
+    def propagate(self, indexes, in_value, out_value):
+        out_value[...] = np.add.reduceat(in_value, self._starts, axis=1)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is not None:
+            in_deriv[...] = out_deriv[:, self._reverse]
+
+
+@register
+class SumBlockComponent(_InOut):
+    """Sums the ``input_dim / output_dim`` column blocks of width ``output_dim``,
+    times ``scale``; both directions *add* to their destination (Kaldi's
+    kPropagateAdds / kBackpropAdds). Backprop repeats the scaled derivative over the
+    blocks."""
+
+    type_name = "SumBlockComponent"
+
+    def __init__(self, input_dim: int = 0, output_dim: int = 0, scale: float = 1.0) -> None:
+        super().__init__(input_dim, output_dim)
+        self.scale = f32(scale)
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE | Flags.PROPAGATE_ADDS | Flags.BACKPROP_ADDS
+
+    def info(self) -> str:
+        return super().info() + f", scale={self.scale:g}"
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None) -> SumBlockComponent:
+        input_dim = cfg.get_int("input-dim", required=True)
+        output_dim = cfg.get_int("output-dim", required=True)
+        scale = cfg.get_float("scale", 1.0)
+        cfg.check_all_used()
+        require(output_dim > 0 and input_dim > 0 and input_dim % output_dim == 0, cfg,
+                f"invalid values input-dim={input_dim} output-dim={output_dim}")
+        return cls(input_dim, output_dim, scale)
+
+    @classmethod
+    def read(cls, r) -> SumBlockComponent:
+        pos = r.pos
+        input_dim = r.read_tagged("<InputDim>", "int")
+        output_dim = r.read_tagged("<OutputDim>", "int")
+        if input_dim <= 0 or output_dim <= 0 or input_dim % output_dim:
+            raise r.error(f"bad SumBlockComponent dims {input_dim} -> {output_dim}", pos=pos)
+        scale = r.read_tagged("<Scale>", "float")
+        read_closing(r, cls.type_name)
+        return cls(input_dim, output_dim, scale)
+
+    def write(self, w) -> None:
+        w.write_token("<SumBlockComponent>")
+        w.write_tagged("<InputDim>", "int", self._input_dim)
+        w.write_tagged("<OutputDim>", "int", self._output_dim)
+        w.write_tagged("<Scale>", "float", self.scale)
+        w.write_token("</SumBlockComponent>")
+
+    def propagate(self, indexes, in_value, out_value):
+        k = self._input_dim // self._output_dim
+        blocks = in_value.reshape(in_value.shape[0], k, self._output_dim)
+        out_value += in_value.dtype.type(self.scale) * blocks.sum(axis=1)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is None:
+            return
+        k = self._input_dim // self._output_dim
+        in_deriv += np.tile(out_deriv.dtype.type(self.scale) * out_deriv, (1, k))
+
+
+@register
+class NoOpComponent(_Dim):
+    """Identity forward; backprop multiplies the derivative by ``backprop_scale``
+    (so it can damp gradients, e.g. in TDNN-F bypasses)."""
+
+    type_name = "NoOpComponent"
+
+    def __init__(self, dim: int = 0, backprop_scale: float = 1.0) -> None:
+        super().__init__(dim)
+        self.backprop_scale = f32(backprop_scale)
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE | Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_IN_PLACE
+
+    def info(self) -> str:
+        s = f"type={self.type_name}, dim={self.dim}"
+        if self.backprop_scale != 1.0:
+            s += f", backprop-scale={self.backprop_scale:g}"
+        return s
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None) -> NoOpComponent:
+        backprop_scale = cfg.get_float("backprop-scale", 1.0)
+        dim = cfg.get_int("dim", required=True)
+        cfg.check_all_used()
+        require(dim > 0, cfg, f"dim must be positive, got {dim}")
+        return cls(dim, backprop_scale)
+
+    @classmethod
+    def read(cls, r) -> NoOpComponent:
+        dim = _read_positive_int(r, "<Dim>")
+        if r.peek_token() == "<ValueAvg>":
+            # Old format, from when NoOp derived from NonlinearComponent: skip the stats.
+            r.expect_token("<ValueAvg>")
+            r.read_vector()
+            r.read_tagged("<DerivAvg>", "vector")
+            r.read_tagged("<Count>", "float")
+            if r.peek_token() == "<OderivRms>":
+                r.read_tagged("<OderivRms>", "vector")
+                r.read_tagged("<OderivCount>", "float")
+            r.read_optional("<NumDimsSelfRepaired>", "float")
+            r.read_optional("<NumDimsProcessed>", "float")
+            read_closing(r, cls.type_name)
+            return cls(dim, 1.0)
+        backprop_scale = r.read_tagged("<BackpropScale>", "float")
+        read_closing(r, cls.type_name)
+        return cls(dim, backprop_scale)
+
+    def write(self, w) -> None:
+        w.write_token("<NoOpComponent>")
+        w.write_tagged("<Dim>", "int", self.dim)
+        w.write_tagged("<BackpropScale>", "float", self.backprop_scale)
+        w.write_token("</NoOpComponent>")
+
+    def propagate(self, indexes, in_value, out_value):
+        out_value[...] = in_value
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is None:
+            return
+        if self.backprop_scale != 1.0:
+            in_deriv[...] = out_deriv * out_deriv.dtype.type(self.backprop_scale)
+        else:
+            in_deriv[...] = out_deriv
+
+
+@register
+class ClipGradientComponent(_Dim):
+    """Identity forward; backprop clips the derivative: element-wise to
+    ``[-threshold, threshold]``, or (``norm_based_clipping``) each row scaled to norm
+    at most ``threshold``; threshold 0 zeroes it.
+
+    Self-repair (norm-based clipping, training backprop, when more than
+    ``self_repair_clipped_proportion_threshold`` of the rows were clipped so far)
+    adds a term that pulls the input towards ``self_repair_target``, then rescales
+    the derivative to its previous total row norm. Kaldi applies it at random on
+    about half the minibatches; ``rng`` None means always (see nonlinear.py).
+    """
+
+    type_name = "ClipGradientComponent"
+
+    def __init__(self, dim: int = 0, clipping_threshold: float = 15.0,
+                 norm_based_clipping: bool = False,
+                 self_repair_clipped_proportion_threshold: float = 0.01,
+                 self_repair_target: float = 0.0, self_repair_scale: float = 1.0) -> None:
+        super().__init__(dim)
+        self.clipping_threshold = f32(clipping_threshold)
+        self.norm_based_clipping = bool(norm_based_clipping)
+        self.self_repair_clipped_proportion_threshold = f32(
+            self_repair_clipped_proportion_threshold)
+        self.self_repair_target = f32(self_repair_target)
+        self.self_repair_scale = f32(self_repair_scale)
+        self.num_clipped = 0  # int32 counters, as in Kaldi
+        self.count = 0
+        self.num_self_repaired = 0
+        self.num_backpropped = 0
+        self.rng: np.random.Generator | None = None
+
+    def properties(self) -> Flags:
+        return (Flags.SIMPLE | Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_IN_PLACE
+                | Flags.BACKPROP_NEEDS_INPUT)
+
+    def info(self) -> str:
+        prop = self.num_clipped / self.count if self.count > 0 else 0
+        s = (f"type={self.type_name}, dim={self.dim}, norm-based-clipping="
+             f"{str(self.norm_based_clipping).lower()}, clipping-threshold="
+             f"{self.clipping_threshold:g}, clipped-proportion={prop:g}")
+        if self.self_repair_scale != 0.0:
+            s += (f", self-repair-clipped-proportion-threshold="
+                  f"{self.self_repair_clipped_proportion_threshold:g}, self-repair-target="
+                  f"{self.self_repair_target:g}, self-repair-scale={self.self_repair_scale:g}")
+        return s
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None) -> ClipGradientComponent:
+        dim = cfg.get_int("dim", required=True)
+        threshold = cfg.get_float("clipping-threshold", 15.0)
+        norm_based = cfg.get_bool("norm-based-clipping", False)
+        prop = cfg.get_float("self-repair-clipped-proportion-threshold", 0.01)
+        target = cfg.get_float("self-repair-target", 0.0)
+        scale = cfg.get_float("self-repair-scale", 1.0)
+        cfg.check_all_used()
+        require(dim > 0, cfg, f"dim must be positive, got {dim}")
+        require(threshold >= 0, cfg, f"clipping-threshold must be >= 0, got {threshold}")
+        require(prop >= 0, cfg, "self-repair-clipped-proportion-threshold must be >= 0")
+        require(target >= 0, cfg, "self-repair-target must be >= 0")
+        require(scale >= 0, cfg, "self-repair-scale must be >= 0")
+        return cls(dim, threshold, norm_based, prop, target, scale)
+
+    @classmethod
+    def read(cls, r) -> ClipGradientComponent:
+        self = cls(_read_positive_int(r, "<Dim>"))
+        self.clipping_threshold = f32(r.read_tagged("<ClippingThreshold>", "float"))
+        self.norm_based_clipping = r.read_tagged("<NormBasedClipping>", "bool")
+        start = r.pos
+        tok = r.read_token()
+        if tok == "<SelfRepairClippedProportionThreshold>":
+            self.self_repair_clipped_proportion_threshold = f32(r.read_float())
+            self.self_repair_target = f32(r.read_tagged("<SelfRepairTarget>", "float"))
+            self.self_repair_scale = f32(r.read_tagged("<SelfRepairScale>", "float"))
+            r.expect_token("<NumElementsClipped>")
+        elif tok == "<NumElementsClipped>":  # old format: no self-repair
+            self.self_repair_clipped_proportion_threshold = 1.0
+            self.self_repair_target = 0.0
+            self.self_repair_scale = 0.0
+        else:
+            raise r.error("expected <SelfRepairClippedProportionThreshold> or "
+                          "<NumElementsClipped>", token=tok, pos=start)
+        self.num_clipped = r.read_int()
+        self.count = r.read_tagged("<NumElementsProcessed>", "int")
+        if r.peek_token() == "<NumSelfRepaired>":
+            self.num_self_repaired = r.read_tagged("<NumSelfRepaired>", "int")
+            self.num_backpropped = r.read_tagged("<NumBackpropped>", "int")
+        read_closing(r, cls.type_name)
+        return self
+
+    def write(self, w) -> None:
+        w.write_token("<ClipGradientComponent>")
+        w.write_tagged("<Dim>", "int", self.dim)
+        w.write_tagged("<ClippingThreshold>", "float", self.clipping_threshold)
+        w.write_tagged("<NormBasedClipping>", "bool", self.norm_based_clipping)
+        w.write_tagged("<SelfRepairClippedProportionThreshold>", "float",
+                       self.self_repair_clipped_proportion_threshold)
+        w.write_tagged("<SelfRepairTarget>", "float", self.self_repair_target)
+        w.write_tagged("<SelfRepairScale>", "float", self.self_repair_scale)
+        w.write_tagged("<NumElementsClipped>", "int", self.num_clipped)
+        w.write_tagged("<NumElementsProcessed>", "int", self.count)
+        w.write_tagged("<NumSelfRepaired>", "int", self.num_self_repaired)
+        w.write_tagged("<NumBackpropped>", "int", self.num_backpropped)
+        w.write_token("</ClipGradientComponent>")
+
+    def zero_stats(self) -> None:
+        self.count = 0
+        self.num_clipped = 0
+        self.num_self_repaired = 0
+        self.num_backpropped = 0
+
+    def propagate(self, indexes, in_value, out_value):
+        out_value[...] = in_value
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is None:
+            return
+        dt = out_deriv.dtype.type
+        d = np.array(out_deriv, copy=True)
+        training = grad is not None  # Kaldi's "to_update != NULL"
+        thr = self.clipping_threshold
+        if thr > 0:
+            if self.norm_based_clipping:
+                ratio = _row_norms_sq(d) * dt(thr ** -2.0)
+                # Kaldi's ApplyFloor(1.0, &num_not_scaled) counts the rows below 1.
+                scaled = ratio >= 1
+                if scaled.any():
+                    d *= (1 / np.sqrt(np.maximum(ratio, dt(1))))[:, None]
+                    if training:
+                        self.num_clipped += int(scaled.sum())
+                if training:
+                    self.count += d.shape[0]
+            else:
+                np.clip(d, dt(-thr), dt(thr), out=d)
+            if training:
+                self.num_backpropped += 1
+                self._repair(in_value, d)
+        elif thr == 0.0:
+            d[...] = 0
+        in_deriv[...] = d
+
+    def _repair(self, in_value: np.ndarray, d: np.ndarray) -> None:
+        """Kaldi's ClipGradientComponent::RepairGradients (modifies ``d`` in place)."""
+        if (self.self_repair_clipped_proportion_threshold >= 1.0
+                or self.self_repair_scale == 0.0 or self.count == 0):
+            return
+        if self.rng is not None and float(self.rng.random()) > 0.5:
+            return
+        clipped_proportion = f32(f32(self.num_clipped) / self.count)
+        if clipped_proportion <= self.self_repair_clipped_proportion_threshold:
+            return
+        self.num_self_repaired += 1
+        dt = d.dtype.type
+        sign = np.where(in_value > 0, dt(1), dt(-1))
+        repair = np.maximum(np.abs(in_value) - dt(self.self_repair_target), dt(0)) * sign
+        norm_sum = float(np.sqrt(_row_norms_sq(d)).sum())
+        rows = d.shape[0]
+        magnitude = f32(self.self_repair_scale * clipped_proportion * (norm_sum / rows))
+        repair_norm_sum = float(np.sqrt(_row_norms_sq(repair)).sum())
+        scale = magnitude / (repair_norm_sum / rows) if repair_norm_sum != 0.0 else 0.0
+        d += dt(-scale / 0.5) * repair
+        repaired_norm_sum = float(np.sqrt(_row_norms_sq(d)).sum())
+        if repaired_norm_sum != 0.0:
+            d *= dt(norm_sum / repaired_norm_sum)
+
+
+# ----------------------------------------------------------------------------------
+@dataclass
+class BackpropTruncationIndexes:
+    """Precomputed for BackpropTruncation: ``zeroing[i]`` is -1.0 for output rows at a
+    zeroing boundary, else 0; ``in_rows[i]`` the input row of output row i (None when
+    the rows are in the same order)."""
+
+    zeroing: np.ndarray
+    zeroing_sum: float
+    in_rows: np.ndarray | None
+
+
+def match_rows(input_indexes: np.ndarray, output_indexes: np.ndarray) -> np.ndarray | None:
+    """For each output index, the row of the same (n, t, x) among the inputs
+    (None when the two lists are identical). Raises ValueError when one is missing."""
+    inp = np.asarray(input_indexes, dtype=np.int64).reshape(-1, 3)
+    out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+    if inp.shape == out.shape and np.array_equal(inp, out):
+        return None
+    both = np.concatenate([inp, out])
+    _, ids = np.unique(both, axis=0, return_inverse=True)
+    ids = ids.reshape(-1)
+    lookup = np.full(ids.max() + 1 if ids.size else 0, -1, dtype=np.int64)
+    lookup[ids[:len(inp)]] = np.arange(len(inp))
+    rows = lookup[ids[len(inp):]]
+    if np.any(rows < 0):
+        bad = out[np.argmax(rows < 0)]
+        raise ComputeError(f"output index {tuple(bad.tolist())} has no matching input row")
+    return rows
+
+
+@register
+class BackpropTruncationComponent(_Dim):
+    """Forward: ``y = scale * x``. Backprop: ``dx = scale * dy``, then each row is
+    scaled down to norm at most ``clipping_threshold``, and zeroed when it is at a
+    zeroing boundary and its norm exceeds ``zeroing_threshold``.
+
+    A row (n, t) is at a boundary when ``floor((t - n) / zeroing_interval) !=
+    floor((t - recurrence_interval - n) / zeroing_interval)``: the offset by n keeps
+    sequences from all truncating on the same frames. Because of that the component
+    is not simple (it needs the indexes); input index = output index.
+    """
+
+    type_name = "BackpropTruncationComponent"
+
+    def __init__(self, dim: int = 0, scale: float = 1.0, clipping_threshold: float = 30.0,
+                 zeroing_threshold: float = 15.0, zeroing_interval: int = 20,
+                 recurrence_interval: int = 1) -> None:
+        super().__init__(dim)
+        self.scale = f32(scale)
+        self.clipping_threshold = f32(clipping_threshold)
+        self.zeroing_threshold = f32(zeroing_threshold)
+        self.zeroing_interval = int(zeroing_interval)
+        self.recurrence_interval = int(recurrence_interval)
+        self.num_clipped = 0.0  # double counters, as in Kaldi
+        self.num_zeroed = 0.0
+        self.count = 0.0
+        self.count_zeroing_boundaries = 0.0
+
+    def properties(self) -> Flags:
+        return Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_IN_PLACE
+
+    def info(self) -> str:
+        return (f"type={self.type_name}, dim={self.dim}, scale={self.scale:g}, "
+                f"recurrence-interval={self.recurrence_interval}, "
+                f"clipping-threshold={self.clipping_threshold:g}, "
+                f"zeroing-threshold={self.zeroing_threshold:g}, "
+                f"zeroing-interval={self.zeroing_interval}")
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None):
+        dim = cfg.get_int("dim", required=True)
+        scale = cfg.get_float("scale", 1.0)
+        clipping = cfg.get_float("clipping-threshold", 30.0)
+        zeroing = cfg.get_float("zeroing-threshold", 15.0)
+        interval = cfg.get_int("zeroing-interval", 20)
+        recurrence = cfg.get_int("recurrence-interval", 1)
+        cfg.check_all_used()
+        require(dim > 0, cfg, f"dim must be positive, got {dim}")
+        require(clipping >= 0, cfg, "clipping-threshold must be >= 0")
+        require(zeroing >= 0, cfg, "zeroing-threshold must be >= 0")
+        require(interval >= 1, cfg, "zeroing-interval must be >= 1")
+        require(recurrence >= 1, cfg, "recurrence-interval must be >= 1")
+        # Kaldi asserts this in Init() (after the config checks).
+        require(scale > 0.0, cfg, f"scale must be positive, got {scale}")
+        return cls(dim, scale, clipping, zeroing, interval, recurrence)
+
+    @classmethod
+    def read(cls, r) -> BackpropTruncationComponent:
+        self = cls(_read_positive_int(r, "<Dim>"))
+        self.scale = f32(r.read_optional("<Scale>", "float", 1.0))
+        self.clipping_threshold = f32(r.read_tagged("<ClippingThreshold>", "float"))
+        self.zeroing_threshold = f32(r.read_tagged("<ZeroingThreshold>", "float"))
+        self.zeroing_interval = _read_positive_int(r, "<ZeroingInterval>")
+        self.recurrence_interval = _read_positive_int(r, "<RecurrenceInterval>")
+        self.num_clipped = r.read_tagged("<NumElementsClipped>", "float")
+        self.num_zeroed = r.read_tagged("<NumElementsZeroed>", "float")
+        self.count = r.read_tagged("<NumElementsProcessed>", "float")
+        self.count_zeroing_boundaries = r.read_tagged("<NumZeroingBoundaries>", "float")
+        read_closing(r, cls.type_name)
+        return self
+
+    def write(self, w) -> None:
+        w.write_token("<BackpropTruncationComponent>")
+        w.write_tagged("<Dim>", "int", self.dim)
+        w.write_tagged("<Scale>", "float", self.scale)
+        w.write_tagged("<ClippingThreshold>", "float", self.clipping_threshold)
+        w.write_tagged("<ZeroingThreshold>", "float", self.zeroing_threshold)
+        w.write_tagged("<ZeroingInterval>", "int", self.zeroing_interval)
+        w.write_tagged("<RecurrenceInterval>", "int", self.recurrence_interval)
+        w.write_tagged("<NumElementsClipped>", "double", self.num_clipped)
+        w.write_tagged("<NumElementsZeroed>", "double", self.num_zeroed)
+        w.write_tagged("<NumElementsProcessed>", "double", self.count)
+        w.write_tagged("<NumZeroingBoundaries>", "double", self.count_zeroing_boundaries)
+        w.write_token("</BackpropTruncationComponent>")
+
+    def zero_stats(self) -> None:
+        self.num_clipped = self.num_zeroed = 0.0
+        self.count = self.count_zeroing_boundaries = 0.0
+
+    # input_indexes: the base class default (each output needs the same index).
+
+    def precompute_indexes(self, input_indexes, output_indexes,
+                           need_backprop: bool) -> BackpropTruncationIndexes:
+        out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+        n, t = out[:, 0], out[:, 1]
+        zi, ri = self.zeroing_interval, self.recurrence_interval
+        boundary = (t - n) // zi != (t - ri - n) // zi  # floor division, like Kaldi
+        zeroing = np.where(boundary, -1.0, 0.0).astype(np.float32)
+        return BackpropTruncationIndexes(zeroing, float(boundary.sum()),
+                                         match_rows(input_indexes, out))
+
+    def propagate(self, indexes, in_value, out_value):
+        x = in_value if indexes is None or indexes.in_rows is None \
+            else in_value[indexes.in_rows]
+        if self.scale != 1.0:
+            x = x * x.dtype.type(self.scale)
+        out_value[...] = x
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is None:
+            return
+        dt = out_deriv.dtype.type
+        d = out_deriv * dt(self.scale)  # a new array, so in-place use is safe
+        norms_sq = _row_norms_sq(d)
+        clip = self.clipping_threshold if self.clipping_threshold > 0.0 else 1.0e10
+        ratio = norms_sq * dt(f32(clip ** -2.0))
+        scales = 1 / np.sqrt(np.maximum(ratio, dt(1)))
+        zthr = self.zeroing_threshold if self.zeroing_threshold > 0.0 else 1.0e10
+        over = (norms_sq - dt(f32(zthr ** 2))) > 0
+        if indexes is None:
+            raise ComputeError("BackpropTruncationComponent needs precompute_indexes()")
+        zero = over * indexes.zeroing  # -1 where zeroed
+        if grad is not None:  # Kaldi's "to_update != NULL"
+            self.num_clipped += float((ratio >= 1).sum())
+            self.count += d.shape[0]
+            self.num_zeroed -= float(zero.sum())
+            self.count_zeroing_boundaries += indexes.zeroing_sum
+        d *= (scales * (zero + 1).astype(d.dtype))[:, None]
+        if indexes.in_rows is None:
+            in_deriv[...] = d
+        else:
+            if len(indexes.in_rows) != in_deriv.shape[0]:
+                in_deriv[...] = 0  # input rows no output uses get no derivative
+            in_deriv[indexes.in_rows] = d
+
+
+# ----------------------------------------------------------------------------------
+@register
+class ElementwiseProductComponent(_InOut):
+    """Multiplies the ``input_dim / output_dim`` (at least 2) column blocks of width
+    ``output_dim`` element by element. Backprop: each block's derivative is the
+    output derivative times the product of the other blocks."""
+
+    type_name = "ElementwiseProductComponent"
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE | Flags.BACKPROP_NEEDS_INPUT
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None):
+        output_dim = cfg.get_int("output-dim", required=True)
+        input_dim = cfg.get_int("input-dim", required=True)
+        cfg.check_all_used()
+        require(output_dim > 0, cfg, f"output-dim must be positive, got {output_dim}")
+        require(input_dim > output_dim and input_dim % output_dim == 0, cfg,
+                f"input-dim={input_dim} must be a multiple (>= 2) of output-dim={output_dim}")
+        return cls(input_dim, output_dim)
+
+    @classmethod
+    def read(cls, r) -> ElementwiseProductComponent:
+        pos = r.pos
+        input_dim = r.read_tagged("<InputDim>", "int")
+        output_dim = r.read_tagged("<OutputDim>", "int")
+        if output_dim <= 0 or input_dim <= output_dim or input_dim % output_dim:
+            raise r.error(f"bad ElementwiseProductComponent dims {input_dim} -> {output_dim}",
+                          pos=pos)
+        read_closing(r, cls.type_name)
+        return cls(input_dim, output_dim)
+
+    def write(self, w) -> None:
+        w.write_token("<ElementwiseProductComponent>")
+        w.write_tagged("<InputDim>", "int", self._input_dim)
+        w.write_tagged("<OutputDim>", "int", self._output_dim)
+        w.write_token("</ElementwiseProductComponent>")
+
+    def _blocks(self, m: np.ndarray) -> np.ndarray:
+        k = self._input_dim // self._output_dim
+        return m.reshape(m.shape[0], k, self._output_dim)
+
+    def propagate(self, indexes, in_value, out_value):
+        out_value[...] = np.prod(self._blocks(in_value), axis=1)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is None:
+            return
+        x = self._blocks(in_value)
+        k = x.shape[1]
+        # Product of the other blocks, without dividing (inputs may be zero).
+        d = np.empty_like(x)
+        for i in range(k):
+            others = np.delete(x, i, axis=1)
+            d[:, i, :] = out_deriv * np.prod(others, axis=1)
+        in_deriv[...] = d.reshape(in_value.shape)
+
+
+@register
+class PermuteComponent(Component):
+    """Reorders columns: output column i is input column ``column_map[i]`` (a
+    permutation). Backprop applies the inverse permutation."""
+
+    type_name = "PermuteComponent"
+
+    def __init__(self, column_map=(0,)) -> None:
+        self.column_map = np.asarray(column_map, dtype=np.int64)
+        self.reverse_column_map = np.empty_like(self.column_map)
+        self.reverse_column_map[self.column_map] = np.arange(self.column_map.size)
+
+    @staticmethod
+    def is_permutation(column_map) -> bool:
+        m = np.asarray(column_map, dtype=np.int64)
+        return m.size > 0 and np.array_equal(np.sort(m), np.arange(m.size))
+
+    @property
+    def input_dim(self) -> int:
+        return int(self.column_map.size)
+
+    @property
+    def output_dim(self) -> int:
+        return int(self.column_map.size)
+
+    def properties(self) -> Flags:
+        return Flags.SIMPLE
+
+    def info(self) -> str:
+        head = " ".join(str(int(c)) for c in self.column_map[:5])
+        more = "... " if self.column_map.size > 5 else ""
+        return f"type={self.type_name}, dim={self.input_dim} , column-map=[ {head} {more}]"
+
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None) -> PermuteComponent:
+        column_map = cfg.get_int_list("column-map", required=True)
+        cfg.check_all_used()
+        require(cls.is_permutation(column_map), cfg,
+                f"column-map={cfg.values.get('column-map')} is not a permutation")
+        return cls(column_map)
+
+    @classmethod
+    def read(cls, r) -> PermuteComponent:
+        r.expect_token("<ColumnMap>")
+        pos = r.pos
+        if r.binary and r.data[pos:pos + 1] == b"F":
+            # Old format: a float vector (rounded), last entry forced to dim - 1.
+            fmap = r.read_vector()
+            column_map = (fmap + 0.5).astype(np.int64)
+            if column_map.size:
+                column_map[-1] = column_map.size - 1
+        else:
+            column_map = r.read_int_vector()
+        if not cls.is_permutation(column_map):
+            raise r.error("<ColumnMap> is not a permutation", pos=pos)
+        read_closing(r, cls.type_name)
+        return cls(column_map)
+
+    def write(self, w) -> None:
+        w.write_token("<PermuteComponent>")
+        w.write_token("<ColumnMap>")
+        w.write_int_vector(self.column_map.tolist())
+        w.write_token("</PermuteComponent>")
+
+    def propagate(self, indexes, in_value, out_value):
+        out_value[...] = in_value[:, self.column_map]
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is not None:
+            in_deriv[...] = out_deriv[:, self.reverse_column_map]
+
+
+__all__ = [
+    "SumGroupComponent", "SumBlockComponent", "NoOpComponent", "ClipGradientComponent",
+    "BackpropTruncationComponent", "BackpropTruncationIndexes", "ElementwiseProductComponent",
+    "PermuteComponent", "match_rows",
+]

@@ -1,0 +1,459 @@
+"""Statistics extraction and pooling (Kaldi's x-vector "stats layer").
+
+``StatisticsExtractionComponent`` turns frames into per-period count / sum /
+sum-of-squares statistics; ``StatisticsPoolingComponent`` sums those statistics
+over a (possibly huge, e.g. 10000-frame) window of periods and turns them into
+means and standard deviations.
+
+Both are non-simple: an output row sums a *window* of input rows that share its
+``(n, x)``. An output is computable when ANY input in its window exists
+(``InputDeps.any_suffices``), and the window is cut to the input rows that exist.
+
+The input and output rows may come in any order. Precomputation sorts the usable
+input rows by ``(n, x, t)``; every window is then a contiguous range ``[lo, hi)``
+of that sorted order, so the forward pass is a difference of cumulative sums and
+the backward pass a cumulative sum of a difference array. Nothing loops in Python
+per row or per frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ComputeError
+from ..index import describe, pack
+from .base import Component, Flags, InputDeps, register, require
+
+_T_SHIFT = 1 << 31  # t is offset by this inside a window key so that keys sort by t
+
+
+@dataclass
+class RangeIndexes:
+    """Output row ``o`` sums the sorted input rows ``perm[lo[o]:hi[o]]``.
+
+    ``perm`` lists the input rows that take part (sorted by ``(n, x, t)``);
+    input rows not in ``perm`` belong to no window (their derivative is 0).
+    """
+
+    perm: np.ndarray  # (m,) int64 rows of the input matrix, sorted by (n, x, t)
+    lo: np.ndarray  # (rows_out,) int64
+    hi: np.ndarray  # (rows_out,) int64
+    num_input_rows: int
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.hi - self.lo
+
+    def window_sums(self, values: np.ndarray) -> np.ndarray:
+        """Row ``o`` = sum of ``values[perm[lo[o]:hi[o]]]``, in float64.
+
+        Cumulative sums are taken in float64 so that the difference of two large
+        prefix sums keeps float32 accuracy even over windows of 10000 frames."""
+        csum = np.zeros((len(self.perm) + 1, values.shape[1]), dtype=np.float64)
+        np.cumsum(values[self.perm], axis=0, dtype=np.float64, out=csum[1:])
+        return csum[self.hi] - csum[self.lo]
+
+    def spread(self, deriv: np.ndarray) -> np.ndarray:
+        """The transpose of :meth:`window_sums`: input row ``i`` gets the sum of
+        ``deriv[o]`` over the outputs whose window holds ``i`` (float64,
+        ``[num_input_rows, cols]``)."""
+        cols = deriv.shape[1]
+        diff = np.zeros((len(self.perm) + 1, cols), dtype=np.float64)
+        np.add.at(diff, self.lo, deriv)
+        np.subtract.at(diff, self.hi, deriv)
+        per_sorted = np.cumsum(diff[:-1], axis=0)
+        # Rows in no window get an exact 0, not the prefix sums' rounding residue.
+        cover = np.zeros(len(self.perm) + 1, dtype=np.int64)
+        np.add.at(cover, self.lo, 1)
+        np.subtract.at(cover, self.hi, 1)
+        per_sorted[np.cumsum(cover[:-1]) == 0] = 0.0
+        out = np.zeros((self.num_input_rows, cols), dtype=np.float64)
+        out[self.perm] = per_sorted
+        return out
+
+
+def _nx_groups(input_indexes: np.ndarray, output_indexes: np.ndarray):
+    """Dense ids of the ``(n, x)`` pairs, shared by inputs and outputs."""
+    both = np.concatenate([input_indexes, output_indexes])
+    nx = both.copy()
+    nx[:, 1] = 0
+    _, inverse = np.unique(pack(nx), return_inverse=True)
+    inverse = inverse.astype(np.int64).ravel()
+    return inverse[:len(input_indexes)], inverse[len(input_indexes):]
+
+
+def window_ranges(input_indexes, output_indexes, t_first, t_last, period: int,
+                  what: str) -> RangeIndexes:
+    """Ranges of input rows with the output's ``(n, x)`` and
+    ``t_first[o] <= t <= t_last[o]``, ``t % period == 0`` (rows off that grid take
+    part in no window, as in Kaldi, which only looks up on-grid times).
+
+    Raises ComputeError if some output's window holds no input row."""
+    inp = np.asarray(input_indexes, dtype=np.int64).reshape(-1, 3)
+    out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+    g_in, g_out = _nx_groups(inp, out)
+    on_grid = np.flatnonzero(inp[:, 1] % period == 0)
+    keys = (g_in[on_grid] << 32) + (inp[on_grid, 1] + _T_SHIFT)
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    if len(sorted_keys) > 1 and np.any(sorted_keys[1:] == sorted_keys[:-1]):
+        raise ComputeError(f"{what}: duplicate input indexes")
+    base = g_out << 32
+    lo = np.searchsorted(sorted_keys, base + (np.asarray(t_first) + _T_SHIFT), "left")
+    hi = np.searchsorted(sorted_keys, base + (np.asarray(t_last) + _T_SHIFT), "right")
+    empty = hi <= lo
+    if np.any(empty):
+        raise ComputeError(f"{what}: no input rows for output indexes "
+                           f"{describe(out[empty])}")
+    return RangeIndexes(on_grid[order], lo.astype(np.int64), hi.astype(np.int64), len(inp))
+
+
+def _window_deps(output_indexes: np.ndarray, t_first: np.ndarray, size: int, step: int,
+                 valid: np.ndarray | None = None) -> InputDeps:
+    """``size`` dependencies per output at ``t_first + k*step``, all optional,
+    any one sufficing; outputs with ``valid`` False get none."""
+    out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+    rows = np.arange(len(out), dtype=np.int64)
+    if valid is not None:
+        rows = rows[valid]
+    owner = np.repeat(rows, size)
+    deps = out[owner].copy()
+    deps[:, 1] = np.repeat(t_first[rows], size) + np.tile(np.arange(size) * step, len(rows))
+    return InputDeps(owner, deps, np.zeros(len(owner), dtype=bool), any_suffices=True)
+
+
+def sort_nxt(input_indexes, output_indexes) -> tuple[np.ndarray, np.ndarray]:
+    """Kaldi's ReorderIndexes for the statistics components: both index lists
+    sorted by (n, x, t). Optional for our compiler (the math takes any order);
+    it reproduces Kaldi's row order."""
+    def nxt(idx):
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1, 3)
+        return idx[np.lexsort((idx[:, 1], idx[:, 2], idx[:, 0]))]
+
+    return nxt(input_indexes), nxt(output_indexes)
+
+
+def _read_int(r, tag: str) -> int:
+    return r.read_tagged(tag, "int")
+
+
+@register
+class StatisticsExtractionComponent(Component):
+    """Per-period statistics of the input: ``[count, sum x, (sum x^2)]``.
+
+    The output at time t covers the period window
+    ``[floor(t/P)*P, floor(t/P)*P + P)`` (P = output-period), stepping by the
+    input-period; the count is the number of input rows found in it.
+    Invariants: input_dim > 0, periods > 0, output_period % input_period == 0.
+    """
+
+    type_name = "StatisticsExtractionComponent"
+
+    def __init__(self, input_dim: int, input_period: int = 1, output_period: int = 1,
+                 include_variance: bool = True):
+        self._input_dim = int(input_dim)
+        self.input_period = int(input_period)
+        self.output_period = int(output_period)
+        self.include_variance = bool(include_variance)
+
+    @staticmethod
+    def _problem(input_dim, input_period, output_period) -> str | None:
+        if input_dim <= 0:
+            return f"input-dim must be > 0, got {input_dim}"
+        if input_period <= 0 or output_period <= 0:
+            return "input-period and output-period must be > 0"
+        if output_period % input_period:
+            return (f"output-period={output_period} must be a multiple of "
+                    f"input-period={input_period}")
+        return None
+
+    # -- structure ------------------------------------------------------------------
+    @property
+    def input_dim(self) -> int:
+        return self._input_dim
+
+    @property
+    def output_dim(self) -> int:
+        return 1 + self._input_dim * (2 if self.include_variance else 1)
+
+    def properties(self) -> Flags:
+        # Kaldi declares PROPAGATE_ADDS although Propagate zeroes the output first.
+        flags = Flags.PROPAGATE_ADDS | Flags.REORDERS_INDEXES
+        if self.include_variance:
+            flags |= Flags.BACKPROP_NEEDS_INPUT
+        return flags
+
+    def info(self) -> str:
+        return (super().info() + f", input-period={self.input_period}, "
+                f"output-period={self.output_period}, "
+                f"include-variance={str(self.include_variance).lower()}")
+
+    # -- construction and files ----------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None):
+        input_dim = cfg.get_int("input-dim", required=True)
+        input_period = cfg.get_int("input-period", 1)
+        output_period = cfg.get_int("output-period", 1)
+        include_variance = cfg.get_bool("include-variance", True)
+        cfg.check_all_used()
+        problem = cls._problem(input_dim, input_period, output_period)
+        require(problem is None, cfg, f"{cls.type_name}: {problem}")
+        return cls(input_dim, input_period, output_period, include_variance)
+
+    @classmethod
+    def read(cls, r):
+        start = r.pos
+        input_dim = _read_int(r, "<InputDim>")
+        input_period = _read_int(r, "<InputPeriod>")
+        output_period = _read_int(r, "<OutputPeriod>")
+        include_variance = r.read_tagged("<IncludeVarinance>", "bool")  # sic, Kaldi's spelling
+        r.expect_token(f"</{cls.type_name}>")
+        problem = cls._problem(input_dim, input_period, output_period)
+        if problem is not None:
+            raise r.error(f"invalid {cls.type_name}: {problem}", pos=start)
+        return cls(input_dim, input_period, output_period, include_variance)
+
+    def write(self, w) -> None:
+        w.write_token(f"<{self.type_name}>")
+        w.write_tagged("<InputDim>", "int", self._input_dim)
+        w.write_tagged("<InputPeriod>", "int", self.input_period)
+        w.write_tagged("<OutputPeriod>", "int", self.output_period)
+        w.write_tagged("<IncludeVarinance>", "bool", self.include_variance)
+        w.write_token(f"</{self.type_name}>")
+
+    # -- indexes ---------------------------------------------------------------------
+    def _window_start(self, t: np.ndarray) -> np.ndarray:
+        return np.floor_divide(t, self.output_period) * self.output_period
+
+    def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
+        """Per output: the ``output_period / input_period`` times of its period
+        window, all optional; computable when any exists."""
+        out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+        return _window_deps(out, self._window_start(out[:, 1]),
+                            self.output_period // self.input_period, self.input_period)
+
+    def reorder_indexes(self, input_indexes, output_indexes):
+        return sort_nxt(input_indexes, output_indexes)
+
+    def precompute_indexes(self, input_indexes, output_indexes, need_backprop: bool):
+        out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+        first = self._window_start(out[:, 1])
+        return window_ranges(input_indexes, out, first, first + self.output_period - 1,
+                             self.input_period, self.type_name)
+
+    # -- math ------------------------------------------------------------------------
+    def propagate(self, indexes: RangeIndexes, in_value, out_value):
+        d = self._input_dim
+        dtype = out_value.dtype
+        out_value[:, 0] = indexes.counts.astype(dtype)
+        out_value[:, 1:1 + d] = indexes.window_sums(in_value).astype(dtype)
+        if self.include_variance:
+            out_value[:, 1 + d:] = indexes.window_sums(np.square(in_value)).astype(dtype)
+        return None
+
+    def backprop(self, indexes: RangeIndexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is None:
+            return
+        d = self._input_dim
+        # The count column has no derivative; the sums pass the derivative back
+        # unchanged and the sums of squares as 2 x.
+        deriv = indexes.spread(out_deriv[:, 1:1 + d])
+        if self.include_variance:
+            deriv += 2.0 * indexes.spread(out_deriv[:, 1 + d:]) * in_value
+        in_deriv[...] = deriv.astype(in_deriv.dtype)
+
+
+@register
+class StatisticsPoolingComponent(Component):
+    """Pools extraction stats over ``[t - left_context, t + right_context]`` and
+    outputs ``[log-count x num_log_count_features, mean, (stddev)]``.
+
+    Input columns: count, sums, (sums of squares: when output-stddevs). The
+    output exists only at multiples of input-period. The stddev is
+    ``sqrt(max(E[x^2] - mean^2, variance_floor))``; the backprop ignores the floor
+    (as Kaldi does).
+    """
+
+    type_name = "StatisticsPoolingComponent"
+
+    def __init__(self, input_dim: int, input_period: int = 1, left_context: int = 0,
+                 right_context: int = 0, num_log_count_features: int = 0,
+                 output_stddevs: bool = False, variance_floor: float = 1.0e-10):
+        self._input_dim = int(input_dim)
+        self.input_period = int(input_period)
+        self.left_context = int(left_context)
+        self.right_context = int(right_context)
+        self.num_log_count_features = int(num_log_count_features)
+        self.output_stddevs = bool(output_stddevs)
+        self.variance_floor = float(variance_floor)
+
+    def _problem(self) -> str | None:
+        """Kaldi's Check()."""
+        if self._input_dim <= 0:
+            return f"input-dim must be > 0, got {self._input_dim}"
+        if self.input_period <= 0:
+            return "input-period must be > 0"
+        if self.left_context < 0 or self.right_context < 0:
+            return "left-context and right-context must be given and >= 0"
+        if self.left_context + self.right_context <= 0:
+            return "left-context + right-context must be > 0"
+        if self.left_context % self.input_period or self.right_context % self.input_period:
+            return "left-context and right-context must be multiples of input-period"
+        if self.num_log_count_features < 0:
+            return "num-log-count-features must be >= 0"
+        if not 0.0 < self.variance_floor < 1.0:
+            return "variance-floor must be in (0, 1)"
+        if self.output_stddevs and (self._input_dim - 1) % 2:
+            return "with output-stddevs=true, input-dim must be odd (1 + 2 * feature-dim)"
+        return None
+
+    # -- structure ------------------------------------------------------------------
+    @property
+    def input_dim(self) -> int:
+        return self._input_dim
+
+    @property
+    def output_dim(self) -> int:
+        return self._input_dim + self.num_log_count_features - 1
+
+    @property
+    def feature_dim(self) -> int:
+        """Dim of the mean (and stddev) blocks when output-stddevs."""
+        return (self._input_dim - 1) // 2
+
+    def properties(self) -> Flags:
+        flags = Flags.REORDERS_INDEXES | Flags.BACKPROP_ADDS
+        if self.output_stddevs or self.num_log_count_features > 0:
+            flags |= Flags.BACKPROP_NEEDS_OUTPUT
+        if self.num_log_count_features == 0:
+            flags |= Flags.BACKPROP_NEEDS_INPUT
+        return flags
+
+    def info(self) -> str:
+        return (super().info() + f", input-period={self.input_period}, "
+                f"left-context={self.left_context}, right-context={self.right_context}, "
+                f"num-log-count-features={self.num_log_count_features}, "
+                f"output-stddevs={str(self.output_stddevs).lower()}, "
+                f"variance-floor={self.variance_floor:g}")
+
+    # -- construction and files ----------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator | None = None):
+        comp = cls(
+            input_dim=cfg.get_int("input-dim", required=True),
+            input_period=cfg.get_int("input-period", 1),
+            # Kaldi's defaults are -1, which Check() rejects: both are required.
+            left_context=cfg.get_int("left-context", -1),
+            right_context=cfg.get_int("right-context", -1),
+            num_log_count_features=cfg.get_int("num-log-count-features", 0),
+            output_stddevs=cfg.get_bool("output-stddevs", False),
+            variance_floor=cfg.get_float("variance-floor", 1.0e-10),
+        )
+        cfg.check_all_used()
+        problem = comp._problem()
+        require(problem is None, cfg, f"{cls.type_name}: {problem}")
+        return comp
+
+    @classmethod
+    def read(cls, r):
+        start = r.pos
+        comp = cls(
+            input_dim=_read_int(r, "<InputDim>"),
+            input_period=_read_int(r, "<InputPeriod>"),
+            left_context=_read_int(r, "<LeftContext>"),
+            right_context=_read_int(r, "<RightContext>"),
+            num_log_count_features=_read_int(r, "<NumLogCountFeatures>"),
+            output_stddevs=r.read_tagged("<OutputStddevs>", "bool"),
+            variance_floor=r.read_tagged("<VarianceFloor>", "float"),
+        )
+        r.expect_token(f"</{cls.type_name}>")
+        problem = comp._problem()
+        if problem is not None:
+            raise r.error(f"invalid {cls.type_name}: {problem}", pos=start)
+        return comp
+
+    def write(self, w) -> None:
+        w.write_token(f"<{self.type_name}>")
+        w.write_tagged("<InputDim>", "int", self._input_dim)
+        w.write_tagged("<InputPeriod>", "int", self.input_period)
+        w.write_tagged("<LeftContext>", "int", self.left_context)
+        w.write_tagged("<RightContext>", "int", self.right_context)
+        w.write_tagged("<NumLogCountFeatures>", "int", self.num_log_count_features)
+        w.write_tagged("<OutputStddevs>", "bool", self.output_stddevs)
+        w.write_tagged("<VarianceFloor>", "float", self.variance_floor)
+        w.write_token(f"</{self.type_name}>")
+
+    # -- indexes ---------------------------------------------------------------------
+    def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
+        """Per output at t (a multiple of input-period): the times
+        ``t - left_context .. t + right_context`` step input-period, all optional,
+        any one sufficing. Outputs at other t get no dependencies (never
+        computable, as in Kaldi's IsComputable)."""
+        out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+        size = (self.left_context + self.right_context) // self.input_period + 1
+        valid = out[:, 1] % self.input_period == 0
+        return _window_deps(out, out[:, 1] - self.left_context, size, self.input_period,
+                            valid)
+
+    def reorder_indexes(self, input_indexes, output_indexes):
+        return sort_nxt(input_indexes, output_indexes)
+
+    def precompute_indexes(self, input_indexes, output_indexes, need_backprop: bool):
+        out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+        if np.any(out[:, 1] % self.input_period):
+            raise ComputeError(f"{self.type_name}: output t must be a multiple of "
+                               f"input-period={self.input_period}")
+        return window_ranges(input_indexes, out, out[:, 1] - self.left_context,
+                             out[:, 1] + self.right_context, self.input_period,
+                             self.type_name)
+
+    # -- math ------------------------------------------------------------------------
+    def propagate(self, indexes: RangeIndexes, in_value, out_value):
+        nlc = self.num_log_count_features
+        dtype = out_value.dtype
+        # Sums are exact-ish (float64); the rest runs in the data's dtype like
+        # Kaldi, so that E[x^2] - mean^2 cancels the way Kaldi's float32 does
+        # when the variance is small next to mean^2.
+        sums = indexes.window_sums(in_value).astype(dtype)
+        counts = sums[:, 0]
+        stats = sums[:, 1:] / counts[:, None]
+        if self.output_stddevs:
+            f = self.feature_dim
+            mean = stats[:, :f]
+            var = np.maximum(stats[:, f:] - mean * mean, dtype.type(self.variance_floor))
+            stats[:, f:] = np.sqrt(var)
+        out_value[:, nlc:] = stats
+        if nlc:
+            out_value[:, :nlc] = np.log(counts)[:, None]
+        return None
+
+    def backprop(self, indexes: RangeIndexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        if in_deriv is None:
+            return
+        nlc = self.num_log_count_features
+        deriv = out_deriv[:, nlc:].astype(np.float64)
+        if self.output_stddevs:
+            # d stddev / d E[x^2] = 0.5 / stddev; and E[x^2] - mean^2 adds
+            # -2 mean dF/dvar to the mean's derivative. The variance floor is
+            # ignored here, exactly as in Kaldi.
+            f = self.feature_dim
+            mean = out_value[:, nlc:nlc + f].astype(np.float64)
+            stddev = out_value[:, nlc + f:].astype(np.float64)
+            deriv[:, f:] *= 0.5 / stddev
+            deriv[:, :f] -= 2.0 * mean * deriv[:, f:]
+        if nlc:
+            counts = np.exp(out_value[:, 0].astype(np.float64))
+        else:
+            counts = indexes.window_sums(in_value[:, :1])[:, 0]
+        deriv /= counts[:, None]
+        # The count column is not differentiable (it comes from the extraction's
+        # constant counts); Kaldi leaves its derivative untouched.
+        in_deriv[:, 1:] += indexes.spread(deriv).astype(in_deriv.dtype)
+
+
+__all__ = ["StatisticsExtractionComponent", "StatisticsPoolingComponent", "RangeIndexes",
+           "window_ranges", "sort_nxt"]

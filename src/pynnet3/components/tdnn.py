@@ -1,0 +1,364 @@
+"""TdnnComponent: an affine (or linear) map of input frames spliced at fixed time offsets.
+
+Output row (n, t, x) = bias + sum_k W_k · input(n, t + time_offsets[k], x), where
+W = [W_0 | W_1 | ...] is ``linear_params`` [output-dim, input-dim * num-offsets].
+It is Kaldi's memory-efficient replacement for "splice, then affine": the
+splicing is a row gather done inside the component.
+
+Also here: the gather map shared with the time-height convolution
+(:func:`time_offset_sources`), and the readers/writers of Kaldi's integer
+vectors, whose binary form (size byte, raw int32 count, raw int32 elements)
+the generic stream reader does not handle.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ComputeError
+from ..index import KeySet, pack
+from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closing, register
+
+# ----------------------------------------------------------------------------------
+# Kaldi integer vectors (WriteIntegerVector / WriteIntegerPairVector)
+
+
+def read_int_vector(r) -> list[int]:
+    """``[ 1 2 3 ]`` in text; ``\\x04`` + int32 count + raw int32s in binary."""
+    if not r.binary:
+        return [int(v) for v in r.read_int_vector()]
+    return [int(v) for v in _read_binary_ints(r, 1, "an integer vector").ravel()]
+
+
+def read_int_pair_vector(r) -> list[tuple[int, int]]:
+    """``[ a,b c,d ]`` in text; ``\\x04`` + int32 count + raw int32 pairs in binary."""
+    if r.binary:
+        arr = _read_binary_ints(r, 2, "an integer-pair vector")
+        return [(int(a), int(b)) for a, b in arr]
+    start = r.pos
+    r.expect_token("[")
+    pairs = []
+    while True:
+        tok_pos = r.pos
+        tok = r.read_token()
+        if tok == "]":
+            return pairs
+        parts = tok.split(",")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            pairs.append((int(parts[0]), int(parts[1])))
+        except ValueError:
+            raise r.error("expected an integer pair like '-1,0' or ']'", token=tok,
+                          pos=tok_pos) from None
+        if r.at_eof():
+            raise r.error("unterminated integer-pair vector", pos=start)
+
+
+def _read_binary_ints(r, width: int, what: str) -> np.ndarray:
+    start = r.pos
+    if r.pos + 5 > len(r.data):
+        raise r.error(f"unexpected end of file while reading {what}")
+    if r.data[r.pos] != 4:
+        raise r.error(f"bad size byte {r.data[r.pos]} in {what}", pos=start)
+    (n,) = struct.unpack_from("<i", r.data, r.pos + 1)
+    if n < 0:
+        raise r.error(f"negative size {n} of {what}", pos=start)
+    r.pos += 5
+    nbytes = 4 * width * n
+    if r.pos + nbytes > len(r.data):
+        raise r.error(f"unexpected end of file while reading {what}")
+    arr = np.frombuffer(r.data, dtype="<i4", count=width * n, offset=r.pos)
+    r.pos += nbytes
+    return arr.reshape(n, width).astype(np.int64)
+
+
+def write_int_vector(w, values) -> None:
+    values = [int(v) for v in values]
+    if w.binary:
+        w.raw(b"\x04" + struct.pack(f"<i{len(values)}i", len(values), *values))
+    else:
+        w.raw("[ " + "".join(f"{v} " for v in values) + "]\n")
+
+
+def write_int_pair_vector(w, pairs) -> None:
+    pairs = [(int(a), int(b)) for a, b in pairs]
+    if w.binary:
+        flat = [v for p in pairs for v in p]
+        w.raw(b"\x04" + struct.pack(f"<i{len(flat)}i", len(pairs), *flat))
+    else:
+        w.raw("[ " + "".join(f"{a},{b} " for a, b in pairs) + "]\n")
+
+
+# ----------------------------------------------------------------------------------
+# Gather maps over time offsets
+
+
+def time_offset_sources(input_indexes: np.ndarray, output_indexes: np.ndarray,
+                        time_offsets) -> np.ndarray:
+    """``src[k, j]``: the input row holding (n, t + time_offsets[k], x) of output row
+    j, or -1 when that input row is absent. Rows may be in any order."""
+    inp = np.asarray(input_indexes, dtype=np.int64).reshape(-1, 3)
+    out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+    keys = KeySet(pack(inp))
+    src = np.empty((len(time_offsets), len(out)), dtype=np.int64)
+    shifted = out.copy()
+    for k, off in enumerate(time_offsets):
+        shifted[:, 1] = out[:, 1] + int(off)
+        src[k] = keys.position(pack(shifted))
+    return src
+
+
+def time_offset_deps(output_indexes: np.ndarray, time_offsets,
+                     required) -> InputDeps:
+    """Dependencies (n, t + offset, x) of each output index, offset-major per output."""
+    out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
+    k, m = len(out), len(time_offsets)
+    offs = np.asarray(time_offsets, dtype=np.int64)
+    deps = np.repeat(out, m, axis=0)
+    deps[:, 1] += np.tile(offs, k)
+    owner = np.repeat(np.arange(k, dtype=np.int64), m)
+    req = np.tile(np.asarray(required, dtype=bool), k)
+    return InputDeps(owner, deps, req)
+
+
+@dataclass
+class OffsetGather:
+    """Precomputed indexes of Tdnn/TimeHeightConvolution: ``src`` [num-offsets,
+    rows-out] (input row per time offset and output row, -1 = absent and then a
+    zero contribution), and ``num_in`` the number of input rows."""
+
+    src: np.ndarray
+    num_in: int
+
+    @property
+    def complete(self) -> bool:
+        return bool(np.all(self.src >= 0))
+
+
+def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``x[rows]`` with zero rows where ``rows`` is -1."""
+    if rows.size and rows.min() < 0:
+        valid = rows >= 0
+        out = np.zeros((len(rows), x.shape[1]), dtype=x.dtype)
+        out[valid] = x[rows[valid]]
+        return out
+    return x[rows]
+
+
+def scatter_add_rows(target: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """``target[rows] += values`` skipping rows == -1; ``rows`` must not repeat
+    (true for one time offset: (n, t, x) -> (n, t + o, x) is one-to-one)."""
+    if rows.size and rows.min() < 0:
+        valid = rows >= 0
+        target[rows[valid]] += values[valid]
+    else:
+        target[rows] += values
+
+
+# ----------------------------------------------------------------------------------
+@register
+class TdnnComponent(UpdatableComponent):
+    """Spliced affine transform over time offsets (see module docstring).
+
+    Invariants: ``time_offsets`` non-empty and unique; ``linear_params`` is
+    [output-dim, input-dim * len(time_offsets)] with column block k belonging to
+    ``time_offsets[k]``; ``bias_params`` is [output-dim] or empty (use-bias=false,
+    then propagate adds to its output, Kaldi's PROPAGATE_ADDS).
+    """
+
+    type_name = "TdnnComponent"
+
+    def __init__(self):
+        super().__init__()
+        self.time_offsets: list[int] = [0]
+        self.linear_params = np.zeros((1, 1), dtype=np.float32)
+        self.bias_params = np.zeros(0, dtype=np.float32)
+        self.orthonormal_constraint = 0.0
+        self.use_natural_gradient = True
+        self.num_samples_history = 2000.0
+        self.alpha_in = 4.0
+        self.alpha_out = 4.0
+        self.rank_in = 20
+        self.rank_out = 80
+
+    # -- structure -------------------------------------------------------------------
+    @property
+    def input_dim(self) -> int:
+        return self.linear_params.shape[1] // len(self.time_offsets)
+
+    @property
+    def output_dim(self) -> int:
+        return self.linear_params.shape[0]
+
+    @property
+    def use_bias(self) -> bool:
+        return self.bias_params.size > 0
+
+    def properties(self) -> Flags:
+        flags = (Flags.UPDATABLE | Flags.REORDERS_INDEXES | Flags.BACKPROP_ADDS
+                 | Flags.BACKPROP_NEEDS_INPUT)
+        if not self.use_bias:
+            flags |= Flags.PROPAGATE_ADDS
+        return flags
+
+    def info(self) -> str:
+        s = super().info() + self.updatable_info()
+        if self.orthonormal_constraint != 0.0:
+            s += f", orthonormal-constraint={self.orthonormal_constraint:g}"
+        s += ", time-offsets=" + ",".join(str(o) for o in self.time_offsets)
+        if not self.use_bias:
+            s += ", has-bias=false"
+        return s
+
+    # -- construction ----------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> TdnnComponent:
+        comp = cls()
+        comp.init_updatable_from_config(cfg)
+        offsets = cfg.get_int_list("time-offsets", required=True)
+        input_dim = cfg.get_int("input-dim", required=True)
+        output_dim = cfg.get_int("output-dim", required=True)
+        if input_dim <= 0 or output_dim <= 0:
+            raise cfg.error("input-dim and output-dim must be > 0")
+        if not offsets:
+            raise cfg.error("time-offsets must be a non-empty list like -1,0,1")
+        if len(set(offsets)) != len(offsets):
+            raise cfg.error(f"repeated time-offsets: {offsets}")
+        param_stddev = cfg.get_float("param-stddev", -1.0)
+        bias_stddev = cfg.get_float("bias-stddev", 1.0)
+        bias_mean = cfg.get_float("bias-mean", 0.0)
+        use_bias = cfg.get_bool("use-bias", True)
+        comp.orthonormal_constraint = cfg.get_float("orthonormal-constraint", 0.0)
+        comp.use_natural_gradient = cfg.get_bool("use-natural-gradient", True)
+        rank_in = cfg.get_int("rank-in", -1)
+        rank_out = cfg.get_int("rank-out", -1)
+        comp.alpha_in = cfg.get_float("alpha-in", 4.0)
+        comp.alpha_out = cfg.get_float("alpha-out", 4.0)
+        comp.num_samples_history = cfg.get_float("num-samples-history", 2000.0)
+        cfg.check_all_used()
+
+        spliced = input_dim * len(offsets)
+        if param_stddev < 0.0:
+            param_stddev = 1.0 / math.sqrt(spliced)
+        comp.time_offsets = list(offsets)
+        comp.linear_params = (param_stddev * rng.standard_normal((output_dim, spliced))
+                              ).astype(np.float32)
+        if use_bias:
+            comp.bias_params = (bias_stddev * rng.standard_normal(output_dim) + bias_mean
+                                ).astype(np.float32)
+        comp.rank_in = rank_in if rank_in >= 0 else min(20, (spliced + 1) // 2)
+        comp.rank_out = rank_out if rank_out >= 0 else min(80, (output_dim + 1) // 2)
+        return comp
+
+    @classmethod
+    def read(cls, r) -> TdnnComponent:
+        comp = cls()
+        comp.read_updatable_common(r)
+        r.expect_token("<TimeOffsets>")
+        pos = r.pos
+        comp.time_offsets = read_int_vector(r)
+        if not comp.time_offsets or len(set(comp.time_offsets)) != len(comp.time_offsets):
+            raise r.error("<TimeOffsets> must be non-empty and unique", pos=pos)
+        r.expect_token("<LinearParams>")
+        pos = r.pos
+        comp.linear_params = r.read_matrix()
+        check_finite(r, "<LinearParams>", comp.linear_params, pos)
+        if (comp.linear_params.shape[0] == 0
+                or comp.linear_params.shape[1] % len(comp.time_offsets)):
+            raise r.error("<LinearParams> columns must be a multiple of the number of "
+                          "time offsets", pos=pos)
+        r.expect_token("<BiasParams>")
+        pos = r.pos
+        comp.bias_params = r.read_vector()
+        check_finite(r, "<BiasParams>", comp.bias_params, pos)
+        if comp.bias_params.size not in (0, comp.linear_params.shape[0]):
+            raise r.error("<BiasParams> must be empty or have output-dim values", pos=pos)
+        comp.orthonormal_constraint = r.read_tagged("<OrthonormalConstraint>", "float")
+        comp.use_natural_gradient = r.read_tagged("<UseNaturalGradient>", "bool")
+        comp.num_samples_history = r.read_tagged("<NumSamplesHistory>", "float")
+        pos = r.pos
+        tok = r.read_token()
+        if tok == "<AlphaInOut>":
+            comp.alpha_in = r.read_float()
+            comp.alpha_out = r.read_float()
+        elif tok == "<Alpha>":  # an older format Kaldi still reads
+            comp.alpha_in = comp.alpha_out = r.read_float()
+        else:
+            raise r.error("expected <AlphaInOut>", token=tok, pos=pos)
+        r.expect_token("<RankInOut>")
+        comp.rank_in = r.read_int()
+        comp.rank_out = r.read_int()
+        read_closing(r, cls.type_name)
+        return comp
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_token("<TimeOffsets>")
+        write_int_vector(w, self.time_offsets)
+        w.write_tagged("<LinearParams>", "matrix", self.linear_params)
+        w.write_tagged("<BiasParams>", "vector", self.bias_params)
+        w.write_tagged("<OrthonormalConstraint>", "float", self.orthonormal_constraint)
+        w.write_tagged("<UseNaturalGradient>", "bool", self.use_natural_gradient)
+        w.write_tagged("<NumSamplesHistory>", "float", self.num_samples_history)
+        w.write_token("<AlphaInOut>")
+        w.write_float(self.alpha_in)
+        w.write_float(self.alpha_out)
+        w.write_token("<RankInOut>")
+        w.write_int(self.rank_in)
+        w.write_int(self.rank_out)
+        w.write_token(f"</{self.type_name}>")
+
+    # -- parameters ------------------------------------------------------------------
+    def params(self) -> dict[str, np.ndarray]:
+        p = {"linear_params": self.linear_params}
+        if self.use_bias:
+            p["bias_params"] = self.bias_params
+        return p
+
+    # -- indexes ---------------------------------------------------------------------
+    def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
+        return time_offset_deps(output_indexes, self.time_offsets,
+                                [True] * len(self.time_offsets))
+
+    def precompute_indexes(self, input_indexes: np.ndarray, output_indexes: np.ndarray,
+                           need_backprop: bool) -> OffsetGather:
+        src = time_offset_sources(input_indexes, output_indexes, self.time_offsets)
+        if src.size and src.min() < 0:
+            k, j = np.argwhere(src < 0)[0]
+            n, t, x = np.asarray(output_indexes)[j].tolist()
+            raise ComputeError(
+                f"{self.type_name}: output (n={n}, t={t}, x={x}) needs input "
+                f"t={t + self.time_offsets[k]}, which is not among the input rows")
+        return OffsetGather(src, len(input_indexes))
+
+    # -- math ------------------------------------------------------------------------
+    def _spliced(self, indexes: OffsetGather, in_value: np.ndarray) -> np.ndarray:
+        """[rows-out, input-dim * num-offsets]: the input rows of every offset side by side."""
+        return np.concatenate([gather_rows(in_value, rows) for rows in indexes.src], axis=1)
+
+    def propagate(self, indexes, in_value, out_value):
+        w = self.linear_params.astype(in_value.dtype, copy=False)
+        product = self._spliced(indexes, in_value) @ w.T
+        if self.use_bias:
+            out_value[:] = product + self.bias_params.astype(in_value.dtype, copy=False)
+        else:
+            out_value += product  # PROPAGATE_ADDS
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        d = self.input_dim
+        if grad is not None:
+            g = grad["linear_params"]
+            g += (out_deriv.T @ self._spliced(indexes, in_value)).astype(g.dtype)
+            if self.use_bias:
+                gb = grad["bias_params"]
+                gb += out_deriv.sum(axis=0).astype(gb.dtype)
+        if in_deriv is not None:
+            w = self.linear_params.astype(out_deriv.dtype, copy=False)
+            for k, rows in enumerate(indexes.src):  # BACKPROP_ADDS
+                scatter_add_rows(in_deriv, rows, out_deriv @ w[:, k * d:(k + 1) * d])

@@ -1,0 +1,396 @@
+"""TimeHeightConvolutionComponent: 2-D convolution where one axis is time (the t index).
+
+A row of the input is an image column: ``height-in`` pixels, each with
+``num-filters-in`` values (filter index has stride 1, i.e. column
+``h * num_filters_in + f``); likewise the output with ``height-out`` and
+``num-filters-out``. The kernel is a list of (time-offset, height-offset) pairs;
+output row (n, t, x) at height h is::
+
+    bias + sum_i W_i · input(n, t + time_offset_i, x)[h * height_subsample_out + height_offset_i]
+
+with ``linear_params`` W = [W_0 | W_1 | ...] of shape [num-filters-out,
+num-offsets * num-filters-in] (offset-major columns). Heights outside
+[0, height-in) are zero padding. Time offsets not in ``required-time-offsets``
+are optional: when the input row is absent it contributes zero (time padding).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ComputeError
+from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closing, register
+from .tdnn import (
+    OffsetGather,
+    read_int_pair_vector,
+    read_int_vector,
+    time_offset_deps,
+    time_offset_sources,
+    write_int_pair_vector,
+    write_int_vector,
+)
+
+
+@dataclass
+class ConvolutionModel:
+    """The structure of a time-height convolution (Kaldi's ``ConvolutionModel``).
+
+    Invariant (checked by :meth:`problem`): ``offsets`` sorted and unique (time
+    major); ``required_time_offsets`` a non-empty subset of the time offsets; every
+    output height sees at least one real input pixel through a required offset; every
+    offset is used by some output height.
+    """
+
+    num_filters_in: int = 1
+    num_filters_out: int = 1
+    height_in: int = 1
+    height_out: int = 1
+    height_subsample_out: int = 1
+    offsets: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])
+    required_time_offsets: list[int] = field(default_factory=lambda: [0])
+
+    @property
+    def all_time_offsets(self) -> list[int]:
+        return sorted({t for t, _ in self.offsets})
+
+    @property
+    def input_dim(self) -> int:
+        return self.height_in * self.num_filters_in
+
+    @property
+    def output_dim(self) -> int:
+        return self.height_out * self.num_filters_out
+
+    @property
+    def param_shape(self) -> tuple[int, int]:
+        return self.num_filters_out, len(self.offsets) * self.num_filters_in
+
+    def problem(self) -> str | None:
+        """Why the model is invalid (Kaldi's ``Check(false, true)``), or None."""
+        if min(self.num_filters_in, self.num_filters_out, self.height_in, self.height_out,
+               self.height_subsample_out) <= 0:
+            return "filter counts, heights and height-subsample-out must be > 0"
+        if not self.offsets or not self.required_time_offsets:
+            return "offsets and required-time-offsets must be non-empty"
+        if self.offsets != sorted(set(self.offsets)):
+            return "offsets must be sorted and unique"
+        if not set(self.required_time_offsets) <= set(self.all_time_offsets):
+            return "required-time-offsets must be a subset of the time offsets"
+        used = [False] * len(self.offsets)
+        required = set(self.required_time_offsets)
+        for h_out in range(0, self.height_out * self.height_subsample_out,
+                           self.height_subsample_out):
+            some_input = False
+            for i, (t_off, h_off) in enumerate(self.offsets):
+                if 0 <= h_out + h_off < self.height_in:
+                    used[i] = True
+                    some_input = some_input or t_off in required
+            if not some_input:
+                return (f"output height {h_out // self.height_subsample_out} sees no input "
+                        f"when only the required time offsets are present")
+        if not all(used):
+            t_off, h_off = self.offsets[used.index(False)]
+            return f"offset ({t_off},{h_off}) is never used"
+        return None
+
+    def read(self, r) -> None:
+        pos = r.pos
+        tok = r.read_token()
+        if tok == "<ConvolutionModel>":  # Kaldi accepts the model without this token
+            r.expect_token("<NumFiltersIn>")
+        elif tok != "<NumFiltersIn>":
+            raise r.error("expected <ConvolutionModel>", token=tok, pos=pos)
+        self.num_filters_in = r.read_int()
+        self.num_filters_out = r.read_tagged("<NumFiltersOut>", "int")
+        self.height_in = r.read_tagged("<HeightIn>", "int")
+        self.height_out = r.read_tagged("<HeightOut>", "int")
+        self.height_subsample_out = r.read_tagged("<HeightSubsampleOut>", "int")
+        r.expect_token("<Offsets>")
+        self.offsets = read_int_pair_vector(r)
+        r.expect_token("<RequiredTimeOffsets>")
+        # Kaldi keeps these in a std::set: sorted, unique.
+        self.required_time_offsets = sorted(set(read_int_vector(r)))
+        r.expect_token("</ConvolutionModel>")
+        bad = self.problem()
+        if bad is not None:
+            raise r.error(f"invalid convolution model: {bad}", pos=pos)
+
+    def write(self, w) -> None:
+        w.write_token("<ConvolutionModel>")
+        w.write_tagged("<NumFiltersIn>", "int", self.num_filters_in)
+        w.write_tagged("<NumFiltersOut>", "int", self.num_filters_out)
+        w.write_tagged("<HeightIn>", "int", self.height_in)
+        w.write_tagged("<HeightOut>", "int", self.height_out)
+        w.write_tagged("<HeightSubsampleOut>", "int", self.height_subsample_out)
+        w.write_token("<Offsets>")
+        write_int_pair_vector(w, self.offsets)
+        w.write_token("<RequiredTimeOffsets>")
+        write_int_vector(w, self.required_time_offsets)
+        w.write_token("</ConvolutionModel>")
+
+    def info(self) -> str:
+        offs = " ".join(f"{t},{h}" for t, h in self.offsets)
+        req = ",".join(str(t) for t in self.required_time_offsets)
+        return (f"num-filters-in={self.num_filters_in}, num-filters-out={self.num_filters_out}, "
+                f"height-in={self.height_in}, height-out={self.height_out}, "
+                f"height-subsample-out={self.height_subsample_out}, "
+                f"{{time,height}}-offsets=[{offs}], required-time-offsets=[{req}]")
+
+
+@register
+class TimeHeightConvolutionComponent(UpdatableComponent):
+    """Convolution over (time, height) (see module docstring).
+
+    Invariants: ``linear_params`` has ``model.param_shape``; ``bias_params`` has
+    ``num_filters_out`` values.
+    """
+
+    type_name = "TimeHeightConvolutionComponent"
+
+    def __init__(self, model: ConvolutionModel | None = None):
+        super().__init__()
+        self.model = model or ConvolutionModel()
+        self.linear_params = np.zeros(self.model.param_shape, dtype=np.float32)
+        self.bias_params = np.zeros(self.model.num_filters_out, dtype=np.float32)
+        self.max_memory_mb = 200.0
+        self.use_natural_gradient = True
+        self.num_minibatches_history = 4.0
+        self.alpha_in = 4.0
+        self.alpha_out = 4.0
+        self.rank_in = 1
+        self.rank_out = 1
+
+    # -- structure -------------------------------------------------------------------
+    @property
+    def input_dim(self) -> int:
+        return self.model.input_dim
+
+    @property
+    def output_dim(self) -> int:
+        return self.model.output_dim
+
+    def properties(self) -> Flags:
+        return (Flags.UPDATABLE | Flags.REORDERS_INDEXES | Flags.BACKPROP_ADDS
+                | Flags.BACKPROP_NEEDS_INPUT | Flags.INPUT_CONTIGUOUS | Flags.OUTPUT_CONTIGUOUS)
+
+    def info(self) -> str:
+        return (super().info() + self.updatable_info() + ", " + self.model.info()
+                + f", num-params={self.num_params()}")
+
+    # -- construction ----------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg, rng: np.random.Generator) -> TimeHeightConvolutionComponent:
+        m = ConvolutionModel()
+        m.num_filters_in = cfg.get_int("num-filters-in", required=True)
+        m.num_filters_out = cfg.get_int("num-filters-out", required=True)
+        m.height_in = cfg.get_int("height-in", required=True)
+        m.height_out = cfg.get_int("height-out", required=True)
+        m.height_subsample_out = cfg.get_int("height-subsample-out", 1)
+        comp = cls(m)
+        comp.init_updatable_from_config(cfg)
+        comp.max_memory_mb = cfg.get_float("max-memory-mb", 200.0)
+        if comp.max_memory_mb <= 0.0:
+            raise cfg.error("max-memory-mb must be > 0")
+
+        if cfg.has("offsets"):
+            raw = cfg.get_str("offsets")
+            pairs = []
+            for piece in raw.split(";"):
+                try:
+                    t_off, h_off = (int(v) for v in piece.split(","))
+                except ValueError:
+                    raise cfg.error(f"bad offsets={raw!r}: expected t,h;t,h;...") from None
+                pairs.append((t_off, h_off))
+            if len(set(pairs)) != len(pairs):
+                raise cfg.error(f"repeated offset in offsets={raw!r}")
+            m.offsets = sorted(pairs)
+        elif cfg.has("height-offsets") and cfg.has("time-offsets"):
+            heights = cfg.get_int_list("height-offsets")
+            times = cfg.get_int_list("time-offsets")
+            for name, vals in (("height-offsets", heights), ("time-offsets", times)):
+                if not vals or vals != sorted(set(vals)):
+                    raise cfg.error(f"{name} must be non-empty, sorted and unique")
+            m.offsets = [(t, h) for t in times for h in heights]
+        else:
+            raise cfg.error("expected either offsets=, or both height-offsets= and "
+                            "time-offsets=")
+        if cfg.has("required-time-offsets"):
+            req = cfg.get_int_list("required-time-offsets")
+            if not req or req != sorted(set(req)):
+                raise cfg.error("required-time-offsets must be non-empty, sorted and unique")
+            m.required_time_offsets = req
+        else:
+            m.required_time_offsets = m.all_time_offsets
+        bad = m.problem()
+        if bad is not None:
+            raise cfg.error(f"convolution parameters do not make sense: {bad}")
+
+        param_stddev = cfg.get_float("param-stddev", -1.0)
+        bias_stddev = cfg.get_float("bias-stddev", 0.0)
+        init_unit = cfg.get_bool("init-unit", False)
+        comp.use_natural_gradient = cfg.get_bool("use-natural-gradient", True)
+        rank_in = cfg.get_int("rank-in", -1)
+        rank_out = cfg.get_int("rank-out", -1)
+        comp.alpha_in = cfg.get_float("alpha-in", 4.0)
+        comp.alpha_out = cfg.get_float("alpha-out", 4.0)
+        comp.num_minibatches_history = cfg.get_float("num-minibatches-history", 4.0)
+        cfg.check_all_used()
+
+        rows, cols = m.param_shape
+        if init_unit:
+            if m.num_filters_in != m.num_filters_out:
+                raise cfg.error("init-unit needs num-filters-in == num-filters-out")
+            if (0, 0) not in m.offsets:
+                raise cfg.error("init-unit needs the offset (0, 0) in the model")
+            comp.linear_params = np.zeros((rows, cols), dtype=np.float32)
+            k = m.offsets.index((0, 0)) * m.num_filters_in
+            comp.linear_params[:, k:k + m.num_filters_in] = np.eye(rows, dtype=np.float32)
+        else:
+            if param_stddev < 0.0:
+                param_stddev = 1.0 / math.sqrt(m.num_filters_in * len(m.offsets))
+            comp.linear_params = (param_stddev * rng.standard_normal((rows, cols))
+                                  ).astype(np.float32)
+        comp.bias_params = (bias_stddev * rng.standard_normal(m.num_filters_out)
+                            ).astype(np.float32)
+        comp.rank_in = rank_in if rank_in >= 0 else min(80, (cols + 2) // 2)
+        comp.rank_out = rank_out if rank_out >= 0 else min(80, (rows + 1) // 2)
+        return comp
+
+    @classmethod
+    def read(cls, r) -> TimeHeightConvolutionComponent:
+        comp = cls()
+        comp.read_updatable_common(r)
+        r.expect_token("<Model>")
+        comp.model.read(r)
+        r.expect_token("<LinearParams>")
+        pos = r.pos
+        comp.linear_params = r.read_matrix()
+        check_finite(r, "<LinearParams>", comp.linear_params, pos)
+        if comp.linear_params.shape != comp.model.param_shape:
+            raise r.error(f"<LinearParams> must be {comp.model.param_shape[0]} x "
+                          f"{comp.model.param_shape[1]} for this model", pos=pos)
+        r.expect_token("<BiasParams>")
+        pos = r.pos
+        comp.bias_params = r.read_vector()
+        check_finite(r, "<BiasParams>", comp.bias_params, pos)
+        if comp.bias_params.shape != (comp.model.num_filters_out,):
+            raise r.error("<BiasParams> must have num-filters-out values", pos=pos)
+        comp.max_memory_mb = r.read_tagged("<MaxMemoryMb>", "float")
+        comp.use_natural_gradient = r.read_tagged("<UseNaturalGradient>", "bool")
+        comp.num_minibatches_history = r.read_tagged("<NumMinibatchesHistory>", "float")
+        r.expect_token("<AlphaInOut>")
+        comp.alpha_in = r.read_float()
+        comp.alpha_out = r.read_float()
+        r.expect_token("<RankInOut>")
+        comp.rank_in = r.read_int()
+        comp.rank_out = r.read_int()
+        read_closing(r, cls.type_name)
+        return comp
+
+    def write(self, w) -> None:
+        self.write_updatable_common(w)
+        w.write_token("<Model>")
+        self.model.write(w)
+        w.write_tagged("<LinearParams>", "matrix", self.linear_params)
+        w.write_tagged("<BiasParams>", "vector", self.bias_params)
+        w.write_tagged("<MaxMemoryMb>", "float", self.max_memory_mb)
+        w.write_tagged("<UseNaturalGradient>", "bool", self.use_natural_gradient)
+        w.write_tagged("<NumMinibatchesHistory>", "float", self.num_minibatches_history)
+        w.write_token("<AlphaInOut>")
+        w.write_float(self.alpha_in)
+        w.write_float(self.alpha_out)
+        w.write_token("<RankInOut>")
+        w.write_int(self.rank_in)
+        w.write_int(self.rank_out)
+        w.write_token(f"</{self.type_name}>")
+
+    # -- parameters ------------------------------------------------------------------
+    def params(self) -> dict[str, np.ndarray]:
+        return {"linear_params": self.linear_params, "bias_params": self.bias_params}
+
+    def export_gradient(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Kaldi's Vectorize: linear params row-major, then the bias."""
+        return {"params_vectorized": np.concatenate(
+            [np.asarray(grad["linear_params"]).reshape(-1),
+             np.asarray(grad["bias_params"]).reshape(-1)])}
+
+    # -- indexes ---------------------------------------------------------------------
+    def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
+        times = self.model.all_time_offsets
+        required = set(self.model.required_time_offsets)
+        return time_offset_deps(output_indexes, times, [t in required for t in times])
+
+    def precompute_indexes(self, input_indexes: np.ndarray, output_indexes: np.ndarray,
+                           need_backprop: bool) -> OffsetGather:
+        times = self.model.all_time_offsets
+        src = time_offset_sources(input_indexes, output_indexes, times)
+        required = set(self.model.required_time_offsets)
+        for k, t_off in enumerate(times):
+            if t_off in required and src[k].size and src[k].min() < 0:
+                j = int(np.argmin(src[k]))
+                n, t, x = np.asarray(output_indexes)[j].tolist()
+                raise ComputeError(
+                    f"{self.type_name}: output (n={n}, t={t}, x={x}) needs input "
+                    f"t={t + t_off} (a required time offset), which is not among the input rows")
+        return OffsetGather(src, len(input_indexes))
+
+    # -- math ------------------------------------------------------------------------
+    def _pixel_maps(self, indexes: OffsetGather):
+        """Per kernel offset: (output rows with an input row, their input rows,
+        output heights inside the image, their input heights)."""
+        m = self.model
+        t_index = {t: k for k, t in enumerate(m.all_time_offsets)}
+        h_out = np.arange(m.height_out) * m.height_subsample_out
+        maps = []
+        for t_off, h_off in m.offsets:
+            rows = indexes.src[t_index[t_off]]
+            out_rows = np.flatnonzero(rows >= 0)
+            h_in = h_out + h_off
+            out_h = np.flatnonzero((h_in >= 0) & (h_in < m.height_in))
+            maps.append((out_rows, rows[out_rows], out_h, h_in[out_h]))
+        return maps
+
+    def _patches(self, indexes: OffsetGather, in_value: np.ndarray) -> np.ndarray:
+        """[rows-out * height-out, num-offsets * num-filters-in]: for each output pixel
+        the input pixels its kernel sees (zero where padded)."""
+        m = self.model
+        num_out = indexes.src.shape[1]
+        x3 = in_value.reshape(len(in_value), m.height_in, m.num_filters_in)
+        patches = np.zeros((num_out, m.height_out, len(m.offsets), m.num_filters_in),
+                           dtype=in_value.dtype)
+        for i, (out_rows, in_rows, out_h, in_h) in enumerate(self._pixel_maps(indexes)):
+            patches[out_rows[:, None], out_h[None, :], i] = x3[in_rows[:, None], in_h[None, :]]
+        return patches.reshape(num_out * m.height_out, -1)
+
+    def propagate(self, indexes, in_value, out_value):
+        m = self.model
+        dt = in_value.dtype
+        w = self.linear_params.astype(dt, copy=False)
+        out = self._patches(indexes, np.ascontiguousarray(in_value)) @ w.T
+        out += self.bias_params.astype(dt, copy=False)
+        out_value[:] = out.reshape(len(out_value), m.height_out * m.num_filters_out)
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        m = self.model
+        num_out = len(out_deriv)
+        dout = np.ascontiguousarray(out_deriv).reshape(num_out * m.height_out,
+                                                       m.num_filters_out)
+        if grad is not None:
+            g = grad["linear_params"]
+            g += (dout.T @ self._patches(indexes, np.ascontiguousarray(in_value))
+                  ).astype(g.dtype)
+            gb = grad["bias_params"]
+            gb += dout.sum(axis=0).astype(gb.dtype)
+        if in_deriv is not None:
+            w = self.linear_params.astype(out_deriv.dtype, copy=False)
+            dpatch = (dout @ w).reshape(num_out, m.height_out, len(m.offsets),
+                                        m.num_filters_in)
+            acc = np.zeros((len(in_deriv), m.height_in, m.num_filters_in), dtype=in_deriv.dtype)
+            for i, (out_rows, in_rows, out_h, in_h) in enumerate(self._pixel_maps(indexes)):
+                # one kernel offset maps distinct output pixels to distinct input pixels
+                acc[in_rows[:, None], in_h[None, :]] += dpatch[out_rows[:, None], out_h[None, :], i]
+            in_deriv += acc.reshape(len(in_deriv), -1)  # BACKPROP_ADDS

@@ -1,0 +1,364 @@
+"""TdnnComponent: file round trips, reference cases, gradients, flags, config, bad files.
+
+The generic helpers at the top (byte-span round trips, finite differences, running a
+reference case) are also used by test_recurrent.py and test_time_height_conv.py.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pynnet3.components import Flags, component_class
+from pynnet3.config import ConfigLine
+from pynnet3.errors import ComputeError, ConfigError, FormatError
+from pynnet3.io.kaldi_stream import make_reader, make_writer
+from pynnet3.io.model_file import parse_model_bytes, read_component, write_model_parts
+from tests.reference import REF, component_cases, load_case
+
+# ----------------------------------------------------------------------------------
+# helpers shared by the three test files
+
+
+def model_files_with(type_name: str) -> list[Path]:
+    """Every reference model file (text and binary) holding a component of this type."""
+    if not REF.is_dir():
+        return []
+    texts = [p for pattern in ("model.txt", "collapsed_all.txt") for p in REF.rglob(pattern)]
+    found = []
+    for p in sorted(texts):
+        if f"<{type_name}>".encode() in p.read_bytes():
+            found.append(p)
+            if p.name == "model.txt" and (p.parent / "model.bin").is_file():
+                found.append(p.parent / "model.bin")
+    return found
+
+
+def component_spans(data: bytes, type_name: str):
+    """(component, original bytes) for each component of the type in a model file.
+    The span runs from ``<Type>`` through ``</Type> `` (Kaldi writes the space)."""
+    binary = data[:2] == b"\0B"
+    for m in re.finditer(re.escape(b"<ComponentName> "), data):
+        r = make_reader(data, "model")
+        r.pos = m.end()
+        r.read_token()  # the name
+        start = r.pos if binary else re.compile(rb"\s*").match(data, r.pos).end()
+        if not data.startswith(f"<{type_name}> ".encode(), start):
+            continue
+        comp = read_component(r)
+        end = r.pos if binary else r.pos + 1
+        yield comp, data[start:end]
+
+
+def check_round_trip(path: Path, type_name: str) -> int:
+    """Reading and writing each component of the type gives Kaldi's bytes back;
+    when every component type of the file is known, the whole file too."""
+    data = path.read_bytes()
+    binary = data[:2] == b"\0B"
+    count = 0
+    for comp, original in component_spans(data, type_name):
+        w = make_writer(binary)
+        comp.write(w)
+        assert w.getvalue() == original, f"{path}: {type_name} not byte-identical"
+        count += 1
+    assert count > 0
+    types = {t.decode() for t in re.findall(rb"<ComponentName> \S+ <(\w+)>", data)}
+    # BatchNorm keeps sums in memory and writes mean/variance, so Kaldi itself does
+    # not reproduce those files byte for byte (reference README); skip them whole.
+    if "BatchNormComponent" not in types and all(component_class(t) for t in types):
+        assert write_model_parts(parse_model_bytes(data, str(path)), binary) == data
+    return count
+
+
+def direct_cases(prefix: str) -> list[Path]:
+    """Reference cases whose network is just input -> comp -> output."""
+    out = []
+    for case in component_cases(prefix):
+        cfg = (case / "nnet.config").read_text()
+        if ("component-node name=comp component=comp input=input\n" in cfg
+                and "output-node name=output input=comp" in cfg):
+            out.append(case)
+    return out
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b)
+                 / max(np.linalg.norm(np.asarray(b, np.float64)), 1e-30))
+
+
+def forward(comp, idx, x, num_out, out_init=None):
+    out = (np.zeros((num_out, comp.output_dim), x.dtype) if out_init is None
+           else out_init.astype(x.dtype).copy())
+    memo = comp.propagate(idx, x, out)
+    return out, memo
+
+
+def run_reference_case(case: Path, comp_name: str = "comp", shuffle_seed: int | None = None):
+    """Run the component directly on a reference case; check output, input
+    derivative and exported gradient against Kaldi (rel 1e-4 / 1e-3)."""
+    req, arrays, _ = load_case(case)
+    comp = parse_model_bytes((case / "model.txt").read_bytes()).components[0][1]
+    x = arrays["input:input"]
+    in_idx = np.array(req["inputs"][0]["indexes"], dtype=np.int64)
+    out_idx = np.array(req["outputs"][0]["indexes"], dtype=np.int64)
+    want_out = arrays["output:output"]
+    out_deriv = arrays["output_deriv:output"]
+    want_in_deriv = arrays["input_deriv:input"]
+    if shuffle_seed is not None:  # rows in another order: the maps must follow
+        rng = np.random.default_rng(shuffle_seed)
+        pi, po = rng.permutation(len(in_idx)), rng.permutation(len(out_idx))
+        x, in_idx, want_in_deriv = x[pi], in_idx[pi], want_in_deriv[pi]
+        out_idx, want_out, out_deriv = out_idx[po], want_out[po], out_deriv[po]
+    idx = comp.precompute_indexes(in_idx, out_idx, True)
+    out, memo = forward(comp, idx, x, len(out_idx))
+    assert out.dtype == np.float32
+    assert rel_err(out, want_out) < 1e-4
+    in_deriv = np.zeros_like(x)
+    grad = {k: np.zeros_like(v) for k, v in comp.params().items()}
+    comp.backprop(idx, x, out, out_deriv, memo, grad, in_deriv)
+    assert rel_err(in_deriv, want_in_deriv) < 1e-3
+    exported = comp.export_gradient(grad)
+    keys = {k.split(":", 2)[2] for k in arrays if k.startswith(f"grad:{comp_name}:")}
+    assert set(exported) == keys
+    for k, g in exported.items():
+        assert rel_err(g, arrays[f"grad:{comp_name}:{k}"]) < 1e-3, k
+
+
+def to_float64(comp) -> None:
+    """Make every float32 array attribute float64 (parameters included), so finite
+    differences can perturb parameters at double precision."""
+    for name, value in list(vars(comp).items()):
+        if isinstance(value, np.ndarray) and value.dtype == np.float32:
+            setattr(comp, name, value.astype(np.float64))
+
+
+def finite_difference_check(comp, x: np.ndarray, in_idx=None, out_idx=None,
+                            seed: int = 0, eps: float = 1e-6, tol: float = 1e-6) -> None:
+    """Central differences of sum(out * r) w.r.t. the input and every parameter,
+    against backprop (float64)."""
+    to_float64(comp)
+    rng = np.random.default_rng(seed)
+    x = x.astype(np.float64)
+    num_out = len(x) if out_idx is None else len(out_idx)
+    idx = None if in_idx is None else comp.precompute_indexes(in_idx, out_idx, True)
+    out, memo = forward(comp, idx, x, num_out)
+    r = rng.standard_normal(out.shape)
+
+    def objective() -> float:
+        return float(np.sum(forward(comp, idx, x, num_out)[0] * r))
+
+    in_deriv = np.zeros_like(x)
+    grad = {k: np.zeros_like(v) for k, v in comp.params().items()}
+    comp.backprop(idx, x, out, r, memo, grad, in_deriv)
+
+    numeric = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + eps
+        plus = objective()
+        x[i] = old - eps
+        minus = objective()
+        x[i] = old
+        numeric[i] = (plus - minus) / (2 * eps)
+    assert rel_err(in_deriv, numeric) < tol, "input derivative"
+
+    for name, p in comp.params().items():
+        numeric = np.zeros_like(p)
+        for i in np.ndindex(p.shape):
+            old = p[i]
+            p[i] = old + eps
+            plus = objective()
+            p[i] = old - eps
+            minus = objective()
+            p[i] = old
+            numeric[i] = (plus - minus) / (2 * eps)
+        assert rel_err(grad[name], numeric) < tol, f"gradient of {name}"
+
+
+def init(line: str, seed: int = 0):
+    cfg = ConfigLine(line)
+    cls = component_class(cfg.get_str("type"))
+    cfg.get_str("name")
+    return cls.from_config(cfg, np.random.default_rng(seed))
+
+
+def written(comp, binary: bool) -> bytes:
+    w = make_writer(binary)
+    if binary:
+        w.raw(b"\0B")
+    comp.write(w)
+    return w.getvalue()
+
+
+def reread(data: bytes):
+    r = make_reader(data, "test")
+    comp = read_component(r)
+    assert r.at_eof()
+    return comp
+
+
+def check_malformed(comp) -> None:
+    """Truncated bodies and a garbage token raise FormatError, text and binary."""
+    for binary in (False, True):
+        data = written(comp, binary)
+        assert written(reread(data), binary) == data
+        for cut in (len(data) // 3, len(data) // 2, len(data) - 3):
+            with pytest.raises(FormatError):
+                reread(data[:cut])
+    text = written(comp, False).decode()
+    second_tag = re.findall(r"<\w+>", text)[2]
+    with pytest.raises(FormatError):
+        reread(text.replace(second_tag, "<Garbage>", 1).encode())
+
+
+def sequence_indexes(ts, ns=(0, 1)) -> np.ndarray:
+    return np.array([(n, t, 0) for n in ns for t in ts], dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------------
+# tests
+
+TYPE = "TdnnComponent"
+
+
+@pytest.mark.parametrize("path", model_files_with(TYPE), ids=lambda p: str(p.relative_to(REF)))
+def test_round_trip_reference_files(path):
+    check_round_trip(path, TYPE)
+
+
+def test_round_trip_covers_reference():
+    if not REF.is_dir():
+        pytest.skip("no reference data")
+    names = {p.relative_to(REF).as_posix() for p in model_files_with(TYPE)}
+    assert {"components/Tdnn_1/model.txt", "components/Tdnn_2/model.bin",
+            "realistic/tdnnf_chain/model.txt", "generated/case_20/model.bin"} <= names
+
+
+@pytest.mark.parametrize("case", direct_cases("Tdnn_"), ids=lambda p: p.name)
+@pytest.mark.parametrize("shuffle", [None, 7])
+def test_reference_case(case, shuffle):
+    run_reference_case(case, shuffle_seed=shuffle)
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_finite_differences(use_bias):
+    comp = init("component name=c type=TdnnComponent input-dim=3 output-dim=4 "
+                f"time-offsets=-2,0,1 use-bias={str(use_bias).lower()}")
+    rng = np.random.default_rng(1)
+    in_idx = sequence_indexes(range(-2, 6))
+    out_idx = sequence_indexes(range(0, 5))
+    pi, po = rng.permutation(len(in_idx)), rng.permutation(len(out_idx))
+    x = rng.standard_normal((len(in_idx), 3))
+    finite_difference_check(comp, x, in_idx[pi], out_idx[po])
+
+
+def test_subsampled_time_offsets():
+    """Outputs every 3rd frame with offsets -3,0,3: row gather, not a stride rule."""
+    comp = init("component name=c type=TdnnComponent input-dim=2 output-dim=2 "
+                "time-offsets=-3,0,3")
+    in_idx = sequence_indexes(range(-3, 10), ns=(0,))
+    out_idx = sequence_indexes(range(0, 7, 3), ns=(0,))
+    x = np.random.default_rng(0).standard_normal((len(in_idx), 2)).astype(np.float32)
+    out, _ = forward(comp, comp.precompute_indexes(in_idx, out_idx, False), x, len(out_idx))
+    w, b = comp.linear_params, comp.bias_params
+    for j, (_, t, _) in enumerate(out_idx):
+        rows = [int(np.flatnonzero(in_idx[:, 1] == t + o)[0]) for o in (-3, 0, 3)]
+        want = w @ np.concatenate([x[r] for r in rows]) + b
+        np.testing.assert_allclose(out[j], want, rtol=1e-5, atol=1e-6)
+
+
+def test_propagate_adds_without_bias_and_backprop_adds():
+    comp = init("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
+                "time-offsets=0,1 use-bias=false")
+    in_idx, out_idx = sequence_indexes(range(0, 4)), sequence_indexes(range(0, 3))
+    idx = comp.precompute_indexes(in_idx, out_idx, True)
+    x = np.random.default_rng(2).standard_normal((len(in_idx), 2))
+    base, _ = forward(comp, idx, x, len(out_idx))
+    added, _ = forward(comp, idx, x, len(out_idx), out_init=np.ones_like(base))
+    np.testing.assert_allclose(added, base + 1)
+    d = np.random.default_rng(3).standard_normal(base.shape)
+    in_deriv = np.zeros_like(x)
+    comp.backprop(idx, x, base, d, None, None, in_deriv)
+    in_deriv2 = np.ones_like(x)
+    comp.backprop(idx, x, base, d, None, None, in_deriv2)
+    np.testing.assert_allclose(in_deriv2, in_deriv + 1)
+
+
+def test_float64_math():
+    comp = init("component name=c type=TdnnComponent input-dim=2 output-dim=3 time-offsets=0")
+    idx = comp.precompute_indexes(sequence_indexes([0]), sequence_indexes([0]), False)
+    out, _ = forward(comp, idx, np.ones((2, 2)), 2)
+    assert out.dtype == np.float64
+
+
+def test_input_indexes_and_missing_input():
+    comp = init("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
+                "time-offsets=-1,2")
+    deps = comp.input_indexes(np.array([[0, 5, 0], [1, 7, 2]]))
+    assert deps.owner.tolist() == [0, 0, 1, 1]
+    assert deps.indexes.tolist() == [[0, 4, 0], [0, 7, 0], [1, 6, 2], [1, 9, 2]]
+    assert deps.required.all() and not deps.any_suffices
+    with pytest.raises(ComputeError):
+        comp.precompute_indexes(sequence_indexes([0, 1]), sequence_indexes([1]), False)
+
+
+def test_properties():
+    with_bias = init("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
+                     "time-offsets=0")
+    assert with_bias.properties() == (Flags.UPDATABLE | Flags.REORDERS_INDEXES
+                                      | Flags.BACKPROP_ADDS | Flags.BACKPROP_NEEDS_INPUT)
+    no_bias = init("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
+                   "time-offsets=0 use-bias=false")
+    assert no_bias.properties() == with_bias.properties() | Flags.PROPAGATE_ADDS
+    assert no_bias.is_updatable() and not no_bias.is_simple()
+
+
+def test_config_init_defaults_and_dims():
+    comp = init("component name=c type=TdnnComponent input-dim=40 output-dim=30 "
+                "time-offsets=-1,0,1", seed=3)
+    assert (comp.input_dim, comp.output_dim) == (40, 30)
+    assert comp.linear_params.shape == (30, 120) and comp.bias_params.shape == (30,)
+    assert abs(comp.linear_params.std() - 1 / np.sqrt(120)) < 0.01
+    assert abs(comp.bias_params.std() - 1.0) < 0.4  # bias-stddev defaults to 1
+    assert (comp.rank_in, comp.rank_out) == (20, 15)
+    assert comp.num_samples_history == 2000.0 and comp.use_natural_gradient
+    assert comp.orthonormal_constraint == 0.0
+    text = written(comp, False).decode()
+    assert "<RankInOut> 20 15 " in text and "<AlphaInOut> 4 4 " in text
+    comp = init("component name=c type=TdnnComponent input-dim=4 output-dim=3 "
+                "time-offsets=0,3 use-bias=false orthonormal-constraint=-1 "
+                "param-stddev=0 learning-rate-factor=0.5 max-change=0.75")
+    assert comp.bias_params.size == 0 and not comp.linear_params.any()
+    assert "<OrthonormalConstraint> -1 " in written(comp, False).decode()
+    assert set(comp.params()) == {"linear_params"}
+
+
+@pytest.mark.parametrize("line", [
+    "input-dim=4 output-dim=3",                              # no time-offsets
+    "input-dim=4 time-offsets=0",                            # no output-dim
+    "input-dim=4 output-dim=3 time-offsets=0,0",             # repeated offset
+    "input-dim=0 output-dim=3 time-offsets=0",
+    "input-dim=4 output-dim=3 time-offsets=0 bogus-option=1",
+    "input-dim=4 output-dim=3 time-offsets=a,b",
+])
+def test_config_errors(line):
+    with pytest.raises(ConfigError):
+        init("component name=c type=TdnnComponent " + line)
+
+
+def test_malformed_files():
+    comp = init("component name=c type=TdnnComponent input-dim=3 output-dim=2 "
+                "time-offsets=-1,1")
+    check_malformed(comp)
+    text = written(comp, False).decode()
+    bad = re.sub(r"(<LinearParams>  \[\n  )(\S+)", r"\1nan", text)
+    assert "nan" in bad
+    with pytest.raises(FormatError, match="non-finite"):
+        reread(bad.encode())
+    with pytest.raises(FormatError):  # 6 columns are not a multiple of 4 offsets
+        reread(text.replace("<TimeOffsets> [ -1 1 ]", "<TimeOffsets> [ -1 0 1 5 ]").encode())
+    with pytest.raises(FormatError):
+        reread(text.replace("<TimeOffsets> [ -1 1 ]", "<TimeOffsets> [ 1 1 ]").encode())

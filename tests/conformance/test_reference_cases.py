@@ -1,0 +1,96 @@
+"""Every Kaldi reference case: our outputs, input derivatives and gradients must
+match Kaldi's (relative error ||ours - kaldi|| / ||kaldi||), and the optimized and
+unoptimized computations must agree. Random (Kaldi-RNG) cases are skipped, as the
+shared conformance tool does."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pynnet3
+from tests.reference import REF
+
+TOL = {"output": 1e-4, "input_deriv": 1e-3, "grad": 1e-3}
+
+
+def _cases() -> list[Path]:
+    if not REF.is_dir():
+        return []
+    out = []
+    for req in sorted(REF.rglob("request.json")):
+        case = req.parent
+        stats = case / "stats.json"
+        if stats.exists() and json.loads(stats.read_text()).get("random"):
+            continue
+        if not (case / "arrays.npz").exists():
+            continue
+        if not any((b / m).exists() for b in (case, case.parent)
+                   for m in ("model.txt", "model.txt.gz")):
+            continue
+        with np.load(case / "arrays.npz") as z:
+            if any(k.startswith("output:") for k in z.files):
+                out.append(case)
+    return out
+
+
+CASES = _cases()
+
+
+def _model(case: Path, tmp_path: Path) -> pynnet3.Nnet:
+    for base in (case, case.parent):
+        if (base / "model.txt").exists():
+            return pynnet3.read_nnet(base / "model.txt")
+        gz = base / "model.txt.gz"
+        if gz.exists():
+            p = tmp_path / "model.txt"
+            p.write_bytes(gzip.decompress(gz.read_bytes()))
+            return pynnet3.read_nnet(p)
+    raise FileNotFoundError(case)
+
+
+def rel_err(ours, ref) -> float:
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    if ours.shape != ref.shape or not np.isfinite(ours).all():
+        return float("inf")
+    return float(np.linalg.norm(ours - ref) / max(np.linalg.norm(ref), 1e-6))
+
+
+@pytest.mark.skipif(not CASES, reason="kaldi-reference not available")
+@pytest.mark.parametrize("case", CASES, ids=[str(c.relative_to(REF)) for c in CASES])
+def test_reference_case(case: Path, tmp_path: Path):
+    nnet = _model(case, tmp_path)
+    request = pynnet3.ComputationRequest.from_json(json.loads((case / "request.json").read_text()))
+    with np.load(case / "arrays.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    inputs = {k.split(":", 1)[1]: v for k, v in arrays.items() if k.startswith("input:")}
+    derivs = {k.split(":", 1)[1]: v for k, v in arrays.items() if k.startswith("output_deriv:")}
+    results = {}
+    for opt in (False, True):
+        comp = pynnet3.compile(nnet, request, optimize=opt)
+        results[opt] = pynnet3.run(nnet, comp, inputs=dict(inputs), output_derivs=dict(derivs))
+    res = results[True]
+    failures = []
+    for key, ref in arrays.items():
+        kind, _, name = key.partition(":")
+        if kind == "output":
+            ours, tol = res.outputs.get(name), TOL["output"]
+        elif kind == "input_deriv":
+            ours, tol = res.input_derivs.get(name), TOL["input_deriv"]
+        elif kind == "grad":
+            comp_name, _, param = name.partition(":")
+            ours, tol = res.gradients.get(comp_name, {}).get(param), TOL["grad"]
+        else:
+            continue
+        err = float("inf") if ours is None else rel_err(ours, ref)
+        if not err <= tol:
+            failures.append(f"{key}: rel error {err:.3g} > {tol:g}")
+    for name, out in results[False].outputs.items():
+        err = rel_err(res.outputs[name], out)
+        if not err <= 1e-4:
+            failures.append(f"opt_vs_unopt:{name}: rel error {err:.3g}")
+    assert not failures, f"case {case.relative_to(REF)}: " + "; ".join(failures)
