@@ -534,7 +534,7 @@ def _normalize(g, text: str) -> list:
                                   "expressions with different numbers of terms")
         cls = SumOf if kind == "sum" else FailoverOf
         out = []
-        for col in zip(*args):
+        for col in zip(*args, strict=True):
             acc = col[-1]
             for item in reversed(col[:-1]):
                 acc = cls(item, acc)

@@ -48,8 +48,8 @@ class _NodeLocations:
             keys = np.concatenate([pack(b) for b in self.index_blocks])
             self._set = KeySet(keys)
             self._step_of = np.concatenate(
-                [np.full(len(b), s, dtype=np.int64) for s, b in zip(self.steps,
-                                                                   self.index_blocks)])
+                [np.full(len(b), s, dtype=np.int64) for s, b in zip(self.steps, self.index_blocks,
+                                                                   strict=True)])
             self._row_of = np.concatenate([np.arange(len(b)) for b in self.index_blocks])
         pos = self._set.position(pack(idx))
         if (pos < 0).any():
@@ -87,8 +87,6 @@ class CommandCompiler:
         for spec in self.request.inputs:
             if spec.has_deriv:
                 src[spec.name] = True
-        for n in nodes:  # iterate to a fixed point (recurrences)
-            pass
         changed = True
         while changed:
             changed = False

@@ -39,7 +39,7 @@ def format_float(x: float) -> str:
         return "nan"
     if x in (float("inf"), float("-inf")):
         return "inf" if x > 0 else "-inf"
-    return "%.7g" % x
+    return f"{x:.7g}"
 
 
 class KaldiReader:
