@@ -104,6 +104,29 @@ def _cast(a: np.ndarray, dtype) -> np.ndarray:
     return a.astype(dtype, copy=False)
 
 
+def refine_near_zero(out: np.ndarray, x: np.ndarray, w: np.ndarray,
+                     b: np.ndarray | None = None) -> None:
+    """Recompute, in float64, the float32 entries of ``out = x @ w.T (+ b)`` that
+    are so close to zero that sgemm's rounding could give them the wrong sign.
+
+    Why: a following ReLU gates its derivative on that sign, so one flipped entry
+    changes gradients visibly (Kaldi's reference tdnn_relu_bn/train has one at
+    -1.4e-7). The entries are few; the rest keep the fast float32 product.
+    """
+    if out.dtype != np.float32 or out.size == 0:
+        return
+    k = x.shape[1]
+    bound = (4.0 * np.finfo(np.float32).eps * np.sqrt(k)) * np.outer(
+        np.linalg.norm(x, axis=1), np.linalg.norm(w, axis=1))
+    rows, cols = np.nonzero(np.abs(out) <= bound)
+    if not len(rows):
+        return
+    exact = np.einsum("ij,ij->i", x[rows].astype(np.float64), w[cols].astype(np.float64))
+    if b is not None:
+        exact += b[cols]
+    out[rows, cols] = exact
+
+
 def _add_grad(grad, name: str, value: np.ndarray) -> None:
     if grad is not None and name in grad:
         grad[name] += value
@@ -213,6 +236,7 @@ class AffineComponent(UpdatableComponent):
         dt = in_value.dtype
         out_value[...] = in_value @ _cast(self.linear_params, dt).T
         out_value += _cast(self.bias_params, dt)
+        refine_near_zero(out_value, in_value, self.linear_params, self.bias_params)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
