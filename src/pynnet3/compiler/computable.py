@@ -19,7 +19,7 @@ import numpy as np
 
 from ..descriptor import descriptor_computable
 from ..index import pack, unpack
-from .keymap import KeyMap
+from .keymap import KeyMap, unique_inverse, unique_keys
 
 UNKNOWN, YES, NO, IN_PROGRESS = 0, 1, 2, 3
 _NO_HIT = 1 << 60
@@ -56,7 +56,7 @@ class Computability:
             self._min_hit = min(self._min_hit, int(state[busy].min()) - IN_PROGRESS)
         unknown = state == UNKNOWN
         if unknown.any():
-            self._evaluate_batch(node, np.unique(keys[unknown]))
+            self._evaluate_batch(node, unique_keys(keys[unknown]))
             state = kmap.lookup(keys, UNKNOWN)
         return state == YES
 
@@ -120,5 +120,5 @@ class Computability:
     def input_available(self, n, idx: np.ndarray) -> np.ndarray:
         """Whether the component-input (the descriptor of node ``n``) is computable."""
         keys = pack(idx)
-        ukeys, inv = np.unique(keys, return_inverse=True)
+        ukeys, inv = unique_inverse(keys)
         return descriptor_computable(n.descriptor, unpack(ukeys), self.computable)[inv]

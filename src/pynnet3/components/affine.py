@@ -116,9 +116,15 @@ def refine_near_zero(out: np.ndarray, x: np.ndarray, w: np.ndarray,
     if out.dtype != np.float32 or out.size == 0:
         return
     k = x.shape[1]
-    bound = (4.0 * np.finfo(np.float32).eps * np.sqrt(k)) * np.outer(
-        np.linalg.norm(x, axis=1), np.linalg.norm(w, axis=1))
-    rows, cols = np.nonzero(np.abs(out) <= bound)
+    xn = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
+    wn = np.sqrt(np.einsum("ij,ij->i", w, w, dtype=np.float64))
+    c = 4.0 * float(np.finfo(np.float32).eps) * np.sqrt(k)
+    # One cheap pass with the loosest bound, then the exact per-entry bound.
+    rows, cols = np.nonzero(np.abs(out) <= c * xn.max() * wn.max())
+    if not len(rows):
+        return
+    keep = np.abs(out[rows, cols]) <= c * xn[rows] * wn[cols]
+    rows, cols = rows[keep], cols[keep]
     if not len(rows):
         return
     exact = np.einsum("ij,ij->i", x[rows].astype(np.float64), w[cols].astype(np.float64))
