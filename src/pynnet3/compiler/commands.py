@@ -22,39 +22,52 @@ from ..components.base import Flags
 from ..computation import Command, CommandType, NnetComputation
 from ..descriptor import part_dim, resolve_part
 from ..errors import ComputeError
-from ..index import KeySet, pack, sort_order_txn, unpack
+from ..index import pack, sort_order_txn, unpack
 from .graph import ComputationGraph, GraphBuilder, Step
+from .keymap import unique_keys
 
 CT = CommandType
 
 
 class _NodeLocations:
-    """Where each cindex of a node lives: step number and row."""
+    """Where each cindex of a node lives: step number and row.
+
+    Steps are added one at a time (a recurrent node gets one step per phase, so
+    thousands of them) and looked up in between, so the sorted key arrays are kept
+    as a few levels merged like a binary counter: adding and looking up stay
+    ``O(log(steps))`` array operations instead of re-sorting everything per step."""
 
     def __init__(self):
-        self.steps: list[int] = []
-        self.index_blocks: list[np.ndarray] = []
-        self._set: KeySet | None = None
-        self._step_of: np.ndarray | None = None
-        self._row_of: np.ndarray | None = None
+        self.levels: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def add(self, step: int, indexes: np.ndarray) -> None:
-        self.steps.append(step)
-        self.index_blocks.append(indexes)
-        self._set = None
+        keys = pack(indexes)
+        order = np.argsort(keys, kind="stable")
+        level = (keys[order], np.full(len(keys), step, dtype=np.int64),
+                 order.astype(np.int64))
+        while self.levels and len(self.levels[-1][0]) <= 2 * len(level[0]):
+            prev = self.levels.pop()
+            k = np.concatenate([prev[0], level[0]])
+            o = np.argsort(k, kind="stable")
+            level = (k[o], np.concatenate([prev[1], level[1]])[o],
+                     np.concatenate([prev[2], level[2]])[o])
+        self.levels.append(level)
 
     def lookup(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self._set is None:
-            keys = np.concatenate([pack(b) for b in self.index_blocks])
-            self._set = KeySet(keys)
-            self._step_of = np.concatenate(
-                [np.full(len(b), s, dtype=np.int64) for s, b in zip(self.steps, self.index_blocks,
-                                                                   strict=True)])
-            self._row_of = np.concatenate([np.arange(len(b)) for b in self.index_blocks])
-        pos = self._set.position(pack(idx))
-        if (pos < 0).any():
-            raise ComputeError(f"internal: cindex not scheduled: {idx[pos < 0][:3].tolist()}")
-        return self._step_of[pos], self._row_of[pos]
+        keys = pack(idx)
+        step_of = np.full(len(keys), -1, dtype=np.int64)
+        row_of = np.full(len(keys), -1, dtype=np.int64)
+        for lk, ls, lr in self.levels:
+            if not len(lk):
+                continue
+            pos = np.minimum(np.searchsorted(lk, keys), len(lk) - 1)
+            hit = (lk[pos] == keys) & (step_of < 0)
+            step_of[hit] = ls[pos[hit]]
+            row_of[hit] = lr[pos[hit]]
+        if (step_of < 0).any():
+            raise ComputeError(f"internal: cindex not scheduled: "
+                               f"{idx[step_of < 0][:3].tolist()}")
+        return step_of, row_of
 
 
 class CommandCompiler:
@@ -216,13 +229,16 @@ class CommandCompiler:
         else:
             deps = comp.input_indexes(step.indexes)
             avail = self.comp.input_available(node, deps.indexes)
-            u = unpack(np.unique(pack(deps.indexes[avail])))
+            u = unpack(unique_keys(pack(deps.indexes[avail])))
             in_idx = u[sort_order_txn(u)]
         self.input_indexes[i] = in_idx
-        mi = c.new_matrix(len(in_idx), comp.input_dim, step.node + "_input", False, in_idx)
-        self.input_matrix[i] = mi
-        self._alloc(mi)
-        self._descriptor_forward(node.descriptor, in_idx, c.whole(mi))
+        if len(in_idx):
+            mi = c.new_matrix(len(in_idx), comp.input_dim, step.node + "_input", False, in_idx)
+            self.input_matrix[i] = mi
+            self._alloc(mi)
+            self._descriptor_forward(node.descriptor, in_idx, c.whole(mi))
+        # else: a component with no input rows (ConstantComponent): like Kaldi, no
+        # input matrix at all (Propagate gets an empty input).
         mo = c.new_matrix(len(step.indexes), comp.output_dim, step.node, False, step.indexes)
         self.value_sub[i] = c.whole(mo)
         self._alloc(mo)
@@ -235,7 +251,8 @@ class CommandCompiler:
             self._memos += 1
             self.memo[i] = self._memos
         c.add(Command(CT.PROPAGATE, node=step.node, precomputed=self.precomputed[i],
-                      in_value=c.whole(mi), out_value=c.whole(mo), memo=self.memo[i],
+                      in_value=c.whole(self.input_matrix[i]) if self.input_matrix[i] else 0,
+                      out_value=c.whole(mo), memo=self.memo[i],
                       alpha=1.0 if not self.request.store_component_stats else 2.0))
 
     # -- descriptor evaluation -------------------------------------------------------
@@ -313,7 +330,12 @@ class CommandCompiler:
             info = c.matrices[c.submatrices[self.value_sub[i]].matrix]
             m = c.new_matrix(info.rows, info.cols, step.node, True, step.indexes)
             self.deriv_sub[i] = c.whole(m)
-            self._alloc(m)
+            if step.kind == "output":
+                # Filled (and created) by the user's derivative, as in Kaldi: the
+                # accept-input command is the allocation.
+                self.allocated.add(m)
+            else:
+                self._alloc(m)
         for i, step in enumerate(self.steps):
             if self.alias[i] and self.need_deriv.get(step.node):
                 node = self.node_map[step.node]
@@ -345,7 +367,7 @@ class CommandCompiler:
             comp = self.nnet.components[node.component]
             props = comp.properties()
             in_deriv = 0
-            if self.input_side_deriv[step.node]:
+            if self.input_side_deriv[step.node] and self.input_matrix[i]:
                 mi = self.input_matrix[i]
                 info = c.matrices[mi]
                 md = c.new_matrix(info.rows, info.cols, step.node + "_input", True,
@@ -359,7 +381,8 @@ class CommandCompiler:
             c.add(Command(CT.BACKPROP if model else CT.BACKPROP_NO_MODEL_UPDATE,
                           node=step.node, precomputed=self.precomputed[i],
                           in_value=(c.whole(self.input_matrix[i])
-                                    if props & Flags.BACKPROP_NEEDS_INPUT else 0),
+                                    if props & Flags.BACKPROP_NEEDS_INPUT
+                                    and self.input_matrix[i] else 0),
                           out_value=(self.value_sub[i]
                                      if props & Flags.BACKPROP_NEEDS_OUTPUT else 0),
                           out_deriv=self.deriv_sub[i], in_deriv=in_deriv, memo=self.memo[i]))

@@ -23,7 +23,7 @@ from ..errors import ComputeError
 from ..index import KeySet, describe, pack, sort_order_txn, unpack
 from .computable import Computability
 from .epochs import is_recurrent_scc, node_sccs
-from .keymap import KeyMap
+from .keymap import KeyMap, unique_inverse, unique_keys
 
 _MAX_ROUNDS = 100000
 
@@ -52,6 +52,19 @@ class GraphBuilder:
         self.request = request
         self.nodes = nnet.node_map
         inputs = {}
+        for kind, specs in (("input", request.inputs), ("output", request.outputs)):
+            seen = set()
+            for spec in specs:
+                if spec.name in seen:
+                    raise ComputeError(f"request {kind} {spec.name!r} is listed more than once")
+                seen.add(spec.name)
+                if len(spec.indexes) == 0:
+                    raise ComputeError(f"request {kind} {spec.name!r} has no indexes")
+                keys = np.sort(pack(spec.indexes))
+                dup = np.flatnonzero(keys[1:] == keys[:-1])
+                if len(dup):
+                    raise ComputeError(f"request {kind} {spec.name!r} lists index "
+                                       f"{describe(unpack(keys[dup[:1]]))} more than once")
         for spec in request.inputs:
             n = self.nodes.get(spec.name)
             if n is None or n.kind != "input-node":
@@ -89,7 +102,7 @@ class GraphBuilder:
             return
         avail = self.comp.input_available(n, deps.indexes)
         owners, in_idx = deps.owner[avail], deps.indexes[avail]
-        ukeys, inv = np.unique(pack(in_idx), return_inverse=True)
+        ukeys, inv = unique_inverse(pack(in_idx))
         uidx = unpack(ukeys)
         for part in n.descriptor.parts:
             _, terms = resolve_part(part, uidx, self.comp.computable)
@@ -154,7 +167,7 @@ class GraphBuilder:
                 raise ComputeError("computation graph does not terminate (a recurrence "
                                    "that never runs out of inputs?)")
             name = max(pending, key=order.__getitem__)
-            keys = np.unique(np.concatenate(pending.pop(name)))
+            keys = unique_keys(np.concatenate(pending.pop(name)))
             have = needed[name].lookup(keys, 0)
             keys = keys[have == 0]
             if not len(keys):
@@ -208,28 +221,54 @@ class GraphBuilder:
                 pos = sets[src].position(pack(sidx))
                 src_ids.append(offsets[src] + pos)
                 dst_ids.append(offsets[name] + rows)
-        level = np.zeros(total, dtype=np.int64)
         if src_ids:
-            s = np.concatenate(src_ids)
-            d = np.concatenate(dst_ids)
-            for _ in range(total + 1):
-                new = level.copy()
-                np.maximum.at(new, d, level[s] + 1)
-                if np.array_equal(new, level):
-                    break
-                level = new
-            else:
+            level = _longest_path_levels(total, np.concatenate(src_ids),
+                                         np.concatenate(dst_ids))
+            if level is None:
                 raise ComputeError(f"cycle without time offset among nodes {scc}")
+        else:
+            level = np.zeros(total, dtype=np.int64)
+        node_of = np.repeat(np.arange(len(scc)), [len(needed[name]) for name in scc])
+        order = np.lexsort((node_of, level))  # by level, then node (scc order)
+        lv_sorted, node_sorted = level[order], node_of[order]
+        cut = np.flatnonzero((lv_sorted[1:] != lv_sorted[:-1])
+                             | (node_sorted[1:] != node_sorted[:-1])) + 1
         steps = []
-        for lv in np.unique(level):
-            for name in scc:
-                lo = offsets[name]
-                sel = level[lo:lo + len(needed[name])] == lv
-                if sel.any():
-                    idx = unpack(needed[name][sel])
-                    steps.append(Step(name, self._kind(name), idx[sort_order_txn(idx)], epoch,
-                                      recurrent=True))
+        for block in np.split(order, cut):
+            name = scc[int(node_of[block[0]])]
+            idx = unpack(needed[name][block - offsets[name]])
+            steps.append(Step(name, self._kind(name), idx[sort_order_txn(idx)], epoch,
+                              recurrent=True))
         return steps
+
+
+def _longest_path_levels(total: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
+    """Depth of each vertex in the DAG ``src -> dst`` (0 for vertices without
+    predecessors, else 1 + the deepest predecessor), by Kahn's algorithm one
+    frontier at a time: O(edges) work plus one small step per level. None if the
+    graph has a cycle."""
+    order = np.argsort(src, kind="stable")
+    src, dst = src[order], dst[order]
+    starts = np.searchsorted(src, np.arange(total + 1))
+    indeg = np.bincount(dst, minlength=total)
+    level = np.zeros(total, dtype=np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    done = 0
+    depth = 0
+    while len(frontier):
+        level[frontier] = depth
+        done += len(frontier)
+        lo, hi = starts[frontier], starts[frontier + 1]
+        cnt = hi - lo
+        if cnt.sum() == 0:
+            break
+        edges = np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())
+        targets = dst[edges]
+        np.subtract.at(indeg, targets, 1)
+        targets = np.unique(targets)
+        frontier = targets[indeg[targets] == 0]
+        depth += 1
+    return level if done == total else None
 
 
 def build_graph(nnet, request) -> tuple[GraphBuilder, ComputationGraph]:

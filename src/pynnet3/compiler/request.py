@@ -25,7 +25,10 @@ class IoSpecification:
     has_deriv: bool = False
 
     def __post_init__(self):
-        self.indexes = as_indexes(self.indexes)
+        try:
+            self.indexes = as_indexes(self.indexes)
+        except (ValueError, TypeError) as e:
+            raise ComputeError(f"IoSpecification {self.name!r}: {e}") from None
 
     def to_json(self) -> dict:
         return {"name": self.name, "has_deriv": self.has_deriv,

@@ -40,7 +40,13 @@ class NnetComputer:
 
     # -- validation -------------------------------------------------------------
     def _check(self, what: str, name: str, value, rows: int, cols: int):
-        arr = np.asarray(value)
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError) as e:
+            raise RuntimeInputError(f"{what} {name!r}: not a matrix ({e})") from None
+        if arr.dtype.kind not in "biuf":
+            raise RuntimeInputError(f"{what} {name!r}: expected a real-valued matrix, got "
+                                    f"dtype {arr.dtype}")
         if arr.ndim != 2 or arr.shape != (rows, cols):
             raise RuntimeInputError(f"{what} {name!r}: expected shape ({rows}, {cols}), "
                                     f"got {arr.shape}")
@@ -50,14 +56,43 @@ class NnetComputer:
                                     f"column {bad[1]}")
         return arr
 
-    def _accept(self, cmd, inputs, output_derivs):
+    def _validate(self, inputs: dict, output_derivs: dict) -> dict:
+        """Check every user matrix the commands will accept, before anything runs
+        (a failure must not leave a half-run forward pass, e.g. stored stats).
+        Returns ``(is_deriv, node) -> checked array``."""
+        req = self.c.request
+        if req is not None:
+            known = {s.name for s in req.inputs}
+            extra = set(inputs) - known
+            if extra:
+                raise RuntimeInputError(f"inputs given for nodes not in the request: "
+                                        f"{sorted(extra)}")
+            known = {s.name for s in req.outputs if s.has_deriv}
+            extra = set(output_derivs) - known
+            if extra:
+                raise RuntimeInputError(f"output derivatives given for nodes that are not "
+                                        f"outputs with has_deriv in the request: "
+                                        f"{sorted(extra)}")
+        checked = {}
+        for cmd in self.c.commands:
+            if cmd.type is not CT.ACCEPT_INPUT:
+                continue
+            key = (cmd.is_deriv, cmd.node)
+            if key in checked:
+                continue
+            sm = self.c.submatrices[cmd.dst]
+            source = output_derivs if cmd.is_deriv else inputs
+            what = "output derivative" if cmd.is_deriv else "input"
+            if cmd.node not in source:
+                raise RuntimeInputError(f"missing {what} for node {cmd.node!r}")
+            checked[key] = self._check(what, cmd.node, source[cmd.node], sm.num_rows,
+                                       sm.num_cols)
+        return checked
+
+    def _accept(self, cmd, checked: dict):
         sm = self.c.submatrices[cmd.dst]
         info = self.c.matrices[sm.matrix]
-        source = output_derivs if cmd.is_deriv else inputs
-        what = "output derivative" if cmd.is_deriv else "input"
-        if cmd.node not in source:
-            raise RuntimeInputError(f"missing {what} for node {cmd.node!r}")
-        arr = self._check(what, cmd.node, source[cmd.node], sm.num_rows, sm.num_cols)
+        arr = checked[(cmd.is_deriv, cmd.node)]
         if sm.num_rows == info.rows and sm.num_cols == info.cols:
             self.matrices[sm.matrix] = self.backend.from_numpy(arr, self.dtype)
         else:
@@ -77,13 +112,7 @@ class NnetComputer:
     # -- execution ----------------------------------------------------------------
     def run(self, inputs: dict, output_derivs: dict | None = None) -> RunResult:
         output_derivs = output_derivs or {}
-        req = self.c.request
-        if req is not None:
-            known = {s.name for s in req.inputs}
-            extra = set(inputs) - known
-            if extra:
-                raise RuntimeInputError(f"inputs given for nodes not in the request: "
-                                        f"{sorted(extra)}")
+        checked = self._validate(inputs, output_derivs)
         result = RunResult()
         be = self.backend
         comps = self.nnet.components
@@ -144,7 +173,7 @@ class NnetComputer:
                 be.add_row_ranges(self._sub(cmd.dst), self._sub(cmd.src),
                                   self.c.indexes_ranges[cmd.table], cmd.alpha)
             elif t is CT.ACCEPT_INPUT:
-                self._accept(cmd, inputs, output_derivs)
+                self._accept(cmd, checked)
             elif t is CT.PROVIDE_OUTPUT:
                 value = np.array(be.to_numpy(self._sub(cmd.src)), copy=True)
                 (result.input_derivs if cmd.is_deriv else result.outputs)[cmd.node] = value
