@@ -3,8 +3,11 @@
 A :class:`ConfigLine` holds the first word and the ``key=value`` pairs of one
 line. Values may contain spaces when they are descriptor expressions
 (``input=Append(Offset(x, -1), x)``): a value runs until the whitespace before
-the next ``key=``. Getters convert with Kaldi's rules and remember which keys were
-used, so that :meth:`check_all_used` can reject unknown options like Kaldi does.
+the next ``key=``. As in Kaldi's ``ConfigLine::ParseLine``, a value may also be
+quoted, ``key='a b'`` or ``key="a b"`` (no escaping; the quotes are dropped), which
+is how a ``CompositeComponent`` line nests whole component configs. Everything
+after ``#`` is a comment. Getters convert with Kaldi's rules and remember which keys
+were used, so that :meth:`check_all_used` can reject unknown options like Kaldi does.
 """
 
 from __future__ import annotations
@@ -15,7 +18,13 @@ import numpy as np
 
 from .errors import ConfigError
 
-_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_\-.]*)=")
+# Kaldi's IsValidName: a letter or '_', then letters, digits, '_', '-', '.'.
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-.]*\Z")
+
+
+def is_valid_name(name: str) -> bool:
+    """Kaldi's ``IsValidName`` (used for config keys and first words)."""
+    return _NAME.match(name) is not None
 
 
 class ConfigLine:
@@ -35,19 +44,48 @@ class ConfigLine:
             raise self.error(f"config line must start with a word, not {self.first!r}")
         rest = parts[1] if len(parts) > 1 else ""
         self.values: dict[str, str] = {}
-        matches = list(_KEY.finditer(rest))
-        if matches and rest[:matches[0].start()].strip():
-            raise self.error(f"unexpected text {rest[:matches[0].start()].strip()!r}")
-        if not matches and rest.strip():
-            raise self.error(f"expected key=value, got {rest.strip()!r}")
-        for i, m in enumerate(matches):
-            end = matches[i + 1].start() if i + 1 < len(matches) else len(rest)
-            key = m.group(1)
-            value = rest[m.end():end].strip()
+        for key, value in self._pairs(rest):
             if key in self.values:
                 raise self.error(f"option {key!r} given twice")
             self.values[key] = value
         self.used: set[str] = set()
+
+    def _pairs(self, rest: str):
+        """Yield ``(key, value)`` as Kaldi's ``ConfigLine::ParseLine`` splits them."""
+        pos, size = 0, len(rest)
+        while pos < size:
+            if rest[pos].isspace():
+                pos += 1
+                continue
+            eq = rest.find("=", pos)
+            if eq < 0:
+                raise self.error(f"expected key=value, got {rest[pos:].split()[0]!r}")
+            key = rest[pos:eq]
+            if not is_valid_name(key):
+                words = key.split()
+                if not words:
+                    raise self.error(f"expected key=value, got {rest[pos:].split()[0]!r}")
+                if len(words) > 1:
+                    raise self.error(f"unexpected text {words[0]!r} (expected key=value)")
+                raise self.error(f"invalid option name {key!r}")
+            if eq + 1 < size and rest[eq + 1] in "'\"":
+                quote = rest[eq + 1]
+                close = rest.find(quote, eq + 2)
+                if close < 0:
+                    raise self.error(f"option {key}=: no matching {quote} for the opening "
+                                     f"quote of {rest[eq + 1:eq + 21]!r}")
+                yield key, rest[eq + 2:close]
+                pos = close + 1
+                continue
+            # Unquoted: the value runs to the last whitespace before the next '='.
+            end = size
+            nxt = rest.find("=", eq + 1)
+            if nxt >= 0:
+                space = max(rest.rfind(" ", 0, nxt), rest.rfind("\t", 0, nxt))
+                if space > eq:
+                    end = space
+            yield key, rest[eq + 1:end].strip()
+            pos = end
 
     def error(self, message: str) -> ConfigError:
         return ConfigError(message, self.line_number, self.text, self.source)

@@ -217,13 +217,13 @@ def part_dim(e, node_dim: Callable[[str], int]) -> int:
     if isinstance(e, SwitchOf):
         dims = {part_dim(s, node_dim) for s in e.srcs}
         if len(dims) != 1:
-            raise DescriptorError(f"Switch() over inputs of different dims {sorted(dims)}: {e}")
+            raise _error(f"Switch() over inputs of different dims {sorted(dims)}: {e}")
         return dims.pop()
     if isinstance(e, (SumOf, FailoverOf)):
         da, db = part_dim(e.a, node_dim), part_dim(e.b, node_dim)
         if da != db:
             kind = "Sum" if isinstance(e, SumOf) else "Failover"
-            raise DescriptorError(f"{kind}() of inputs with different dims {da} and {db}: {e}")
+            raise _error(f"{kind}() of inputs with different dims {da} and {db}: {e}")
         return da
     if isinstance(e, IfDefinedOf):
         return part_dim(e.a, node_dim)
@@ -328,7 +328,10 @@ def _resolve(e, idx, rows, available):
     if isinstance(e, SumOf):
         ca, ta = _resolve(e.a, idx, rows, available)
         cb, tb = _resolve(e.b, idx, rows, available)
-        return ca & cb, ta + tb
+        both = ca & cb
+        if both.all():
+            return both, ta + tb
+        return both, _restrict(ta + tb, rows[both])
     if isinstance(e, FailoverOf):
         ca, ta = _resolve(e.a, idx, rows, available)
         cb, tb = _resolve(e.b, idx, rows, available)
@@ -359,9 +362,17 @@ def _restrict(terms: list[Term], allowed_rows: np.ndarray) -> list[Term]:
 # Parsing and normalization
 # ----------------------------------------------------------------------------------
 
-_TOKEN_RE = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_.\-]*)|(-?[0-9.][0-9.eE+\-]*)|(.))")
+_TOKEN_RE = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_.\-]*)|(-?[0-9.][0-9.eE+\-]*)|(\S))")
 _FUNCTIONS = {"Append", "Sum", "Failover", "IfDefined", "Offset", "Round", "ReplaceIndex",
               "Switch", "Const", "Scale"}
+
+
+def _error(message: str) -> DescriptorError:
+    """A DescriptorError whose ``detail`` is the bare message, so callers that know
+    the file and line can re-raise it with those."""
+    err = DescriptorError(message)
+    err.detail = message
+    return err
 
 
 class _Parser:
@@ -389,7 +400,7 @@ class _Parser:
             where = f" at {tok!r} (column {pos + 1})"
         else:
             where = " at end of input"
-        return DescriptorError(f"bad descriptor {self.text!r}: {message}{where}")
+        return _error(f"bad descriptor {self.text!r}: {message}{where}")
 
     def peek(self):
         return self.tokens[self.i] if self.i < len(self.tokens) else (None, None, None)
@@ -435,7 +446,10 @@ class _Parser:
         if kind != "name":
             raise self.error("expected a node name or a descriptor function")
         nxt = self.tokens[self.i + 1] if self.i + 1 < len(self.tokens) else (None, None, None)
-        if tok in _FUNCTIONS and nxt[1] == "(":
+        if nxt[1] == "(":
+            if tok not in _FUNCTIONS:
+                raise self.error(f"unknown descriptor function {tok!r} (expected one of "
+                                 f"{', '.join(sorted(_FUNCTIONS))})")
             self.i += 2
             node = getattr(self, "f_" + tok)()
             self.take("punct", ")")
@@ -530,8 +544,8 @@ def _normalize(g, text: str) -> list:
         args = [_normalize(a, text) for a in g[1]]
         lengths = {len(a) for a in args}
         if len(lengths) != 1:
-            raise DescriptorError(f"bad descriptor {text!r}: {kind.title()}() of Append "
-                                  "expressions with different numbers of terms")
+            raise _error(f"bad descriptor {text!r}: {kind.title()}() of Append "
+                         "expressions with different numbers of terms")
         cls = SumOf if kind == "sum" else FailoverOf
         out = []
         for col in zip(*args, strict=True):
@@ -553,15 +567,19 @@ def _normalize(g, text: str) -> list:
     if kind == "replace":
         return [_push(p, ("replace", g[2], g[3])) for p in _normalize(g[1], text)]
     if kind == "switch":
-        srcs = []
-        for a in g[1]:
-            parts = _normalize(a, text)
-            if len(parts) != 1 or not isinstance(parts[0], _FORWARDING):
-                raise DescriptorError(f"bad descriptor {text!r}: Switch() arguments must be "
-                                      "plain node expressions")
-            srcs.append(parts[0])
-        return [SwitchOf(tuple(srcs))]
-    raise DescriptorError(f"bad descriptor {text!r}")
+        # Switch(Append(a, b), Append(c, d)) is Append(Switch(a, c), Switch(b, d)).
+        args = [_normalize(a, text) for a in g[1]]
+        if len({len(a) for a in args}) != 1:
+            raise _error(f"bad descriptor {text!r}: Switch() of Append expressions with "
+                         "different numbers of terms")
+        out = []
+        for col in zip(*args, strict=True):
+            if not all(isinstance(c, _FORWARDING) for c in col):
+                raise _error(f"bad descriptor {text!r}: Switch() arguments must be node "
+                             "expressions (no Sum, Failover, IfDefined or Const inside)")
+            out.append(SwitchOf(tuple(col)))
+        return out
+    raise _error(f"bad descriptor {text!r}")
 
 
 def _push(e, op):
@@ -611,7 +629,7 @@ def _scale_leaves(e, s: float):
 def parse_descriptor(text: str, node_names: set[str] | None = None) -> Descriptor:
     """Parse and normalize a descriptor. With ``node_names``, unknown nodes are errors."""
     if not text or not text.strip():
-        raise DescriptorError("empty descriptor")
+        raise _error("empty descriptor")
     tree = _Parser(text, node_names).parse()
     return Descriptor(tuple(_normalize(tree, text)))
 

@@ -22,9 +22,9 @@ import numpy as np
 
 from .components import component_class
 from .components.base import Component
-from .config import ConfigLine, split_config_lines
+from .config import ConfigLine, is_valid_name, split_config_lines
 from .descriptor import Descriptor, RoundOf, SwitchOf, parse_descriptor
-from .errors import ConfigError, DescriptorError, DimensionError, GraphError
+from .errors import DescriptorError, DimensionError, GraphError
 from .io.model_file import ModelParts, parse_model_bytes, write_model_parts
 
 NODE_KINDS = ("input-node", "component-node", "dim-range-node", "output-node")
@@ -232,14 +232,20 @@ class Nnet:
         return self.context()[1]
 
     def context(self) -> tuple[int, int]:
-        """(left, right) context, with Kaldi's ComputeSimpleNnetContext semantics."""
+        """(left, right) context, with Kaldi's ComputeSimpleNnetContext semantics.
+
+        Cached; the cache is keyed on the node lines and the component objects, so
+        that adding or replacing nodes or components (``read_config``, rewrites)
+        never returns a stale context."""
+        key = (tuple(n.config_line() for n in self.nodes),
+               tuple((name, id(c)) for name, c in self.components.items()))
         cached = getattr(self, "_context_cache", None)
-        if cached is None:
+        if cached is None or cached[0] != key:
             from .compiler.context import compute_simple_context
 
-            cached = compute_simple_context(self)
+            cached = (key, compute_simple_context(self))
             object.__setattr__(self, "_context_cache", cached)
-        return cached
+        return cached[1]
 
     def set_test_mode(self, test_mode: bool = True) -> None:
         for c in self.components.values():
@@ -328,8 +334,10 @@ def _moduli(e):
 
 
 def _check_name(name: str, cl: ConfigLine) -> None:
-    if not name or any(c in name for c in " \t()=,") or name[0].isdigit():
-        raise cl.error(f"invalid name {name!r}")
+    """Kaldi's IsValidName: a letter or '_', then letters, digits, '_', '-', '.'."""
+    if not is_valid_name(name):
+        raise cl.error(f"invalid name {name!r} (names are a letter or '_' followed by "
+                       "letters, digits, '_', '-' or '.')")
 
 
 def _node_from_config(cl: ConfigLine, names: set[str]) -> Node:
@@ -357,7 +365,10 @@ def _node_from_config(cl: ConfigLine, names: set[str]) -> Node:
             node = Node(kind, name, objective=objective,
                         descriptor=parse_descriptor(cl.get_str("input", required=True), names))
     except DescriptorError as e:
-        raise ConfigError(str(e), cl.line_number, cl.text, cl.source) from None
+        if e.line_number is not None:
+            raise
+        raise DescriptorError(getattr(e, "detail", str(e)), cl.line_number, cl.text,
+                              cl.source) from None
     cl.check_all_used()
     return node
 
@@ -370,6 +381,12 @@ def read_nnet(path: str | os.PathLike) -> Nnet:
     return Nnet.from_model_parts(parts, str(path))
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers never see a partial file."""
     path = Path(path)
@@ -378,6 +395,15 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp makes the file 0600; give it the mode a plain open() would
+        # (or keep the mode of the file being replaced).
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except OSError:
+            mode = 0o666 & ~_umask()
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from ..errors import PynnetError
+from ..errors import FormatError, PynnetError
 
 
 def kaldi_bool(text: str) -> bool:
@@ -62,7 +63,13 @@ def _cmd_show(args) -> int:
 
     nnet = read_nnet(args.model)
     with open(args.request) as f:
-        req = ComputationRequest.from_json(json.load(f))
+        try:
+            obj = json.load(f)
+        except json.JSONDecodeError as e:
+            raise FormatError(f"not valid JSON: {e.msg}", args.request, line=e.lineno) from None
+    if not isinstance(obj, dict):
+        raise FormatError("a request must be a JSON object", args.request)
+    req = ComputationRequest.from_json(obj)
     comp = compile(nnet, req, optimize=args.optimize)
     sys.stdout.write(str(req) + "\n")
     sys.stdout.write(str(comp))
@@ -76,9 +83,20 @@ def _cmd_demo(args) -> int:
     return run_demo(seed=args.seed)
 
 
+class UsageError(Exception):
+    """A bad command line (unknown flag, bad flag value, missing argument)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 1 (as Kaldi's tools)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pynnet3", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="pynnet3", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("info", help="print nodes, components, dims, context (nnet3-info)")
@@ -113,15 +131,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        print(one_line(str(e)), file=sys.stderr)
+        return 1
     try:
         return args.fn(args)
-    except PynnetError as e:
-        print(f"pynnet3 {args.command}: error: {e}", file=sys.stderr)
+    except BrokenPipeError:
+        # The reader went away (``pynnet3 show-computation ... | head``): stop quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except OSError as e:
-        print(f"pynnet3 {args.command}: error: {e}", file=sys.stderr)
+    except (PynnetError, OSError) as e:
+        print(f"pynnet3 {args.command}: error: {one_line(str(e))}", file=sys.stderr)
         return 1
+
+
+def one_line(message: str) -> str:
+    """Error messages may carry the offending config line on a second line;
+    the command line prints them on one."""
+    return " | ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
 if __name__ == "__main__":

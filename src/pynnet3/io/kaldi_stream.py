@@ -63,6 +63,10 @@ class KaldiReader:
         return FormatError(message, self.source, line=self.data.count(b"\n", 0, pos) + 1,
                            token=token)
 
+    def token_start(self) -> int:
+        """Where the next token starts (after whitespace): the position to report."""
+        return _WS.match(self.data, self.pos).end()
+
     def at_eof(self) -> bool:
         m = _WS.match(self.data, self.pos)
         return m.end() >= len(self.data)
@@ -91,7 +95,7 @@ class KaldiReader:
             self.pos = saved
 
     def expect_token(self, expected: str) -> None:
-        start = self.pos
+        start = self.token_start()
         tok = self.read_token()
         if tok != expected:
             raise self.error(f"expected {expected!r}", token=tok, pos=start)
@@ -143,24 +147,29 @@ class TextReader(KaldiReader):
     binary = False
 
     def read_int(self) -> int:
-        start = self.pos
+        start = self.token_start()
         tok = self.read_token()
         try:
-            return int(tok)
+            value = int(tok)
         except ValueError:
             raise self.error("expected an integer", token=tok, pos=start) from None
+        if not -2**31 <= value < 2**31:
+            raise self.error("integer out of the int32 range", token=tok, pos=start)
+        return value
 
     def read_float(self) -> float:
-        start = self.pos
+        start = self.token_start()
         tok = self.read_token()
         try:
             value = float(tok)
         except ValueError:
             raise self.error("expected a number", token=tok, pos=start) from None
+        if value != value:
+            raise self.error("NaN is not allowed here", token=tok, pos=start)
         return value
 
     def read_bool(self) -> bool:
-        start = self.pos
+        start = self.token_start()
         tok = self.read_token()
         if tok in ("T", "true"):
             return True
@@ -169,7 +178,7 @@ class TextReader(KaldiReader):
         raise self.error("expected T or F", token=tok, pos=start)
 
     def _bracketed(self, what: str) -> tuple[bytes, int]:
-        start = self.pos
+        start = self.token_start()
         tok_start = _WS.match(self.data, self.pos).end()
         if self.data[tok_start:tok_start + 1] != b"[":
             tok = self.peek_token() if tok_start < len(self.data) else "<eof>"
@@ -183,12 +192,18 @@ class TextReader(KaldiReader):
     def _parse_numbers(self, body: bytes, start: int, what: str) -> np.ndarray:
         words = body.split()
         try:
-            values = np.array(words, dtype=np.float64)
+            with np.errstate(over="ignore"):
+                values = np.array(words, dtype=np.float64).astype(np.float32)
         except ValueError:
-            bad = next(w for w in words if not _is_float(w))
-            raise self.error(f"bad number in {what}", token=bad.decode(errors="replace"),
-                             pos=start + body.find(bad) + 1) from None
-        return values.astype(np.float32)
+            i = next(i for i, w in enumerate(words) if not _is_float(w))
+            raise self.error(f"bad number in {what}", token=_word(words[i]),
+                             pos=start + 1 + _word_offset(body, i)) from None
+        finite = np.isfinite(values)
+        if not finite.all():
+            i = int(np.argmin(finite))
+            raise self.error(f"non-finite value in {what}", token=_word(words[i]),
+                             pos=start + 1 + _word_offset(body, i))
+        return values
 
     def read_matrix(self) -> np.ndarray:
         body, start = self._bracketed("matrix")
@@ -197,12 +212,13 @@ class TextReader(KaldiReader):
             return np.zeros((0, 0), dtype=np.float32)
         values = self._parse_numbers(body, start, "matrix")
         num_rows = len(rows)
-        if values.size % num_rows:
-            raise self.error("matrix rows have different lengths", pos=start)
-        cols = values.size // num_rows
-        first = len(rows[0].split())
-        if first != cols:
-            raise self.error("matrix rows have different lengths", pos=start)
+        cols = len(rows[0].split())
+        if values.size != num_rows * cols or any(len(r.split()) != cols for r in rows):
+            i = next(i for i, r in enumerate(rows) if len(r.split()) != cols)
+            line_start = start + 1 + body.find(rows[i])
+            raise self.error(f"matrix rows have different lengths (row 0 has {cols} values, "
+                             f"row {i} has {len(rows[i].split())})", pos=line_start,
+                             token=_word(rows[i].split()[0]) if rows[i].split() else None)
         return values.reshape(num_rows, cols)
 
     def read_vector(self) -> np.ndarray:
@@ -211,10 +227,25 @@ class TextReader(KaldiReader):
 
     def read_int_vector(self) -> np.ndarray:
         body, start = self._bracketed("integer vector")
+        words = body.split()
         try:
-            return np.array([int(w) for w in body.split()], dtype=np.int64)
+            return np.array([int(w) for w in words], dtype=np.int64)
         except ValueError:
-            raise self.error("bad integer in vector", pos=start) from None
+            i = next(i for i, w in enumerate(words) if not w.lstrip(b"+-").isdigit())
+            raise self.error("bad integer in vector", token=_word(words[i]),
+                             pos=start + 1 + _word_offset(body, i)) from None
+
+
+def _word(word: bytes) -> str:
+    return word[:40].decode(errors="replace")
+
+
+def _word_offset(body: bytes, i: int) -> int:
+    """Byte offset in ``body`` of its ``i``-th whitespace-separated word."""
+    for k, m in enumerate(_TOKEN.finditer(body)):
+        if k == i:
+            return m.start()
+    return 0
 
 
 def _is_float(word: bytes) -> bool:
@@ -248,10 +279,14 @@ class BinaryReader(KaldiReader):
         start = self.pos
         size = self._take(1, "a float")[0]
         if size == 4:
-            return float(np.frombuffer(self._take(4, "a float"), dtype="<f4")[0])
-        if size == 8:
-            return float(np.frombuffer(self._take(8, "a float"), dtype="<f8")[0])
-        raise self.error(f"bad float size byte {size}", pos=start)
+            value = float(np.frombuffer(self._take(4, "a float"), dtype="<f4")[0])
+        elif size == 8:
+            value = float(np.frombuffer(self._take(8, "a float"), dtype="<f8")[0])
+        else:
+            raise self.error(f"bad float size byte {size}", pos=start)
+        if value != value:
+            raise self.error("NaN is not allowed here", token="nan", pos=start)
+        return value
 
     def read_bool(self) -> bool:
         m = _WS.match(self.data, self.pos)
@@ -264,7 +299,7 @@ class BinaryReader(KaldiReader):
         raise self.error("expected T or F", token=c.decode(errors="replace"), pos=self.pos - 1)
 
     def _header(self, kinds: dict[str, str]) -> tuple[str, int]:
-        start = self.pos
+        start = self.token_start()
         tok = self.read_token()
         if tok not in kinds:
             raise self.error(f"expected one of {sorted(kinds)}", token=tok, pos=start)
@@ -276,8 +311,11 @@ class BinaryReader(KaldiReader):
         if rows < 0 or cols < 0:
             raise self.error(f"negative matrix size {rows}x{cols}", pos=start)
         width = np.dtype(dtype).itemsize
+        data_start = self.pos
         raw = self._take(rows * cols * width, f"a {rows}x{cols} matrix")
-        return np.frombuffer(raw, dtype=dtype).astype(np.float32).reshape(rows, cols)
+        values = np.frombuffer(raw, dtype=dtype).astype(np.float32)
+        self._check_finite(values, data_start, width, "matrix")
+        return values.reshape(rows, cols)
 
     def read_vector(self) -> np.ndarray:
         dtype, start = self._header({"FV": "<f4", "DV": "<f8"})
@@ -285,8 +323,18 @@ class BinaryReader(KaldiReader):
         if dim < 0:
             raise self.error(f"negative vector size {dim}", pos=start)
         width = np.dtype(dtype).itemsize
+        data_start = self.pos
         raw = self._take(dim * width, f"a vector of {dim}")
-        return np.frombuffer(raw, dtype=dtype).astype(np.float32)
+        values = np.frombuffer(raw, dtype=dtype).astype(np.float32)
+        self._check_finite(values, data_start, width, "vector")
+        return values
+
+    def _check_finite(self, values: np.ndarray, data_start: int, width: int, what: str) -> None:
+        finite = np.isfinite(values)
+        if not finite.all():
+            i = int(np.argmin(finite))
+            raise self.error(f"non-finite value in {what} (element {i})",
+                             token=str(values[i]), pos=data_start + i * width)
 
     def read_int_vector(self) -> np.ndarray:
         """Kaldi's layout: a size byte (4), an int32 count, then raw int32 elements."""

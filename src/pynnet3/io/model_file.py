@@ -26,7 +26,7 @@ class ModelParts:
 
 def read_component(r: KaldiReader) -> Component:
     """Read one component starting at its ``<TypeName>`` token."""
-    start = r.pos
+    start = r.token_start()
     tok = r.read_token()
     if not (tok.startswith("<") and tok.endswith(">")):
         raise r.error("expected a component type token like <AffineComponent>", token=tok,
@@ -56,7 +56,7 @@ def read_model_parts(r: KaldiReader) -> ModelParts:
             break
         parts.config_lines.append((line_no, line))
     r.expect_token("<NumComponents>")
-    start = r.pos
+    start = r.token_start()
     n = r.read_int()
     if n < 0:
         raise r.error("negative <NumComponents>", token=str(n), pos=start)

@@ -1,0 +1,259 @@
+"""pynnet3.io.kaldi_stream: Kaldi's text and binary serialization of basic types."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pynnet3.errors import FormatError
+from pynnet3.io.kaldi_stream import (
+    BinaryReader,
+    BinaryWriter,
+    TextReader,
+    TextWriter,
+    format_float,
+    make_reader,
+    make_writer,
+)
+
+
+@pytest.mark.parametrize("value, text", [
+    (0.0, "0"), (-0.0, "-0"), (1.0, "1"), (0.1, "0.1"), (-0.5, "-0.5"), (1e-05, "1e-05"),
+    (0.0001, "0.0001"), (123456.7, "123456.7"), (1234567.0, "1234567"),
+    (12345678.0, "1.234568e+07"), (1e20, "1e+20"), (0.123456789, "0.1234568"),
+    (float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf"),
+])
+def test_format_float_is_cpp_ostream_precision_7(value, text):
+    assert format_float(value) == text
+
+
+@given(st.floats(width=32, allow_nan=False, allow_infinity=False))
+@settings(max_examples=300, deadline=None)
+def test_format_float_matches_printf_g7(x):
+    assert format_float(x) == "%.7g" % x  # noqa: UP031 (C printf semantics)
+
+
+# ----------------------------------------------------------------------------------
+# Writers: exact bytes
+# ----------------------------------------------------------------------------------
+
+def test_text_writer_layout():
+    w = TextWriter()
+    w.write_token("<Tag>")
+    w.write_int(-3)
+    w.write_float(0.25)
+    w.write_bool(True)
+    w.write_bool(False)
+    w.write_vector(np.array([1, -2.5], dtype=np.float32))
+    w.write_matrix(np.array([[1, 2], [3, 4]], dtype=np.float32))
+    w.write_matrix(np.zeros((0, 0), dtype=np.float32))
+    w.write_int_vector([1, 2])
+    assert w.getvalue() == (b"<Tag> -3 0.25 T F  [ 1 -2.5 ]\n"
+                            b" [\n  1 2 \n  3 4 ]\n [ ]\n[ 1 2 ]\n")
+
+
+def test_binary_writer_layout():
+    w = BinaryWriter()
+    w.write_token("<Tag>")
+    w.write_int(-3)
+    w.write_float(0.25)
+    w.write_double(0.5)
+    w.write_bool(True)
+    w.write_vector(np.array([1.5], dtype=np.float32))
+    w.write_matrix(np.array([[2.0]], dtype=np.float32))
+    w.write_int_vector([7, 8])
+    assert w.getvalue() == (
+        b"<Tag> " + b"\x04" + struct.pack("<i", -3) + b"\x04" + struct.pack("<f", 0.25)
+        + b"\x08" + struct.pack("<d", 0.5) + b"T"
+        + b"FV \x04" + struct.pack("<i", 1) + struct.pack("<f", 1.5)
+        + b"FM \x04" + struct.pack("<i", 1) + b"\x04" + struct.pack("<i", 1)
+        + struct.pack("<f", 2.0)
+        + b"\x04" + struct.pack("<i", 2) + struct.pack("<ii", 7, 8))
+
+
+def test_make_writer_and_reader_choose_encoding():
+    assert isinstance(make_writer(True), BinaryWriter)
+    assert isinstance(make_writer(False), TextWriter)
+    r = make_reader(b"\0B<Tok> ")
+    assert isinstance(r, BinaryReader) and r.pos == 2 and r.read_token() == "<Tok>"
+    r = make_reader(b"<Tok> ")
+    assert isinstance(r, TextReader) and r.read_token() == "<Tok>"
+
+
+# ----------------------------------------------------------------------------------
+# Round trips
+# ----------------------------------------------------------------------------------
+
+def _write_all(w, ints, floats, mat, vec, ivec):
+    w.write_token("<A>")
+    for i in ints:
+        w.write_int(i)
+    for f in floats:
+        w.write_float(f)
+    w.write_bool(True)
+    w.write_token("<B>")
+    w.write_matrix(mat)
+    w.write_vector(vec)
+    w.write_int_vector(ivec)
+    w.write_token("</A>")
+
+
+def _read_all(r, n_ints, n_floats):
+    r.expect_token("<A>")
+    ints = [r.read_int() for _ in range(n_ints)]
+    floats = [r.read_float() for _ in range(n_floats)]
+    b = r.read_bool()
+    r.expect_token("<B>")
+    return ints, floats, b, r.read_matrix(), r.read_vector(), r.read_int_vector(), r.read_token()
+
+
+finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+
+
+@pytest.mark.parametrize("binary", [False, True])
+@given(ints=st.lists(st.integers(-2**31, 2**31 - 1), max_size=5),
+       floats=st.lists(st.sampled_from([0.0, 0.5, -1.25, 1e-05, 3.0, 1234.5]).map(
+           lambda v: float(np.float32(v))), max_size=5),
+       shape=st.tuples(st.integers(1, 4), st.integers(1, 5)),
+       data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_round_trip(binary, ints, floats, shape, data):
+    values = data.draw(st.lists(finite32, min_size=shape[0] * shape[1],
+                                max_size=shape[0] * shape[1]))
+    mat = np.array(values, dtype=np.float32).reshape(shape)
+    vec = np.array(data.draw(st.lists(finite32, max_size=6)), dtype=np.float32)
+    ivec = data.draw(st.lists(st.integers(-1000, 1000), max_size=6))
+    w = make_writer(binary)
+    if binary:
+        w.raw(b"\0B")
+    _write_all(w, ints, floats, mat, vec, ivec)
+    r = make_reader(w.getvalue())
+    got = _read_all(r, len(ints), len(floats))
+    # text gives the decimal's value; rounded to float32 it is the float written
+    assert got[0] == ints and [float(np.float32(v)) for v in got[1]] == floats
+    assert got[2] is True
+    if binary:  # binary is bit-exact
+        assert got[3].tobytes() == mat.tobytes() and got[4].tobytes() == vec.tobytes()
+    else:  # text keeps 7 significant digits
+        np.testing.assert_allclose(got[3], mat, rtol=1e-6, atol=0)
+        np.testing.assert_allclose(got[4], vec, rtol=1e-6, atol=0)
+    assert got[5].tolist() == ivec
+    assert got[6] == "</A>"
+    assert r.at_eof()
+
+
+def test_text_reads_7_digit_text_back_to_the_same_text():
+    text = b" [\n  0.1234568 -1e-05 3.402823e+38 \n  1 2 3 ]\n"
+    m = TextReader(text).read_matrix()
+    w = TextWriter()
+    w.write_matrix(m)
+    assert w.getvalue() == text
+
+
+def test_binary_reads_double_matrices_and_vectors_and_int64():
+    data = (b"DM \x04" + struct.pack("<i", 1) + b"\x04" + struct.pack("<i", 2)
+            + struct.pack("<dd", 0.5, -2.0) + b"DV \x04" + struct.pack("<i", 1)
+            + struct.pack("<d", 3.0) + b"\x08" + struct.pack("<q", 2**40))
+    r = BinaryReader(data)
+    assert r.read_matrix().tolist() == [[0.5, -2.0]]
+    assert r.read_vector().tolist() == [3.0]
+    assert r.read_int() == 2**40
+
+
+def test_read_optional_and_tagged_and_peek():
+    r = TextReader(b"<A> 3 <B> 0.5 <C> T")
+    assert r.peek_token() == "<A>"
+    assert r.read_optional("<X>", "int", default=-1) == -1
+    assert r.read_optional("<A>", "int") == 3
+    assert r.read_tagged("<B>", "float") == 0.5
+    assert r.read_tagged("<C>", "bool") is True
+    assert r.at_eof()
+
+
+# ----------------------------------------------------------------------------------
+# Errors name the source, line / byte offset and the token
+# ----------------------------------------------------------------------------------
+
+def _text_error(data: bytes, fn, *fragments, line=None):
+    r = TextReader(data, "src.txt")
+    with pytest.raises(FormatError) as ei:
+        fn(r)
+    msg = str(ei.value)
+    assert msg.startswith("src.txt")
+    for f in fragments:
+        assert f in msg, (f, msg)
+    if line is not None:
+        assert ei.value.line == line and f"line {line}" in msg
+    return ei.value
+
+
+def test_text_errors():
+    _text_error(b"<A>\n<B> ", lambda r: (r.expect_token("<A>"), r.expect_token("<C>")),
+                "'<C>'", "'<B>'", line=2)
+    _text_error(b"\n\n  x1 ", lambda r: r.read_int(), "integer", "'x1'", line=3)
+    _text_error(b"3000000000 ", lambda r: r.read_int(), "int32", "'3000000000'", line=1)
+    _text_error(b"abc", lambda r: r.read_float(), "number", "'abc'", line=1)
+    _text_error(b"nan", lambda r: r.read_float(), "NaN", "'nan'", line=1)
+    _text_error(b"yes", lambda r: r.read_bool(), "T or F", "'yes'", line=1)
+    _text_error(b"   ", lambda r: r.read_token(), "end of file")
+    _text_error(b"x [ 1 2", lambda r: r.read_vector(), "'['", "'x'")
+
+
+def test_text_matrix_errors():
+    _text_error(b" [\n  1 2 \n  3 4", lambda r: r.read_matrix(), "unterminated", line=1)
+    # ragged rows, including a ragged row that keeps the total a multiple of the rows
+    for body in (b" [\n  1 2 3 \n  4 ]", b" [\n  1 2 \n  3 4 5 \n  6 ]"):
+        err = _text_error(body, lambda r: r.read_matrix(), "different lengths")
+        assert err.line in (2, 3, 4)
+    err = _text_error(b" [\n  1 2 \n  3 4 5 \n  6 ]", lambda r: r.read_matrix(),
+                      "row 1 has 3", "'3'")
+    assert err.line == 3
+    _text_error(b" [\n  1 2 \n  3 x4 ]\n", lambda r: r.read_matrix(), "bad number", "'x4'",
+                line=3)
+    _text_error(b" [\n  1 2 \n  3 nan ]\n", lambda r: r.read_matrix(), "non-finite",
+                "'nan'", line=3)
+    _text_error(b" [\n  1 2 \n  inf 3 ]\n", lambda r: r.read_matrix(), "non-finite",
+                "'inf'", line=3)
+    _text_error(b" [ 1 1e40 ]\n", lambda r: r.read_vector(), "non-finite", "'1e40'", line=1)
+    _text_error(b" [ 1\n NaN ]\n", lambda r: r.read_vector(), "non-finite", "'NaN'", line=2)
+    _text_error(b"[ 1 2.5 ]", lambda r: r.read_int_vector(), "integer", "'2.5'", line=1)
+
+
+def _binary_error(data: bytes, fn, *fragments, offset=None):
+    r = BinaryReader(data, "src.bin")
+    with pytest.raises(FormatError) as ei:
+        fn(r)
+    msg = str(ei.value)
+    assert msg.startswith("src.bin")
+    for f in fragments:
+        assert f in msg, (f, msg)
+    if offset is not None:
+        assert ei.value.offset == offset and f"byte {offset}" in msg
+    return ei.value
+
+
+def test_binary_errors():
+    _binary_error(b"\x05abcd", lambda r: r.read_int(), "size byte 5", offset=0)
+    _binary_error(b"\x04ab", lambda r: r.read_int(), "end of file", offset=1)
+    _binary_error(b"\x03abcd", lambda r: r.read_float(), "size byte 3", offset=0)
+    _binary_error(b"\x04" + struct.pack("<f", float("nan")), lambda r: r.read_float(), "NaN",
+                  offset=0)
+    _binary_error(b"X", lambda r: r.read_bool(), "T or F", "'X'", offset=0)
+    _binary_error(b"XM \x04", lambda r: r.read_matrix(), "'XM'", offset=0)
+    _binary_error(b"FM \x04" + struct.pack("<i", -1) + b"\x04" + struct.pack("<i", 2),
+                  lambda r: r.read_matrix(), "negative", offset=0)
+    _binary_error(b"FM \x04" + struct.pack("<i", 100000) + b"\x04" + struct.pack("<i", 100000),
+                  lambda r: r.read_matrix(), "end of file", offset=13)
+    vals = struct.pack("<3f", 1.0, float("inf"), 2.0)
+    _binary_error(b"FV \x04" + struct.pack("<i", 3) + vals, lambda r: r.read_vector(),
+                  "non-finite", "element 1", offset=8 + 4)
+    vals = struct.pack("<4f", 1.0, 2.0, 3.0, float("nan"))
+    _binary_error(b"FM \x04" + struct.pack("<i", 2) + b"\x04" + struct.pack("<i", 2) + vals,
+                  lambda r: r.read_matrix(), "non-finite", offset=13 + 12)
+    _binary_error(b"\x02", lambda r: r.read_int_vector(), "size byte 2", offset=0)
+    _binary_error(b"\x04" + struct.pack("<i", -2), lambda r: r.read_int_vector(), "negative",
+                  offset=0)
