@@ -134,6 +134,7 @@ class Nnet:
                 raise GraphError(f"{source}: duplicate component name {name!r}")
             seen.add(name)
             nnet.components[name] = comp
+        nnet.seed_random_components(0)
         names = set()
         lines = []
         for line_no, text in parts.config_lines:
@@ -246,6 +247,13 @@ class Nnet:
             cached = (key, compute_simple_context(self))
             object.__setattr__(self, "_context_cache", cached)
         return cached[1]
+
+    def seed_random_components(self, seed: int) -> None:
+        """Give every random component (dropout-like) its own generator, derived from
+        ``seed`` and its position, so two layers never draw the same masks."""
+        for i, comp in enumerate(self.components.values()):
+            if hasattr(comp, "reset_generator"):
+                comp.reset_generator(seed * 100003 + i)
 
     def set_test_mode(self, test_mode: bool = True) -> None:
         for c in self.components.values():

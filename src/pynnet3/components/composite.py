@@ -29,13 +29,11 @@ def sub_component_name(component_name: str, i: int) -> str:
 
 
 def _parse_nested(cfg, key: str, text: str):
-    """A nested config line ``type=X opt=v ...`` (quotes stripped) as a ConfigLine."""
+    """A nested config line ``type=X opt=v ...`` (ConfigLine already removed the quotes)."""
     from ..config import ConfigLine
     from ..errors import ConfigError
 
     text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        text = text[1:-1]
     try:
         # ConfigLine wants a leading word; Kaldi's nested lines have none.
         nested = ConfigLine(f"component {text}", cfg.line_number, cfg.source)
