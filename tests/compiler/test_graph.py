@@ -142,8 +142,14 @@ def test_recurrent_epoch_phase_per_frame_and_batched_over_sequences():
     assert len(a1) == 5
     for t, s in enumerate(a1):
         assert s.indexes.tolist() == [[n, t, 0] for n in range(3)]
-    # The non-recurrent tail (dim-range 'out', affine2) is one step each.
-    assert sum(s.node == "out" for s in g.steps) == 1
+    # The dim-range 'out' mirrors its source's per-frame steps (same rows, so each
+    # is a column range of the source matrix); the non-recurrent affine2 is one step.
+    src = nnet.node("out").source
+    src_steps = [s for s in g.steps if s.node == src]
+    out_steps = [s for s in g.steps if s.node == "out"]
+    assert len(out_steps) == len(src_steps) == 5
+    for o, s in zip(out_steps, src_steps, strict=True):
+        np.testing.assert_array_equal(o.indexes, s.indexes)
     assert sum(s.node == "affine2" for s in g.steps) == 1
 
 

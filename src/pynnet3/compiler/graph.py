@@ -193,11 +193,33 @@ class GraphBuilder:
                 steps.extend(self._recurrent_steps(e, scc, needed))
             else:
                 for name in scc:
+                    if self.nodes[name].kind == "dim-range-node":
+                        mirrored = self._mirror_steps(name, needed[name], steps, e)
+                        if mirrored:
+                            steps.extend(mirrored)
+                            continue
                     idx = unpack(needed[name])
                     steps.append(Step(name, self._kind(name), idx[sort_order_txn(idx)], e))
         for spec in self.request.outputs:
             steps.append(Step(spec.name, "output", spec.indexes, len(self.sccs)))
         return steps
+
+    def _mirror_steps(self, name: str, keys: np.ndarray, steps: list[Step],
+                      epoch: int) -> list[Step]:
+        """A dim-range node whose source was computed in several steps (a recurrent
+        layer) gets one step per source step, with the source step's row order, so
+        each can be a column range of the source matrix instead of a copy."""
+        source = self.nodes[name].source
+        src_steps = [s for s in steps if s.node == source]
+        if len(src_steps) < 2:
+            return []
+        wanted = KeySet(keys)
+        out = []
+        for s in src_steps:
+            sel = wanted.contains(pack(s.indexes))
+            if sel.any():
+                out.append(Step(name, "dim-range", s.indexes[sel], epoch))
+        return out
 
     def _kind(self, name: str) -> str:
         return {"input-node": "input", "component-node": "component",
