@@ -1,13 +1,13 @@
 """Affine-family components: file round trips, gradients, Kaldi reference cases.
 
-The helpers at the top (round trips over every reference model, finite-difference
-checks, direct reference cases) are shared by test_scale_offset, test_batchnorm
-and test_composite.
+The helpers at the top (reference files with training dumps, component walks,
+gradient and in-place checks, direct reference cases) are shared by
+test_scale_offset, test_batchnorm and test_composite; the generic ones are in
+common.py.
 """
 
 from __future__ import annotations
 
-import gzip
 import re
 from pathlib import Path
 
@@ -15,11 +15,19 @@ import numpy as np
 import pytest
 
 import pynnet3.components  # noqa: F401  (registers every family)
-from pynnet3.components import Flags, component_class
-from pynnet3.config import ConfigLine
+from pynnet3.components import Flags
 from pynnet3.errors import ConfigError, FormatError
 from pynnet3.io.kaldi_stream import make_reader, make_writer
 from pynnet3.io.model_file import read_component
+from tests.components.common import (
+    MODEL_FILES,
+    finite_difference_check,
+    from_config,
+    nnet_bytes,
+    reference_files,
+    rel_err,
+    roundtrip_spans,
+)
 from tests.reference import REF, component_cases, load_case, load_components
 
 # -- shared helpers ---------------------------------------------------------------------
@@ -27,30 +35,16 @@ from tests.reference import REF, component_cases, load_case, load_components
 _WS = re.compile(rb"\s*")
 
 
-def reference_model_files() -> list[Path]:
-    """Every Kaldi nnet file in the reference: model.txt/.bin, collapsed, training."""
-    if not REF.is_dir():
-        return []
-    files = sorted(REF.rglob("model.txt")) + sorted(REF.rglob("model.bin"))
-    files += sorted(REF.rglob("collapsed_all.txt")) + sorted(REF.glob("training/*/*.txt.gz"))
-    return files
-
-
-def _file_bytes(path: Path) -> bytes:
-    data = path.read_bytes()
-    return gzip.decompress(data) if path.suffix == ".gz" else data
-
-
 def files_with_types(types) -> list[Path]:
-    tokens = [f"<{t}>".encode() for t in types]
-    return [f for f in reference_model_files() if any(t in _file_bytes(f) for t in tokens)]
+    """Reference model files, training dumps (gzipped text) included, holding ``types``."""
+    return reference_files(types, MODEL_FILES + ("training/*/*.txt.gz",))
 
 
 def component_spans(path: Path):
     """Yield (name, type, component, data, start) for each component of a model file.
     Components of other types that fail to read (not written yet) are skipped by
     jumping to their closing token, so one missing type does not hide the rest."""
-    data = _file_bytes(path)
+    data = nnet_bytes(path)
     r = make_reader(data, str(path))
     r.expect_token("<Nnet3>")
     r.read_line()
@@ -71,52 +65,6 @@ def component_spans(path: Path):
         yield name, type_name, comp, data, start
 
 
-def check_roundtrip(path: Path, types) -> int:
-    """Write every component of ``types`` in ``path`` and compare with its bytes."""
-    checked = 0
-    binary = _file_bytes(path)[:2] == b"\0B"
-    for name, type_name, comp, data, start in component_spans(path):
-        for sub in getattr(comp, "components", []):  # inside a CompositeComponent
-            if sub.type_name in types:
-                w = make_writer(binary)
-                sub.write(w)
-                assert data.find(w.getvalue(), start) > 0, f"{path}: {name}: {sub.type_name}"
-                checked += 1
-        if type_name not in types:
-            continue
-        assert comp is not None, f"{path}: could not read {name} ({type_name})"
-        w = make_writer(binary)
-        comp.write(w)
-        out = w.getvalue()
-        assert data[start:start + len(out)] == out, f"{path}: {name} ({type_name}) differs"
-        checked += 1
-    return checked
-
-
-def make_cfg(text: str) -> ConfigLine:
-    """A ``component name=... type=...`` line with name/type consumed, as the Nnet
-    reader hands it to ``from_config``."""
-    cfg = ConfigLine(text)
-    cfg.get_str("name")
-    cfg.get_str("type")
-    return cfg
-
-
-def from_config(text: str, seed: int = 0):
-    cfg = make_cfg(text)
-    return component_class(cfg.values["type"]).from_config(cfg, np.random.default_rng(seed))
-
-
-def to_float64(comp) -> None:
-    """Make a component's float32 parameter arrays float64 in place (recursing into
-    sub-components) so finite differences on parameters are precise."""
-    for key, value in list(vars(comp).items()):
-        if isinstance(value, np.ndarray) and value.dtype == np.float32:
-            setattr(comp, key, value.astype(np.float64))
-    for sub in getattr(comp, "components", []):
-        to_float64(sub)
-
-
 def _forward(comp, x):
     out = np.zeros((len(x), comp.output_dim), x.dtype)
     memo = comp.propagate(None, x, out)
@@ -135,35 +83,9 @@ def gradient_check(comp, num_rows: int = 7, seed: int = 0, eps: float = 1e-6,
                    tol: float = 1e-6) -> None:
     """Central differences in float64 of f = sum(out * R) w.r.t. input and params."""
     rng = np.random.default_rng(seed)
-    to_float64(comp)
     x = rng.standard_normal((num_rows, comp.input_dim))
     dy = rng.standard_normal((num_rows, comp.output_dim))
-    out, memo = _forward(comp, x)
-    assert out.dtype == np.float64
-    dx, grad = _backward(comp, x, out, dy, memo)
-
-    def objective():
-        return float(np.sum(_forward(comp, x)[0] * dy))
-
-    def numeric(arr):
-        num = np.zeros(arr.shape)
-        for idx in np.ndindex(arr.shape):
-            old = arr[idx]
-            arr[idx] = old + eps
-            fp = objective()
-            arr[idx] = old - eps
-            fm = objective()
-            arr[idx] = old
-            num[idx] = (fp - fm) / (2 * eps)
-        return num
-
-    def close(a, b, what):
-        err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-8)
-        assert err < tol, f"{comp.type_name} {what}: relative error {err:.2e}"
-
-    close(dx, numeric(x), "input derivative")
-    for name, arr in comp.params().items():
-        close(grad[name], numeric(arr), f"gradient {name}")
+    finite_difference_check(comp, x, eps=eps, tol=tol, dy=dy)
 
 
 def check_in_place(comp, num_rows: int = 5, seed: int = 1) -> None:
@@ -197,10 +119,6 @@ def direct_cases(prefixes) -> list[Path]:
     return out
 
 
-def _rel(a, b) -> float:
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def compare_case_grads(arrays, exported: dict, comp_name: str) -> int:
     """Compare ``grad:<comp_name>[#i]:<param>`` arrays with an exported gradient dict
     (``{param: array}``, or ``{"i:param": array}`` for composites)."""
@@ -211,7 +129,7 @@ def compare_case_grads(arrays, exported: dict, comp_name: str) -> int:
             continue
         sub = parts[1].split("#")
         got = exported[f"{sub[1]}:{parts[2]}" if len(sub) > 1 else parts[2]]
-        assert _rel(got.reshape(want.shape), want) < 1e-3, key
+        assert rel_err(got.reshape(want.shape), want) < 1e-3, key
         n += 1
     return n
 
@@ -224,9 +142,9 @@ def run_direct_case(case: Path) -> None:
     x, dy = arrays["input:input"], arrays["output_deriv:output"]
     out, memo = _forward(comp, x)
     assert out.dtype == np.float32
-    assert _rel(out, arrays["output:output"]) < 1e-4
+    assert rel_err(out, arrays["output:output"]) < 1e-4
     dx, grad = _backward(comp, x, out, dy, memo)
-    assert _rel(dx, arrays["input_deriv:input"]) < 1e-3
+    assert rel_err(dx, arrays["input_deriv:input"]) < 1e-3
     n = compare_case_grads(arrays, comp.export_gradient(grad), "comp")
     assert n == sum(k.startswith("grad:") for k in arrays)
     assert bool(n) == comp.is_updatable() or not comp.params()
@@ -298,7 +216,7 @@ EXPECTED_FLAGS = {
 @pytest.mark.parametrize("path", files_with_types(TYPES),
                          ids=lambda p: str(p.relative_to(REF)))
 def test_reference_roundtrip(path):
-    assert check_roundtrip(path, TYPES) > 0
+    assert roundtrip_spans(path, TYPES) > 0
 
 
 def test_reference_roundtrip_covers_every_type():
@@ -348,11 +266,11 @@ def test_reference_case_append(case_name):
     x_in = arrays["input:input"]
     x = x_in[rows].reshape(len(outs), -1)
     out, memo = _forward(comp, x)
-    assert _rel(out, arrays["output:output"]) < 1e-4
+    assert rel_err(out, arrays["output:output"]) < 1e-4
     dx, grad = _backward(comp, x, out, arrays["output_deriv:output"], memo)
     dx_in = np.zeros_like(x_in)
     np.add.at(dx_in, rows.reshape(-1), dx.reshape(-1, x_in.shape[1]))
-    assert _rel(dx_in, arrays["input_deriv:input"]) < 1e-3
+    assert rel_err(dx_in, arrays["input_deriv:input"]) < 1e-3
     assert compare_case_grads(arrays, comp.export_gradient(grad), "comp") == 2
 
 

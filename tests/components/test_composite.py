@@ -11,15 +11,13 @@ from pynnet3.config import ConfigLine
 from pynnet3.errors import ConfigError, FormatError
 from pynnet3.io.kaldi_stream import make_reader
 from pynnet3.io.model_file import read_component
+from tests.components.common import cfg, rel_err, roundtrip_spans
 from tests.components.test_affine import (
     _backward,
     _forward,
-    _rel,
-    check_roundtrip,
     compare_case_grads,
     files_with_types,
     gradient_check,
-    make_cfg,
     malformed_checks,
     reread,
     serialize,
@@ -32,11 +30,11 @@ TYPES = ("CompositeComponent",)
 def composite(*subs: str, max_rows: int = 4096, seed: int = 0) -> CompositeComponent:
     """Build from config. The sub-component lines are injected as values directly,
     because they are quoted on a real config line (see test_config_line_quotes)."""
-    cfg = make_cfg(f"component name=c type=CompositeComponent num-components={len(subs)} "
-                   f"max-rows-process={max_rows}")
+    line = cfg(f"component name=c type=CompositeComponent num-components={len(subs)} "
+               f"max-rows-process={max_rows}")
     for i, sub in enumerate(subs, start=1):
-        cfg.values[f"component{i}"] = sub
-    return CompositeComponent.from_config(cfg, np.random.default_rng(seed))
+        line.values[f"component{i}"] = sub
+    return CompositeComponent.from_config(line, np.random.default_rng(seed))
 
 
 CHAIN = ("type=AffineComponent input-dim=5 output-dim=4",
@@ -48,7 +46,7 @@ CHAIN = ("type=AffineComponent input-dim=5 output-dim=4",
 @pytest.mark.parametrize("path", files_with_types(TYPES),
                          ids=lambda p: str(p.relative_to(REF)))
 def test_reference_roundtrip(path):
-    assert check_roundtrip(path, TYPES) > 0
+    assert roundtrip_spans(path, TYPES) > 0
 
 
 @pytest.mark.parametrize("case_name", ["Composite_1", "Composite_2"])
@@ -63,9 +61,9 @@ def test_reference_case(case_name):
     _, arrays, _ = load_case(case)
     x, dy = arrays["input:input"], arrays["output_deriv:output"]
     out, memo = _forward(comp, x)
-    assert _rel(out, arrays["output:output"]) < 1e-4
+    assert rel_err(out, arrays["output:output"]) < 1e-4
     dx, grad = _backward(comp, x, out, dy, memo)
-    assert _rel(dx, arrays["input_deriv:input"]) < 1e-3
+    assert rel_err(dx, arrays["input_deriv:input"]) < 1e-3
     assert compare_case_grads(arrays, comp.export_gradient(grad), "comp") == \
         sum(k.startswith("grad:") for k in arrays)
 
@@ -156,10 +154,10 @@ def test_config_errors():
     for subs in bad_sets:
         with pytest.raises(ConfigError):
             composite(*subs)
-    cfg = make_cfg("component name=c type=CompositeComponent num-components=2")
-    cfg.values["component1"] = CHAIN[0]
+    line = cfg("component name=c type=CompositeComponent num-components=2")
+    line.values["component1"] = CHAIN[0]
     with pytest.raises(ConfigError, match="component2"):
-        CompositeComponent.from_config(cfg, np.random.default_rng(0))
+        CompositeComponent.from_config(line, np.random.default_rng(0))
     with pytest.raises(ConfigError):
         composite()
 

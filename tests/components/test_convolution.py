@@ -10,17 +10,11 @@ from pynnet3.components.convolution import ConvolutionComponent, MaxpoolingCompo
 from pynnet3.errors import ConfigError, FormatError
 from pynnet3.io.kaldi_stream import make_reader, make_writer
 from pynnet3.io.model_file import read_component
-from tests.components.test_dropout import (
-    cfg,
-    model_files_with,
-    needs_reference,
-    rel_err,
-    roundtrip_spans,
-)
-from tests.reference import REF, load_case, load_components
+from tests.components.common import WITH_AM_FILES, cfg, reference_files, rel_err, roundtrip_spans
+from tests.reference import REF, load_case, load_components, require_reference
 
 TYPES = ("ConvolutionComponent", "MaxpoolingComponent")
-FILES = model_files_with(TYPES)
+FILES = reference_files(TYPES, WITH_AM_FILES)
 
 
 def make_conv(order="zyx", seed=0, **overrides) -> ConvolutionComponent:
@@ -82,7 +76,7 @@ def test_roundtrip_reference_components(path):
 
 
 def test_roundtrip_whole_models():
-    needs_reference()
+    require_reference()
     from pynnet3.io.model_file import parse_model_bytes, write_model_parts
 
     for folder in ("components/Convolution_1", "components/Convolution_2",
@@ -112,7 +106,7 @@ def test_roundtrip_optional_header_tokens(binary):
 @pytest.mark.parametrize("name", ["Convolution_1", "Convolution_2", "Maxpooling_1",
                                   "Maxpooling_2"])
 def test_reference_case(name):
-    needs_reference()
+    require_reference()
     case = REF / "components" / name
     comp = load_components(case / "model.txt")["comp"]
     req, arr, _ = load_case(case)
@@ -134,7 +128,7 @@ def test_reference_case(name):
 
 def test_reference_generated_case_26():
     """input -> conv -> output with context: output rows are a subset of input rows."""
-    needs_reference()
+    require_reference()
     case = REF / "generated" / "case_26"
     conv = load_components(case / "model.txt")["conv"]
     req, arr, _ = load_case(case)

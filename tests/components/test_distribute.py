@@ -7,51 +7,13 @@ import pytest
 
 from pynnet3.components import Flags, component_class
 from pynnet3.components.distribute import DistributeComponent
-from pynnet3.config import ConfigLine
 from pynnet3.errors import ComputeError, ConfigError, FormatError
 from pynnet3.io.kaldi_stream import BinaryReader, TextReader, make_writer
 from pynnet3.io.model_file import read_component
+from tests.components.common import cfg, reference_files, rel_err, roundtrip_spans
 from tests.reference import REF, component_cases, load_case
 
 TYPE = "DistributeComponent"
-
-
-def reference_files() -> list:
-    if not REF.is_dir():
-        return []
-    files = []
-    for pattern in ("model.txt", "model.bin", "collapsed_all.txt"):
-        files += sorted(REF.rglob(pattern))
-    return [f for f in files if f"<{TYPE}> ".encode() in f.read_bytes()]
-
-
-def roundtrip_spans(path) -> int:
-    data = path.read_bytes()
-    binary = data[:2] == b"\0B"
-    token, checked = f"<{TYPE}> ".encode(), 0
-    start = data.find(token)
-    while start >= 0:
-        r = (BinaryReader if binary else TextReader)(data, str(path), pos=start)
-        comp = read_component(r)
-        w = make_writer(binary)
-        comp.write(w)
-        out = w.getvalue()
-        assert data[start:start + len(out)] == out, (path, start)
-        checked += 1
-        start = data.find(token, start + 1)
-    return checked
-
-
-def rel_err(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-def cfg(text: str) -> ConfigLine:
-    line = ConfigLine(text)
-    line.get_str("name")
-    line.get_str("type")
-    return line
 
 
 def run(comp, in_idx, out_idx, x, dy):
@@ -66,15 +28,15 @@ def run(comp, in_idx, out_idx, x, dy):
 
 
 # -- files -------------------------------------------------------------------------------
-@pytest.mark.parametrize("path", reference_files(), ids=lambda p: str(p.relative_to(REF)))
+@pytest.mark.parametrize("path", reference_files(TYPE), ids=lambda p: str(p.relative_to(REF)))
 def test_roundtrip_reference_files(path):
-    assert roundtrip_spans(path) >= 1
+    assert roundtrip_spans(path, TYPE) >= 1
 
 
 def test_roundtrip_count():
     if not REF.is_dir():
         pytest.skip("no reference data")
-    assert sum(roundtrip_spans(p) for p in reference_files()) == 12  # 6 txt + 6 bin
+    assert sum(roundtrip_spans(p, TYPE) for p in reference_files(TYPE)) == 12  # 6 txt + 6 bin
 
 
 def test_malformed():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,80 +12,25 @@ from pynnet3.components.dropout import (
     GeneralDropoutComponent,
     SpecAugmentTimeMaskComponent,
 )
-from pynnet3.config import ConfigLine
 from pynnet3.errors import ConfigError, FormatError
 from pynnet3.io.kaldi_stream import make_reader, make_writer
 from pynnet3.io.model_file import read_component
-from tests.reference import REF, load_case
+from tests.components.common import WITH_AM_FILES, cfg, reference_files, rel_err, roundtrip_spans
+from tests.reference import REF, load_case, require_reference
 
 TYPES = ("DropoutComponent", "DropoutMaskComponent", "GeneralDropoutComponent",
          "SpecAugmentTimeMaskComponent")
 
 
 # ----------------------------------------------------------------------------------
-# helpers shared with test_convolution.py
-def model_files_with(type_names) -> list[Path]:
-    """Every reference file (model.txt/.bin, collapsed, am) holding one of the types."""
-    if not REF.is_dir():
-        return []
-    tokens = [f"<{t}>".encode() for t in type_names]
-    files = []
-    for path in sorted(REF.rglob("*")):
-        if not path.is_file() or path.suffix not in (".txt", ".bin", ".mdl"):
-            continue
-        if path.name.startswith(("computation", "request")) or path.stat().st_size > 20e6:
-            continue
-        data = path.read_bytes()
-        if any(tok in data for tok in tokens):
-            files.append(path)
-    return files
-
-
-def roundtrip_spans(path: Path, type_names) -> int:
-    """Read every component of the given types in ``path`` and check that writing it
-    gives back exactly its bytes. Returns how many were checked."""
-    data = path.read_bytes()
-    binary = data[:2] == b"\0B"
-    checked = 0
-    for type_name in type_names:
-        token = f"<{type_name}> ".encode()
-        start = data.find(token)
-        while start >= 0:
-            r = make_reader(data, str(path))
-            r.pos = start
-            comp = read_component(r)
-            w = make_writer(binary)
-            comp.write(w)
-            out = w.getvalue()
-            assert data[start:start + len(out)] == out, f"{path}: {type_name} at {start}"
-            # text readers stop before the separator space after the closing token
-            assert r.pos in (start + len(out), start + len(out) - 1)
-            checked += 1
-            start = data.find(token, start + 1)
-    return checked
-
-
-def rel_err(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-20))
-
-
-def cfg(text: str) -> ConfigLine:
-    return ConfigLine("component " + text)
-
-
+# helpers
 def case_indexes(request, which="inputs"):
     return np.asarray(request[which][0]["indexes"], dtype=np.int64)
 
 
-def needs_reference():
-    if not REF.is_dir():
-        pytest.skip(f"reference data not found at {REF}")
-
-
 # ----------------------------------------------------------------------------------
 # (a) byte-identical round trips
-FILES = model_files_with(TYPES)
+FILES = reference_files(TYPES, WITH_AM_FILES)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(REF)) for p in FILES])
@@ -96,7 +39,7 @@ def test_roundtrip_reference_components(path):
 
 
 def test_roundtrip_whole_single_component_models():
-    needs_reference()
+    require_reference()
     from pynnet3.io.model_file import parse_model_bytes, write_model_parts
 
     for name in ("Dropout_1", "DropoutMask_2", "GeneralDropout_1", "GeneralDropout_2",
@@ -152,7 +95,7 @@ def _run_direct(comp, x, idx, od, in_place=False):
                                   "SpecAugmentTimeMask_1"])
 @pytest.mark.parametrize("in_place", [False, True])
 def test_reference_case(name, in_place):
-    needs_reference()
+    require_reference()
     from tests.reference import load_components
 
     case = REF / "components" / name
@@ -169,7 +112,7 @@ def test_reference_case(name, in_place):
 
 def test_reference_dropout_mask_appended():
     """DropoutMask_2: output = Append(input, dropout_mask), composed by hand."""
-    needs_reference()
+    require_reference()
     from tests.reference import load_components
 
     case = REF / "components" / "DropoutMask_2"
@@ -188,7 +131,7 @@ def test_reference_dropout_mask_appended():
 
 def test_reference_dropout_mask_into_lstm():
     """DropoutMask_1: lstm(Append(input, dropout_mask)); needs LstmNonlinearity."""
-    needs_reference()
+    require_reference()
     if component_class("LstmNonlinearityComponent") is None:
         pytest.skip("LstmNonlinearityComponent not implemented yet")
     from tests.reference import load_components
@@ -212,7 +155,7 @@ def test_reference_dropout_mask_into_lstm():
 
 def test_random_dropout_2_structure():
     """random/Dropout_2 (training mode, per frame): only the structure is checkable."""
-    needs_reference()
+    require_reference()
     from tests.reference import load_components
 
     case = REF / "random" / "Dropout_2"

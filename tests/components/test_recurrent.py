@@ -10,14 +10,17 @@ import pytest
 from pynnet3.components import Flags
 from pynnet3.errors import ConfigError, FormatError
 from pynnet3.io.model_file import parse_model_bytes
+from tests.components.common import (
+    finite_difference_check,
+    from_config,
+    reference_files,
+    to_float64,
+)
 from tests.components.test_tdnn import (
     check_malformed,
     check_round_trip,
     direct_cases,
-    finite_difference_check,
     forward,
-    init,
-    model_files_with,
     reread,
     run_reference_case,
     written,
@@ -27,7 +30,7 @@ from tests.reference import REF, component_cases
 TYPES = ["LstmNonlinearityComponent", "GruNonlinearityComponent",
          "OutputGruNonlinearityComponent"]
 
-ROUND_TRIP = [(t, p) for t in TYPES for p in model_files_with(t)]
+ROUND_TRIP = [(t, p) for t in TYPES for p in reference_files(t)]
 
 
 @pytest.mark.parametrize("type_name,path", ROUND_TRIP,
@@ -104,27 +107,25 @@ def test_lstm_self_repair_is_active_with_zero_stats():
 
 @pytest.mark.parametrize("use_dropout", [False, True])
 def test_lstm_finite_differences(use_dropout):
-    comp = init("component name=c type=LstmNonlinearityComponent cell-dim=3 "
-                f"self-repair-scale=0 use-dropout={str(use_dropout).lower()}")
+    comp = from_config("component name=c type=LstmNonlinearityComponent cell-dim=3 "
+                       f"self-repair-scale=0 use-dropout={str(use_dropout).lower()}")
     rng = np.random.default_rng(4)
     x = rng.standard_normal((5, comp.input_dim))
     if use_dropout:
         x[:, 15:] = rng.uniform(0.5, 1.5, (5, 3))
         # masks are inputs too: their derivative is taken as zero (they are constants),
         # so check only the other columns numerically.
-        from tests.components import test_tdnn as helpers
-
-        helpers.to_float64(comp)
+        to_float64(comp)
         out, _ = forward(comp, None, x, len(x))
         in_deriv = np.full_like(x, 7.0)
         comp.backprop(None, x, out, np.ones_like(out), None, None, in_deriv)
         assert not in_deriv[:, 15:].any()
         x_masks = x.copy()
         x_masks[:, 15:] = 1.0
-        plain = init("component name=c type=LstmNonlinearityComponent cell-dim=3 "
-                     "self-repair-scale=0")
+        plain = from_config("component name=c type=LstmNonlinearityComponent cell-dim=3 "
+                            "self-repair-scale=0")
         plain.params_ = comp.params_.copy()
-        helpers.to_float64(plain)
+        to_float64(plain)
         np.testing.assert_allclose(forward(comp, None, x_masks, 5)[0],
                                    forward(plain, None, x_masks[:, :15], 5)[0])
         return
@@ -137,7 +138,7 @@ def test_lstm_finite_differences(use_dropout):
     "type=OutputGruNonlinearityComponent cell-dim=3",
 ])
 def test_gru_finite_differences(line):
-    comp = init("component name=c " + line, seed=5)
+    comp = from_config("component name=c " + line, seed=5)
     x = np.random.default_rng(6).standard_normal((5, comp.input_dim))
     finite_difference_check(comp, x)
 
@@ -148,7 +149,7 @@ def test_gru_finite_differences(line):
     "type=OutputGruNonlinearityComponent cell-dim=3",
 ])
 def test_gru_backprop_adds(line):
-    comp = init("component name=c " + line)
+    comp = from_config("component name=c " + line)
     x = np.random.default_rng(7).standard_normal((4, comp.input_dim))
     out, _ = forward(comp, None, x, 4)
     d = np.random.default_rng(8).standard_normal(out.shape)
@@ -163,7 +164,7 @@ def test_float32_and_float64():
     for line in ("type=LstmNonlinearityComponent cell-dim=2",
                  "type=GruNonlinearityComponent cell-dim=2",
                  "type=OutputGruNonlinearityComponent cell-dim=2"):
-        comp = init("component name=c " + line)
+        comp = from_config("component name=c " + line)
         for dt in (np.float32, np.float64):
             x = np.ones((3, comp.input_dim), dtype=dt)
             out, _ = forward(comp, None, x, 3)
@@ -171,18 +172,18 @@ def test_float32_and_float64():
 
 
 def test_properties():
-    lstm = init("component name=c type=LstmNonlinearityComponent cell-dim=2")
+    lstm = from_config("component name=c type=LstmNonlinearityComponent cell-dim=2")
     assert lstm.properties() == Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_NEEDS_INPUT
     gru_flags = (Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_NEEDS_INPUT
                  | Flags.BACKPROP_NEEDS_OUTPUT | Flags.BACKPROP_ADDS)
-    assert init("component name=c type=GruNonlinearityComponent cell-dim=2"
-                ).properties() == gru_flags
-    assert init("component name=c type=OutputGruNonlinearityComponent cell-dim=2"
-                ).properties() == gru_flags
+    assert from_config("component name=c type=GruNonlinearityComponent cell-dim=2"
+                       ).properties() == gru_flags
+    assert from_config("component name=c type=OutputGruNonlinearityComponent cell-dim=2"
+                       ).properties() == gru_flags
 
 
 def test_lstm_config():
-    comp = init("component name=c type=LstmNonlinearityComponent cell-dim=5", seed=1)
+    comp = from_config("component name=c type=LstmNonlinearityComponent cell-dim=5", seed=1)
     assert (comp.input_dim, comp.output_dim) == (25, 10)
     assert comp.params_.shape == (3, 5) and comp.value_avg.shape == (5, 5)
     np.testing.assert_allclose(comp.self_repair_config,
@@ -190,25 +191,26 @@ def test_lstm_config():
     text = written(comp, False).decode()
     assert "<SelfRepairConfig>  [ 0.05 0.05 0.2 0.05 0.2 1e-05 1e-05 1e-05 1e-05 1e-05 ]" in text
     assert "<UseDropout>" not in text and text.endswith("<Count> 0 </LstmNonlinearityComponent> ")
-    comp = init("component name=c type=LstmNonlinearityComponent cell-dim=2 use-dropout=true "
-                "param-stddev=0 tanh-self-repair-threshold=0.3 self-repair-scale=0.001")
+    comp = from_config("component name=c type=LstmNonlinearityComponent cell-dim=2 "
+                       "use-dropout=true param-stddev=0 tanh-self-repair-threshold=0.3 "
+                       "self-repair-scale=0.001")
     assert comp.input_dim == 13 and not comp.params_.any()
     assert "<UseDropout> T <Count>" in written(comp, False).decode()
     np.testing.assert_allclose(comp.self_repair_config[[2, 4, 5]], [0.3, 0.3, 0.001], rtol=1e-6)
 
 
 def test_gru_config():
-    comp = init("component name=c type=GruNonlinearityComponent cell-dim=16", seed=2)
+    comp = from_config("component name=c type=GruNonlinearityComponent cell-dim=16", seed=2)
     assert (comp.input_dim, comp.output_dim) == (64, 32)
     assert comp.w_h.shape == (16, 16)
     assert abs(comp.w_h.std() - 0.25) < 0.05  # 1 / sqrt(cell-dim)
     assert "<RankInOut> 20 80 <UpdatePeriod> 4 " in written(comp, False).decode()
-    comp = init("component name=c type=GruNonlinearityComponent cell-dim=6 recurrent-dim=2 "
-                "rank-in=3 alpha=2")
+    comp = from_config("component name=c type=GruNonlinearityComponent cell-dim=6 recurrent-dim=2 "
+                       "rank-in=3 alpha=2")
     assert (comp.input_dim, comp.output_dim, comp.w_h.shape) == (22, 12, (6, 2))
     assert "<Alpha> 2 <RankInOut> 3 80 " in written(comp, False).decode()
-    comp = init("component name=c type=OutputGruNonlinearityComponent cell-dim=4 "
-                "param-mean=3 param-stddev=0")
+    comp = from_config("component name=c type=OutputGruNonlinearityComponent cell-dim=4 "
+                       "param-mean=3 param-stddev=0")
     assert (comp.input_dim, comp.output_dim) == (12, 8)
     np.testing.assert_array_equal(comp.w_h, 3.0)
     assert "<Rank> 8 <UpdatePeriod> 10 " in written(comp, False).decode()
@@ -229,7 +231,7 @@ def test_gru_config():
 ])
 def test_config_errors(line):
     with pytest.raises(ConfigError):
-        init("component name=c " + line)
+        from_config("component name=c " + line)
 
 
 @pytest.mark.parametrize("line", [
@@ -239,7 +241,7 @@ def test_config_errors(line):
     "type=OutputGruNonlinearityComponent cell-dim=3",
 ])
 def test_malformed_files(line):
-    comp = init("component name=c " + line)
+    comp = from_config("component name=c " + line)
     check_malformed(comp)
     text = written(comp, False).decode()
     with_nan = re.sub(r"(\[\s*)(\S+)", r"\1nan", text, count=1)
@@ -249,10 +251,10 @@ def test_malformed_files(line):
 
 
 def test_malformed_shapes():
-    lstm = written(init("component name=c type=LstmNonlinearityComponent cell-dim=2"), False)
+    lstm = written(from_config("component name=c type=LstmNonlinearityComponent cell-dim=2"), False)
     with pytest.raises(FormatError):  # <SelfRepairConfig> must have 10 values
         reread(lstm.replace(b"1e-05 ]", b"]", 1))
-    gru = written(init("component name=c type=GruNonlinearityComponent cell-dim=2"), False)
+    gru = written(from_config("component name=c type=GruNonlinearityComponent cell-dim=2"), False)
     with pytest.raises(FormatError):  # recurrent-dim > cell-dim
         reread(gru.replace(b"<RecurrentDim> 2", b"<RecurrentDim> 3"))
     with pytest.raises(FormatError):  # <w_h> no longer matches <CellDim>

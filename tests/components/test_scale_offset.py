@@ -9,16 +9,14 @@ from pynnet3.components import Flags
 from pynnet3.errors import ConfigError, FormatError
 from pynnet3.io.kaldi_stream import make_reader
 from pynnet3.io.model_file import read_component
+from tests.components.common import from_config, rel_err, roundtrip_spans
 from tests.components.test_affine import (
     _backward,
     _forward,
-    _rel,
     check_in_place,
-    check_roundtrip,
     component_spans,
     direct_cases,
     files_with_types,
-    from_config,
     gradient_check,
     malformed_checks,
     reread,
@@ -78,7 +76,7 @@ def _perturbed(type_name):
 @pytest.mark.parametrize("path", files_with_types(TYPES),
                          ids=lambda p: str(p.relative_to(REF)))
 def test_reference_roundtrip(path):
-    assert check_roundtrip(path, TYPES) > 0
+    assert roundtrip_spans(path, TYPES) > 0
 
 
 def test_reference_roundtrip_covers_every_type():
@@ -148,10 +146,10 @@ def test_reference_case_constant():
     x, dy = arrays["input:input"], arrays["output_deriv:output"]
     out = np.empty((len(x), comp.output_dim), np.float32)
     comp.propagate(None, np.zeros((0, comp.input_dim), np.float32), out)
-    assert _rel(x + out, arrays["output:output"]) < 1e-4
+    assert rel_err(x + out, arrays["output:output"]) < 1e-4
     grad = {"output": np.zeros_like(comp.output)}
     comp.backprop(None, None, out, dy, None, grad, None)
-    assert _rel(grad["output"], arrays["grad:constant:output"]) < 1e-3
+    assert rel_err(grad["output"], arrays["grad:constant:output"]) < 1e-3
 
 
 def test_reference_case_constant_function():
@@ -170,11 +168,11 @@ def test_reference_case_constant_function():
         out += y
         d, grads[name] = _backward(comps[name], x, y, dy, memo)
         dx += d
-    assert _rel(out, arrays["output:output"]) < 1e-4
-    assert _rel(dx, arrays["input_deriv:input"]) < 1e-3
+    assert rel_err(out, arrays["output:output"]) < 1e-4
+    assert rel_err(dx, arrays["input_deriv:input"]) < 1e-3
     for key in ("grad:comp:output", "grad:affine:linear_params", "grad:affine:bias_params"):
         _, name, param = key.split(":")
-        assert _rel(grads[name][param], arrays[key]) < 1e-3
+        assert rel_err(grads[name][param], arrays[key]) < 1e-3
 
 
 def test_config_defaults_and_errors():

@@ -12,62 +12,16 @@ from pynnet3.components.statistics import (
     StatisticsExtractionComponent,
     StatisticsPoolingComponent,
 )
-from pynnet3.config import ConfigLine
 from pynnet3.errors import ComputeError, ConfigError, FormatError
 from pynnet3.io.kaldi_stream import BinaryReader, TextReader, make_writer
 from pynnet3.io.model_file import read_component
+from tests.components.common import cfg, grid, reference_files, rel_err, roundtrip_spans
 from tests.reference import REF, component_cases, load_case
 
 TYPES = ("StatisticsExtractionComponent", "StatisticsPoolingComponent")
 
 
 # -- helpers -----------------------------------------------------------------------------
-def reference_files(types=TYPES) -> list:
-    """Reference model files that hold at least one component of ``types``."""
-    if not REF.is_dir():
-        return []
-    files = []
-    for pattern in ("model.txt", "model.bin", "collapsed_all.txt"):
-        files += sorted(REF.rglob(pattern))
-    tokens = [f"<{t}> ".encode() for t in types]
-    return [f for f in files if any(tok in f.read_bytes() for tok in tokens)]
-
-
-def component_spans(data: bytes, type_name: str) -> list[int]:
-    token = f"<{type_name}> ".encode()
-    out, pos = [], data.find(token)
-    while pos >= 0:
-        out.append(pos)
-        pos = data.find(token, pos + 1)
-    return out
-
-
-def roundtrip_spans(path, types) -> int:
-    """Read every component of ``types`` in the file and write it back; the bytes
-    must be the file's own. Returns how many were checked."""
-    data = path.read_bytes()
-    binary = data[:2] == b"\0B"
-    checked = 0
-    for type_name in types:
-        for start in component_spans(data, type_name):
-            reader_cls = BinaryReader if binary else TextReader
-            r = reader_cls(data, str(path), pos=start)
-            comp = read_component(r)
-            w = make_writer(binary)
-            comp.write(w)
-            out = w.getvalue()
-            assert data[start:start + len(out)] == out, (path, type_name, start)
-            checked += 1
-    return checked
-
-
-def cfg(text: str) -> ConfigLine:
-    line = ConfigLine(text)
-    line.get_str("name")
-    line.get_str("type")
-    return line
-
-
 def run(comp, in_idx, out_idx, x, dy, need_backprop=True):
     in_idx = np.asarray(in_idx, dtype=np.int64)
     out_idx = np.asarray(out_idx, dtype=np.int64)
@@ -81,15 +35,6 @@ def run(comp, in_idx, out_idx, x, dy, need_backprop=True):
     comp.backprop(ind, x if flags & Flags.BACKPROP_NEEDS_INPUT else None,
                   y if flags & Flags.BACKPROP_NEEDS_OUTPUT else None, dy, memo, None, dx)
     return y, dx
-
-
-def rel_err(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-def grid(ns, ts, x=0) -> np.ndarray:
-    return np.array([(n, t, x) for n in ns for t in ts], dtype=np.int64)
 
 
 def round_map(idx: np.ndarray, period: int):
@@ -110,7 +55,7 @@ def pool(dim=9, ip=1, left=0, right=10000, nlc=0, std=True, floor=1e-10):
 
 
 # -- file round trips ------------------------------------------------------------------------
-@pytest.mark.parametrize("path", reference_files(), ids=lambda p: str(p.relative_to(REF)))
+@pytest.mark.parametrize("path", reference_files(TYPES), ids=lambda p: str(p.relative_to(REF)))
 def test_roundtrip_reference_files(path):
     roundtrip_spans(path, TYPES)
 
@@ -118,7 +63,7 @@ def test_roundtrip_reference_files(path):
 def test_roundtrip_found_components():
     if not REF.is_dir():
         pytest.skip("no reference data")
-    total = sum(roundtrip_spans(p, TYPES) for p in reference_files())
+    total = sum(roundtrip_spans(p, TYPES) for p in reference_files(TYPES))
     assert total >= 36  # 10 extraction + 8 pooling model.txt, the same in model.bin
 
 

@@ -1,7 +1,8 @@
 """TdnnComponent: file round trips, reference cases, gradients, flags, config, bad files.
 
-The generic helpers at the top (byte-span round trips, finite differences, running a
-reference case) are also used by test_recurrent.py and test_time_height_conv.py.
+The helpers at the top (round trips of spans and whole files, running a reference
+case) are also used by test_recurrent.py and test_time_height_conv.py; the generic
+ones are in common.py.
 """
 
 from __future__ import annotations
@@ -13,58 +14,29 @@ import numpy as np
 import pytest
 
 from pynnet3.components import Flags, component_class
-from pynnet3.config import ConfigLine
 from pynnet3.errors import ComputeError, ConfigError, FormatError
 from pynnet3.io.kaldi_stream import make_reader, make_writer
 from pynnet3.io.model_file import parse_model_bytes, read_component, write_model_parts
+from tests.components.common import (
+    finite_difference_check,
+    from_config,
+    reference_files,
+    rel_err,
+    roundtrip_spans,
+)
 from tests.reference import REF, component_cases, load_case
 
 # ----------------------------------------------------------------------------------
 # helpers shared by the three test files
 
 
-def model_files_with(type_name: str) -> list[Path]:
-    """Every reference model file (text and binary) holding a component of this type."""
-    if not REF.is_dir():
-        return []
-    texts = [p for pattern in ("model.txt", "collapsed_all.txt") for p in REF.rglob(pattern)]
-    found = []
-    for p in sorted(texts):
-        if f"<{type_name}>".encode() in p.read_bytes():
-            found.append(p)
-            if p.name == "model.txt" and (p.parent / "model.bin").is_file():
-                found.append(p.parent / "model.bin")
-    return found
-
-
-def component_spans(data: bytes, type_name: str):
-    """(component, original bytes) for each component of the type in a model file.
-    The span runs from ``<Type>`` through ``</Type> `` (Kaldi writes the space)."""
-    binary = data[:2] == b"\0B"
-    for m in re.finditer(re.escape(b"<ComponentName> "), data):
-        r = make_reader(data, "model")
-        r.pos = m.end()
-        r.read_token()  # the name
-        start = r.pos if binary else re.compile(rb"\s*").match(data, r.pos).end()
-        if not data.startswith(f"<{type_name}> ".encode(), start):
-            continue
-        comp = read_component(r)
-        end = r.pos if binary else r.pos + 1
-        yield comp, data[start:end]
-
-
 def check_round_trip(path: Path, type_name: str) -> int:
     """Reading and writing each component of the type gives Kaldi's bytes back;
     when every component type of the file is known, the whole file too."""
+    count = roundtrip_spans(path, type_name)
+    assert count > 0
     data = path.read_bytes()
     binary = data[:2] == b"\0B"
-    count = 0
-    for comp, original in component_spans(data, type_name):
-        w = make_writer(binary)
-        comp.write(w)
-        assert w.getvalue() == original, f"{path}: {type_name} not byte-identical"
-        count += 1
-    assert count > 0
     types = {t.decode() for t in re.findall(rb"<ComponentName> \S+ <(\w+)>", data)}
     # BatchNorm keeps sums in memory and writes mean/variance, so Kaldi itself does
     # not reproduce those files byte for byte (reference README); skip them whole.
@@ -82,11 +54,6 @@ def direct_cases(prefix: str) -> list[Path]:
                 and "output-node name=output input=comp" in cfg):
             out.append(case)
     return out
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(np.asarray(a, np.float64) - b)
-                 / max(np.linalg.norm(np.asarray(b, np.float64)), 1e-30))
 
 
 def forward(comp, idx, x, num_out, out_init=None):
@@ -125,64 +92,6 @@ def run_reference_case(case: Path, comp_name: str = "comp", shuffle_seed: int | 
     assert set(exported) == keys
     for k, g in exported.items():
         assert rel_err(g, arrays[f"grad:{comp_name}:{k}"]) < 1e-3, k
-
-
-def to_float64(comp) -> None:
-    """Make every float32 array attribute float64 (parameters included), so finite
-    differences can perturb parameters at double precision."""
-    for name, value in list(vars(comp).items()):
-        if isinstance(value, np.ndarray) and value.dtype == np.float32:
-            setattr(comp, name, value.astype(np.float64))
-
-
-def finite_difference_check(comp, x: np.ndarray, in_idx=None, out_idx=None,
-                            seed: int = 0, eps: float = 1e-6, tol: float = 1e-6) -> None:
-    """Central differences of sum(out * r) w.r.t. the input and every parameter,
-    against backprop (float64)."""
-    to_float64(comp)
-    rng = np.random.default_rng(seed)
-    x = x.astype(np.float64)
-    num_out = len(x) if out_idx is None else len(out_idx)
-    idx = None if in_idx is None else comp.precompute_indexes(in_idx, out_idx, True)
-    out, memo = forward(comp, idx, x, num_out)
-    r = rng.standard_normal(out.shape)
-
-    def objective() -> float:
-        return float(np.sum(forward(comp, idx, x, num_out)[0] * r))
-
-    in_deriv = np.zeros_like(x)
-    grad = {k: np.zeros_like(v) for k, v in comp.params().items()}
-    comp.backprop(idx, x, out, r, memo, grad, in_deriv)
-
-    numeric = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        old = x[i]
-        x[i] = old + eps
-        plus = objective()
-        x[i] = old - eps
-        minus = objective()
-        x[i] = old
-        numeric[i] = (plus - minus) / (2 * eps)
-    assert rel_err(in_deriv, numeric) < tol, "input derivative"
-
-    for name, p in comp.params().items():
-        numeric = np.zeros_like(p)
-        for i in np.ndindex(p.shape):
-            old = p[i]
-            p[i] = old + eps
-            plus = objective()
-            p[i] = old - eps
-            minus = objective()
-            p[i] = old
-            numeric[i] = (plus - minus) / (2 * eps)
-        assert rel_err(grad[name], numeric) < tol, f"gradient of {name}"
-
-
-def init(line: str, seed: int = 0):
-    cfg = ConfigLine(line)
-    cls = component_class(cfg.get_str("type"))
-    cfg.get_str("name")
-    return cls.from_config(cfg, np.random.default_rng(seed))
 
 
 def written(comp, binary: bool) -> bytes:
@@ -224,7 +133,7 @@ def sequence_indexes(ts, ns=(0, 1)) -> np.ndarray:
 TYPE = "TdnnComponent"
 
 
-@pytest.mark.parametrize("path", model_files_with(TYPE), ids=lambda p: str(p.relative_to(REF)))
+@pytest.mark.parametrize("path", reference_files(TYPE), ids=lambda p: str(p.relative_to(REF)))
 def test_round_trip_reference_files(path):
     check_round_trip(path, TYPE)
 
@@ -232,7 +141,7 @@ def test_round_trip_reference_files(path):
 def test_round_trip_covers_reference():
     if not REF.is_dir():
         pytest.skip("no reference data")
-    names = {p.relative_to(REF).as_posix() for p in model_files_with(TYPE)}
+    names = {p.relative_to(REF).as_posix() for p in reference_files(TYPE)}
     assert {"components/Tdnn_1/model.txt", "components/Tdnn_2/model.bin",
             "realistic/tdnnf_chain/model.txt", "generated/case_20/model.bin"} <= names
 
@@ -245,8 +154,8 @@ def test_reference_case(case, shuffle):
 
 @pytest.mark.parametrize("use_bias", [True, False])
 def test_finite_differences(use_bias):
-    comp = init("component name=c type=TdnnComponent input-dim=3 output-dim=4 "
-                f"time-offsets=-2,0,1 use-bias={str(use_bias).lower()}")
+    comp = from_config("component name=c type=TdnnComponent input-dim=3 output-dim=4 "
+                       f"time-offsets=-2,0,1 use-bias={str(use_bias).lower()}")
     rng = np.random.default_rng(1)
     in_idx = sequence_indexes(range(-2, 6))
     out_idx = sequence_indexes(range(0, 5))
@@ -257,8 +166,8 @@ def test_finite_differences(use_bias):
 
 def test_subsampled_time_offsets():
     """Outputs every 3rd frame with offsets -3,0,3: row gather, not a stride rule."""
-    comp = init("component name=c type=TdnnComponent input-dim=2 output-dim=2 "
-                "time-offsets=-3,0,3")
+    comp = from_config("component name=c type=TdnnComponent input-dim=2 output-dim=2 "
+                       "time-offsets=-3,0,3")
     in_idx = sequence_indexes(range(-3, 10), ns=(0,))
     out_idx = sequence_indexes(range(0, 7, 3), ns=(0,))
     x = np.random.default_rng(0).standard_normal((len(in_idx), 2)).astype(np.float32)
@@ -271,8 +180,8 @@ def test_subsampled_time_offsets():
 
 
 def test_propagate_adds_without_bias_and_backprop_adds():
-    comp = init("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
-                "time-offsets=0,1 use-bias=false")
+    comp = from_config("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
+                       "time-offsets=0,1 use-bias=false")
     in_idx, out_idx = sequence_indexes(range(0, 4)), sequence_indexes(range(0, 3))
     idx = comp.precompute_indexes(in_idx, out_idx, True)
     x = np.random.default_rng(2).standard_normal((len(in_idx), 2))
@@ -288,15 +197,16 @@ def test_propagate_adds_without_bias_and_backprop_adds():
 
 
 def test_float64_math():
-    comp = init("component name=c type=TdnnComponent input-dim=2 output-dim=3 time-offsets=0")
+    comp = from_config("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
+                       "time-offsets=0")
     idx = comp.precompute_indexes(sequence_indexes([0]), sequence_indexes([0]), False)
     out, _ = forward(comp, idx, np.ones((2, 2)), 2)
     assert out.dtype == np.float64
 
 
 def test_input_indexes_and_missing_input():
-    comp = init("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
-                "time-offsets=-1,2")
+    comp = from_config("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
+                       "time-offsets=-1,2")
     deps = comp.input_indexes(np.array([[0, 5, 0], [1, 7, 2]]))
     assert deps.owner.tolist() == [0, 0, 1, 1]
     assert deps.indexes.tolist() == [[0, 4, 0], [0, 7, 0], [1, 6, 2], [1, 9, 2]]
@@ -306,19 +216,19 @@ def test_input_indexes_and_missing_input():
 
 
 def test_properties():
-    with_bias = init("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
-                     "time-offsets=0")
+    with_bias = from_config("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
+                            "time-offsets=0")
     assert with_bias.properties() == (Flags.UPDATABLE | Flags.REORDERS_INDEXES
                                       | Flags.BACKPROP_ADDS | Flags.BACKPROP_NEEDS_INPUT)
-    no_bias = init("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
-                   "time-offsets=0 use-bias=false")
+    no_bias = from_config("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
+                          "time-offsets=0 use-bias=false")
     assert no_bias.properties() == with_bias.properties() | Flags.PROPAGATE_ADDS
     assert no_bias.is_updatable() and not no_bias.is_simple()
 
 
 def test_config_init_defaults_and_dims():
-    comp = init("component name=c type=TdnnComponent input-dim=40 output-dim=30 "
-                "time-offsets=-1,0,1", seed=3)
+    comp = from_config("component name=c type=TdnnComponent input-dim=40 output-dim=30 "
+                       "time-offsets=-1,0,1", seed=3)
     assert (comp.input_dim, comp.output_dim) == (40, 30)
     assert comp.linear_params.shape == (30, 120) and comp.bias_params.shape == (30,)
     assert abs(comp.linear_params.std() - 1 / np.sqrt(120)) < 0.01
@@ -328,9 +238,9 @@ def test_config_init_defaults_and_dims():
     assert comp.orthonormal_constraint == 0.0
     text = written(comp, False).decode()
     assert "<RankInOut> 20 15 " in text and "<AlphaInOut> 4 4 " in text
-    comp = init("component name=c type=TdnnComponent input-dim=4 output-dim=3 "
-                "time-offsets=0,3 use-bias=false orthonormal-constraint=-1 "
-                "param-stddev=0 learning-rate-factor=0.5 max-change=0.75")
+    comp = from_config("component name=c type=TdnnComponent input-dim=4 output-dim=3 "
+                       "time-offsets=0,3 use-bias=false orthonormal-constraint=-1 "
+                       "param-stddev=0 learning-rate-factor=0.5 max-change=0.75")
     assert comp.bias_params.size == 0 and not comp.linear_params.any()
     assert "<OrthonormalConstraint> -1 " in written(comp, False).decode()
     assert set(comp.params()) == {"linear_params"}
@@ -346,12 +256,12 @@ def test_config_init_defaults_and_dims():
 ])
 def test_config_errors(line):
     with pytest.raises(ConfigError):
-        init("component name=c type=TdnnComponent " + line)
+        from_config("component name=c type=TdnnComponent " + line)
 
 
 def test_malformed_files():
-    comp = init("component name=c type=TdnnComponent input-dim=3 output-dim=2 "
-                "time-offsets=-1,1")
+    comp = from_config("component name=c type=TdnnComponent input-dim=3 output-dim=2 "
+                       "time-offsets=-1,1")
     check_malformed(comp)
     text = written(comp, False).decode()
     bad = re.sub(r"(<LinearParams>  \[\n  )(\S+)", r"\1nan", text)

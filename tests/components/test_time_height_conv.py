@@ -9,14 +9,12 @@ import pytest
 
 from pynnet3.components import Flags
 from pynnet3.errors import ComputeError, ConfigError, FormatError
+from tests.components.common import finite_difference_check, from_config, reference_files
 from tests.components.test_tdnn import (
     check_malformed,
     check_round_trip,
     direct_cases,
-    finite_difference_check,
     forward,
-    init,
-    model_files_with,
     reread,
     run_reference_case,
     sequence_indexes,
@@ -27,7 +25,7 @@ from tests.reference import REF
 TYPE = "TimeHeightConvolutionComponent"
 
 
-@pytest.mark.parametrize("path", model_files_with(TYPE), ids=lambda p: str(p.relative_to(REF)))
+@pytest.mark.parametrize("path", reference_files(TYPE), ids=lambda p: str(p.relative_to(REF)))
 def test_round_trip_reference_files(path):
     check_round_trip(path, TYPE)
 
@@ -35,7 +33,7 @@ def test_round_trip_reference_files(path):
 def test_round_trip_covers_reference():
     if not REF.is_dir():
         pytest.skip("no reference data")
-    names = {p.relative_to(REF).as_posix() for p in model_files_with(TYPE)}
+    names = {p.relative_to(REF).as_posix() for p in reference_files(TYPE)}
     assert {"components/TimeHeightConvolution_1/model.txt",
             "components/TimeHeightConvolution_2/model.bin",
             "generated/case_7/model.txt", "generated/case_7/model.bin"} <= names
@@ -87,7 +85,7 @@ CONFIGS = [
 
 @pytest.mark.parametrize("options", CONFIGS)
 def test_against_direct_loops(options):
-    comp = init(f"component name=c type={TYPE} {options} bias-stddev=1", seed=1)
+    comp = from_config(f"component name=c type={TYPE} {options} bias-stddev=1", seed=1)
     rng = np.random.default_rng(2)
     in_idx = sequence_indexes(range(0, 7))  # edges lack optional inputs
     required = comp.model.required_time_offsets
@@ -103,7 +101,7 @@ def test_against_direct_loops(options):
 
 @pytest.mark.parametrize("options", CONFIGS)
 def test_finite_differences(options):
-    comp = init(f"component name=c type={TYPE} {options} bias-stddev=0.5", seed=3)
+    comp = from_config(f"component name=c type={TYPE} {options} bias-stddev=0.5", seed=3)
     rng = np.random.default_rng(4)
     in_idx = sequence_indexes(range(0, 5))
     required = comp.model.required_time_offsets
@@ -114,7 +112,7 @@ def test_finite_differences(options):
 
 
 def test_backprop_adds_and_float64():
-    comp = init(f"component name=c type={TYPE} {CONFIGS[0]}")
+    comp = from_config(f"component name=c type={TYPE} {CONFIGS[0]}")
     in_idx, out_idx = sequence_indexes(range(0, 4)), sequence_indexes(range(1, 3))
     idx = comp.precompute_indexes(in_idx, out_idx, True)
     x = np.random.default_rng(5).standard_normal((len(in_idx), comp.input_dim))
@@ -129,7 +127,7 @@ def test_backprop_adds_and_float64():
 
 
 def test_input_indexes_required_and_optional():
-    comp = init(f"component name=c type={TYPE} {CONFIGS[1]}")
+    comp = from_config(f"component name=c type={TYPE} {CONFIGS[1]}")
     deps = comp.input_indexes(np.array([[0, 10, 0], [1, 4, 0]]))
     assert deps.owner.tolist() == [0, 0, 0, 1, 1, 1]
     assert deps.indexes[:, 1].tolist() == [8, 10, 12, 2, 4, 6]
@@ -139,15 +137,16 @@ def test_input_indexes_required_and_optional():
 
 
 def test_properties():
-    comp = init(f"component name=c type={TYPE} {CONFIGS[0]}")
+    comp = from_config(f"component name=c type={TYPE} {CONFIGS[0]}")
     assert comp.properties() == (Flags.UPDATABLE | Flags.REORDERS_INDEXES | Flags.BACKPROP_ADDS
                                  | Flags.BACKPROP_NEEDS_INPUT | Flags.INPUT_CONTIGUOUS
                                  | Flags.OUTPUT_CONTIGUOUS)
 
 
 def test_config_defaults_and_text():
-    comp = init(f"component name=c type={TYPE} num-filters-in=3 num-filters-out=6 height-in=12 "
-                "height-out=10 height-offsets=0,1,2 time-offsets=-1,0,1", seed=7)
+    comp = from_config(f"component name=c type={TYPE} num-filters-in=3 num-filters-out=6 "
+                       "height-in=12 height-out=10 height-offsets=0,1,2 time-offsets=-1,0,1",
+                       seed=7)
     assert (comp.input_dim, comp.output_dim) == (36, 60)
     assert comp.linear_params.shape == (6, 27) and comp.bias_params.shape == (6,)
     assert not comp.bias_params.any()  # bias-stddev defaults to 0
@@ -159,8 +158,9 @@ def test_config_defaults_and_text():
             "<AlphaInOut> 4 4 <RankInOut> 14 3 </TimeHeightConvolutionComponent> ") in text
     assert comp.export_gradient(comp.params())["params_vectorized"].shape == (6 * 27 + 6,)
 
-    unit = init(f"component name=c type={TYPE} num-filters-in=2 num-filters-out=2 height-in=3 "
-                "height-out=3 height-offsets=-1,0,1 time-offsets=0 init-unit=true")
+    unit = from_config(f"component name=c type={TYPE} num-filters-in=2 num-filters-out=2 "
+                       "height-in=3 height-out=3 height-offsets=-1,0,1 time-offsets=0 "
+                       "init-unit=true")
     x = np.random.default_rng(8).standard_normal((2, 6)).astype(np.float32)
     idx = unit.precompute_indexes(sequence_indexes([0]), sequence_indexes([0]), False)
     np.testing.assert_allclose(forward(unit, idx, x, 2)[0], x)
@@ -185,11 +185,11 @@ def test_config_defaults_and_text():
 ])
 def test_config_errors(options):
     with pytest.raises(ConfigError):
-        init(f"component name=c type={TYPE} {options}")
+        from_config(f"component name=c type={TYPE} {options}")
 
 
 def test_malformed_files():
-    comp = init(f"component name=c type={TYPE} {CONFIGS[1]}")
+    comp = from_config(f"component name=c type={TYPE} {CONFIGS[1]}")
     check_malformed(comp)
     text = written(comp, False).decode()
     with pytest.raises(FormatError):  # pair vector entry that is not "t,h"
