@@ -185,6 +185,35 @@ class Component:
         """Reset accumulated statistics (Kaldi's ZeroComponentStats)."""
 
 
+class SameDimComponent(Component):
+    """A ``dim -> dim`` component: both dims are ``self.dim``."""
+
+    dim: int = 0
+
+    @property
+    def input_dim(self) -> int:
+        return self.dim
+
+    @property
+    def output_dim(self) -> int:
+        return self.dim
+
+
+class InOutComponent(Component):
+    """A component whose dims are the plain fields ``_input_dim`` / ``_output_dim``."""
+
+    _input_dim: int = 0
+    _output_dim: int = 0
+
+    @property
+    def input_dim(self) -> int:
+        return self._input_dim
+
+    @property
+    def output_dim(self) -> int:
+        return self._output_dim
+
+
 class UpdatableComponent(Component):
     """Shared fields and file header of Kaldi's UpdatableComponent.
 
@@ -265,6 +294,7 @@ def check_finite(r, name: str, arr: np.ndarray, pos: int) -> None:
 
 
 __all__ = [
-    "Component", "UpdatableComponent", "Flags", "InputDeps", "register", "component_types",
+    "Component", "UpdatableComponent", "SameDimComponent", "InOutComponent", "Flags",
+    "InputDeps", "register", "component_types",
     "component_class", "read_closing", "require", "check_finite", "FormatError",
 ]

@@ -14,7 +14,13 @@ import numpy as np
 
 from ..errors import ComputeError
 from ..index import KeySet, describe, pack
-from .base import Component, Flags, InputDeps, register, require
+from .base import (
+    Flags,
+    InOutComponent,
+    InputDeps,
+    register,
+    require,
+)
 
 
 @dataclass
@@ -27,7 +33,7 @@ class DistributeIndexes:
 
 
 @register
-class DistributeComponent(Component):
+class DistributeComponent(InOutComponent):
     """Invariant: input_dim > 0, output_dim > 0, input_dim % output_dim == 0."""
 
     type_name = "DistributeComponent"
@@ -43,14 +49,6 @@ class DistributeComponent(Component):
         if input_dim % output_dim:
             return f"input-dim={input_dim} must be a multiple of output-dim={output_dim}"
         return None
-
-    @property
-    def input_dim(self) -> int:
-        return self._input_dim
-
-    @property
-    def output_dim(self) -> int:
-        return self._output_dim
 
     @property
     def num_blocks(self) -> int:

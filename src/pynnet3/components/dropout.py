@@ -20,7 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import Component, Flags, InputDeps, read_closing, register, require
+from .base import (
+    Component,
+    Flags,
+    InputDeps,
+    SameDimComponent,
+    read_closing,
+    register,
+    require,
+)
 
 
 def _check_proportion(r, name: str, value: float, pos: int) -> None:
@@ -69,7 +77,7 @@ class RandomComponent(Component):
 
 # ----------------------------------------------------------------------------------
 @register
-class DropoutComponent(RandomComponent):
+class DropoutComponent(RandomComponent, SameDimComponent):
     """Classic (not inverted) dropout on a ``dim``-dimensional simple component.
 
     Training: each element (or, with ``dropout_per_frame``, each row) is kept with
@@ -88,14 +96,6 @@ class DropoutComponent(RandomComponent):
         self.dropout_proportion = float(dropout_proportion)
         self.dropout_per_frame = bool(dropout_per_frame)
         self.test_mode = bool(test_mode)
-
-    @property
-    def input_dim(self) -> int:
-        return self.dim
-
-    @property
-    def output_dim(self) -> int:
-        return self.dim
 
     def properties(self) -> Flags:
         return (Flags.BACKPROP_IN_PLACE | Flags.SIMPLE | Flags.BACKPROP_NEEDS_INPUT
@@ -347,7 +347,7 @@ def _copy_rows(gather, src: np.ndarray, dst: np.ndarray, forward: bool) -> None:
 
 
 @register
-class GeneralDropoutComponent(RandomComponent):
+class GeneralDropoutComponent(RandomComponent, SameDimComponent):
     """Dropout with masks shared along time and across blocks of the feature dim.
 
     The mask has ``block_dim`` columns and one row per distinct ``(n, t //
@@ -374,14 +374,6 @@ class GeneralDropoutComponent(RandomComponent):
         self.specaugment_max_regions = int(specaugment_max_regions)
         self.continuous = bool(continuous)
         self.test_mode = bool(test_mode)
-
-    @property
-    def input_dim(self) -> int:
-        return self.dim
-
-    @property
-    def output_dim(self) -> int:
-        return self.dim
 
     def properties(self) -> Flags:
         flags = (Flags.RANDOM | Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_IN_PLACE
@@ -571,7 +563,7 @@ def _read_flag(r, tag: str) -> bool:
 
 
 @register
-class SpecAugmentTimeMaskComponent(RandomComponent):
+class SpecAugmentTimeMaskComponent(RandomComponent, SameDimComponent):
     """The time-masking part of SpecAugment: zeroes whole frames in segments.
 
     In training, each sequence (rows with the same n, in t order) is cut into
@@ -590,14 +582,6 @@ class SpecAugmentTimeMaskComponent(RandomComponent):
         self.zeroed_proportion = float(zeroed_proportion)
         self.time_mask_max_frames = int(time_mask_max_frames)
         self.test_mode = bool(test_mode)
-
-    @property
-    def input_dim(self) -> int:
-        return self.dim
-
-    @property
-    def output_dim(self) -> int:
-        return self.dim
 
     def properties(self) -> Flags:
         return Flags.RANDOM | Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_IN_PLACE | Flags.USES_MEMO

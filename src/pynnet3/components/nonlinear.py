@@ -31,7 +31,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ComputeError
-from .base import Component, Flags, read_closing, register, require
+from .base import (
+    Component,
+    Flags,
+    InOutComponent,
+    SameDimComponent,
+    read_closing,
+    register,
+    require,
+)
 
 UNSET_THRESHOLD = -1000.0  # Kaldi's kUnsetThreshold
 _REPAIR_PROBABILITY = 0.5
@@ -81,7 +89,7 @@ def _as_float_dtype(x: np.ndarray) -> np.dtype:
 
 
 # ----------------------------------------------------------------------------------
-class NonlinearComponent(Component):
+class NonlinearComponent(SameDimComponent):
     """Kaldi's ``NonlinearComponent``: a simple ``dim -> dim`` nonlinearity with
     activation statistics and self-repair options (see the module docstring).
 
@@ -111,14 +119,6 @@ class NonlinearComponent(Component):
         self.rng: np.random.Generator | None = None
 
     # -- structure -----------------------------------------------------------
-    @property
-    def input_dim(self) -> int:
-        return self.dim
-
-    @property
-    def output_dim(self) -> int:
-        return self.dim
-
     def properties(self) -> Flags:
         raise NotImplementedError
 
@@ -658,7 +658,7 @@ class NormalizeComponent(Component):
 
 
 @register
-class PnormComponent(Component):
+class PnormComponent(InOutComponent):
     """2-norm over groups of ``input_dim / output_dim`` consecutive inputs (Kaldi
     always uses p = 2); backprop ``dx = dy * x / y`` (0 where y = 0)."""
 
@@ -667,14 +667,6 @@ class PnormComponent(Component):
     def __init__(self, input_dim: int = 0, output_dim: int = 0) -> None:
         self._input_dim = int(input_dim)
         self._output_dim = int(output_dim)
-
-    @property
-    def input_dim(self) -> int:
-        return self._input_dim
-
-    @property
-    def output_dim(self) -> int:
-        return self._output_dim
 
     def properties(self) -> Flags:
         return Flags.SIMPLE | Flags.BACKPROP_NEEDS_INPUT | Flags.BACKPROP_NEEDS_OUTPUT

@@ -20,7 +20,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ComputeError
-from .base import Component, Flags, read_closing, register, require
+from .base import (
+    Component,
+    Flags,
+    InOutComponent,
+    SameDimComponent,
+    read_closing,
+    register,
+    require,
+)
 from .nonlinear import f32
 
 
@@ -36,35 +44,19 @@ def _row_norms_sq(m: np.ndarray) -> np.ndarray:
     return (m * m).sum(axis=1)
 
 
-class _Dim(Component):
+class _Dim(SameDimComponent):
     """A ``dim -> dim`` component (shared plumbing)."""
 
     def __init__(self, dim: int = 0) -> None:
         self.dim = int(dim)
 
-    @property
-    def input_dim(self) -> int:
-        return self.dim
 
-    @property
-    def output_dim(self) -> int:
-        return self.dim
-
-
-class _InOut(Component):
+class _InOut(InOutComponent):
     """An ``input_dim -> output_dim`` component written as ``<InputDim> <OutputDim>``."""
 
     def __init__(self, input_dim: int = 0, output_dim: int = 0) -> None:
         self._input_dim = int(input_dim)
         self._output_dim = int(output_dim)
-
-    @property
-    def input_dim(self) -> int:
-        return self._input_dim
-
-    @property
-    def output_dim(self) -> int:
-        return self._output_dim
 
 
 # ----------------------------------------------------------------------------------
