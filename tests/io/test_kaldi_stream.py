@@ -257,3 +257,28 @@ def test_binary_errors():
     _binary_error(b"\x02", lambda r: r.read_int_vector(), "size byte 2", offset=0)
     _binary_error(b"\x04" + struct.pack("<i", -2), lambda r: r.read_int_vector(), "negative",
                   offset=0)
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_int_pair_vector_round_trip(binary):
+    from pynnet3.io.kaldi_stream import make_reader, make_writer
+
+    w = make_writer(binary)
+    if binary:
+        w.raw(b"\0B")
+    w.write_int_pair_vector([(-1, 0), (0, 2), (3, -4)])
+    data = w.getvalue()
+    if not binary:
+        assert data == b"[ -1,0 0,2 3,-4 ]\n"
+    else:
+        assert data[2:] == b"\x04" + struct.pack("<7i", 3, -1, 0, 0, 2, 3, -4)
+    got = make_reader(data).read_int_pair_vector()
+    assert got.tolist() == [[-1, 0], [0, 2], [3, -4]]
+
+
+def test_int_pair_vector_bad_text_names_token():
+    from pynnet3.errors import FormatError
+    from pynnet3.io.kaldi_stream import make_reader
+
+    with pytest.raises(FormatError, match="'1,2,3'"):
+        make_reader(b"[ -1,0 1,2,3 ]").read_int_pair_vector()

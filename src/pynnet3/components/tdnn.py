@@ -14,7 +14,6 @@ the generic stream reader does not handle.
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,73 +24,6 @@ from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closi
 
 # ----------------------------------------------------------------------------------
 # Kaldi integer vectors (WriteIntegerVector / WriteIntegerPairVector)
-
-
-def read_int_vector(r) -> list[int]:
-    """``[ 1 2 3 ]`` in text; ``\\x04`` + int32 count + raw int32s in binary."""
-    if not r.binary:
-        return [int(v) for v in r.read_int_vector()]
-    return [int(v) for v in _read_binary_ints(r, 1, "an integer vector").ravel()]
-
-
-def read_int_pair_vector(r) -> list[tuple[int, int]]:
-    """``[ a,b c,d ]`` in text; ``\\x04`` + int32 count + raw int32 pairs in binary."""
-    if r.binary:
-        arr = _read_binary_ints(r, 2, "an integer-pair vector")
-        return [(int(a), int(b)) for a, b in arr]
-    start = r.pos
-    r.expect_token("[")
-    pairs = []
-    while True:
-        tok_pos = r.pos
-        tok = r.read_token()
-        if tok == "]":
-            return pairs
-        parts = tok.split(",")
-        try:
-            if len(parts) != 2:
-                raise ValueError
-            pairs.append((int(parts[0]), int(parts[1])))
-        except ValueError:
-            raise r.error("expected an integer pair like '-1,0' or ']'", token=tok,
-                          pos=tok_pos) from None
-        if r.at_eof():
-            raise r.error("unterminated integer-pair vector", pos=start)
-
-
-def _read_binary_ints(r, width: int, what: str) -> np.ndarray:
-    start = r.pos
-    if r.pos + 5 > len(r.data):
-        raise r.error(f"unexpected end of file while reading {what}")
-    if r.data[r.pos] != 4:
-        raise r.error(f"bad size byte {r.data[r.pos]} in {what}", pos=start)
-    (n,) = struct.unpack_from("<i", r.data, r.pos + 1)
-    if n < 0:
-        raise r.error(f"negative size {n} of {what}", pos=start)
-    r.pos += 5
-    nbytes = 4 * width * n
-    if r.pos + nbytes > len(r.data):
-        raise r.error(f"unexpected end of file while reading {what}")
-    arr = np.frombuffer(r.data, dtype="<i4", count=width * n, offset=r.pos)
-    r.pos += nbytes
-    return arr.reshape(n, width).astype(np.int64)
-
-
-def write_int_vector(w, values) -> None:
-    values = [int(v) for v in values]
-    if w.binary:
-        w.raw(b"\x04" + struct.pack(f"<i{len(values)}i", len(values), *values))
-    else:
-        w.raw("[ " + "".join(f"{v} " for v in values) + "]\n")
-
-
-def write_int_pair_vector(w, pairs) -> None:
-    pairs = [(int(a), int(b)) for a, b in pairs]
-    if w.binary:
-        flat = [v for p in pairs for v in p]
-        w.raw(b"\x04" + struct.pack(f"<i{len(flat)}i", len(pairs), *flat))
-    else:
-        w.raw("[ " + "".join(f"{a},{b} " for a, b in pairs) + "]\n")
 
 
 # ----------------------------------------------------------------------------------
@@ -261,7 +193,7 @@ class TdnnComponent(UpdatableComponent):
         comp.read_updatable_common(r)
         r.expect_token("<TimeOffsets>")
         pos = r.pos
-        comp.time_offsets = read_int_vector(r)
+        comp.time_offsets = [int(v) for v in r.read_int_vector()]
         if not comp.time_offsets or len(set(comp.time_offsets)) != len(comp.time_offsets):
             raise r.error("<TimeOffsets> must be non-empty and unique", pos=pos)
         r.expect_token("<LinearParams>")
@@ -299,7 +231,7 @@ class TdnnComponent(UpdatableComponent):
     def write(self, w) -> None:
         self.write_updatable_common(w)
         w.write_token("<TimeOffsets>")
-        write_int_vector(w, self.time_offsets)
+        w.write_int_vector(self.time_offsets)
         w.write_tagged("<LinearParams>", "matrix", self.linear_params)
         w.write_tagged("<BiasParams>", "vector", self.bias_params)
         w.write_tagged("<OrthonormalConstraint>", "float", self.orthonormal_constraint)

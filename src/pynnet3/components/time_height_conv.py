@@ -25,12 +25,8 @@ from ..errors import ComputeError
 from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closing, register
 from .tdnn import (
     OffsetGather,
-    read_int_pair_vector,
-    read_int_vector,
     time_offset_deps,
     time_offset_sources,
-    write_int_pair_vector,
-    write_int_vector,
 )
 
 
@@ -109,10 +105,10 @@ class ConvolutionModel:
         self.height_out = r.read_tagged("<HeightOut>", "int")
         self.height_subsample_out = r.read_tagged("<HeightSubsampleOut>", "int")
         r.expect_token("<Offsets>")
-        self.offsets = read_int_pair_vector(r)
+        self.offsets = [(int(a), int(b)) for a, b in r.read_int_pair_vector()]
         r.expect_token("<RequiredTimeOffsets>")
         # Kaldi keeps these in a std::set: sorted, unique.
-        self.required_time_offsets = sorted(set(read_int_vector(r)))
+        self.required_time_offsets = sorted({int(v) for v in r.read_int_vector()})
         r.expect_token("</ConvolutionModel>")
         bad = self.problem()
         if bad is not None:
@@ -126,9 +122,9 @@ class ConvolutionModel:
         w.write_tagged("<HeightOut>", "int", self.height_out)
         w.write_tagged("<HeightSubsampleOut>", "int", self.height_subsample_out)
         w.write_token("<Offsets>")
-        write_int_pair_vector(w, self.offsets)
+        w.write_int_pair_vector(self.offsets)
         w.write_token("<RequiredTimeOffsets>")
-        write_int_vector(w, self.required_time_offsets)
+        w.write_int_vector(self.required_time_offsets)
         w.write_token("</ConvolutionModel>")
 
     def info(self) -> str:

@@ -129,6 +129,10 @@ class KaldiReader:
     def read_int_vector(self) -> np.ndarray:
         raise NotImplementedError
 
+    def read_int_pair_vector(self) -> np.ndarray:
+        """A ``(k, 2)`` int array: ``[ a,b c,d ]`` in text, count + raw int32 pairs in binary."""
+        raise NotImplementedError
+
     # -- conveniences used by component readers ------------------------------
     def read_tagged(self, tag: str, kind: str):
         """``<Tag> value``: expect the tag, then read a value of ``kind``
@@ -234,6 +238,21 @@ class TextReader(KaldiReader):
             i = next(i for i, w in enumerate(words) if not w.lstrip(b"+-").isdigit())
             raise self.error("bad integer in vector", token=_word(words[i]),
                              pos=start + 1 + _word_offset(body, i)) from None
+
+    def read_int_pair_vector(self) -> np.ndarray:
+        body, start = self._bracketed("integer-pair vector")
+        pairs = []
+        for word in body.split():
+            parts = word.split(b",")
+            try:
+                if len(parts) != 2:
+                    raise ValueError
+                pairs.append((int(parts[0]), int(parts[1])))
+            except ValueError:
+                raise self.error("expected an integer pair like '-1,0'",
+                                 token=word.decode(errors="replace"),
+                                 pos=start + body.find(word) + 1) from None
+        return np.array(pairs, dtype=np.int64).reshape(-1, 2)
 
 
 def _word(word: bytes) -> str:
@@ -348,6 +367,17 @@ class BinaryReader(KaldiReader):
         raw = self._take(4 * n, f"an integer vector of {n}")
         return np.frombuffer(raw, dtype="<i4").astype(np.int64)
 
+    def read_int_pair_vector(self) -> np.ndarray:
+        start = self.pos
+        size = self._take(1, "an integer-pair vector")[0]
+        if size != 4:
+            raise self.error(f"bad integer-pair-vector size byte {size}", pos=start)
+        n = struct.unpack("<i", self._take(4, "an integer-pair vector"))[0]
+        if n < 0:
+            raise self.error(f"negative integer-pair-vector size {n}", pos=start)
+        raw = self._take(8 * n, f"an integer-pair vector of {n}")
+        return np.frombuffer(raw, dtype="<i4").astype(np.int64).reshape(n, 2)
+
 
 def make_reader(data: bytes, source: str = "<string>") -> KaldiReader:
     """A reader for ``data``: binary when it starts with Kaldi's ``\\0B`` marker."""
@@ -413,6 +443,10 @@ class TextWriter(KaldiWriter):
         body = "".join(f"{int(x)} " for x in v)
         self.parts.append(("[ " + body + "]\n").encode())
 
+    def write_int_pair_vector(self, pairs) -> None:
+        body = "".join(f"{int(a)},{int(b)} " for a, b in pairs)
+        self.parts.append(("[ " + body + "]\n").encode())
+
 
 class BinaryWriter(KaldiWriter):
     binary = True
@@ -446,6 +480,10 @@ class BinaryWriter(KaldiWriter):
 
     def write_int_vector(self, v) -> None:
         v = np.asarray(list(v), dtype="<i4")
+        self.parts.append(b"\x04" + struct.pack("<i", len(v)) + v.tobytes())
+
+    def write_int_pair_vector(self, pairs) -> None:
+        v = np.asarray([(int(a), int(b)) for a, b in pairs], dtype="<i4").reshape(-1, 2)
         self.parts.append(b"\x04" + struct.pack("<i", len(v)) + v.tobytes())
 
 
