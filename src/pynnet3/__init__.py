@@ -5,24 +5,37 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from . import errors
+from .analysis import check_computation
 from .compiler import ComputationRequest, IoSpecification, compile_computation
 from .computation import NnetComputation
 from .nnet import Nnet, read_nnet
-from .optimize import OptimizeOptions
+from .optimize import OptimizeOptions, OptimizeReport
 from .optimize import optimize as _optimize
 from .runtime.computer import RunResult, run
 
 
 def compile(nnet: Nnet, request: ComputationRequest,
-            optimize: bool | OptimizeOptions = True) -> NnetComputation:
-    """Compile ``request`` on ``nnet``; ``optimize`` is a bool or OptimizeOptions."""
+            optimize: bool | OptimizeOptions = True, *,
+            report: OptimizeReport | None = None, check: bool = False) -> NnetComputation:
+    """Compile ``request`` on ``nnet``; ``optimize`` is a bool or OptimizeOptions.
+    ``report`` (an OptimizeReport) is filled pass by pass; ``check`` runs the
+    checker on the compiled computation and after every pass."""
     computation = compile_computation(nnet, request)
+    if check:
+        check_computation(computation, nnet, context="after compilation")
     if optimize is True:
         optimize = OptimizeOptions()
-    if isinstance(optimize, OptimizeOptions) and optimize.optimize:
-        computation = _optimize(computation, nnet, optimize)
+    if isinstance(optimize, OptimizeOptions):
+        computation = _optimize(computation, nnet, optimize, report=report, check=check)
     return computation
 
 
+def check(computation: NnetComputation, nnet: Nnet) -> None:
+    """Raise :class:`pynnet3.errors.CheckError` unless ``computation`` is valid for
+    ``nnet`` (indexes, command order, no read of undefined data, matrix lifetimes)."""
+    check_computation(computation, nnet)
+
+
 __all__ = ["ComputationRequest", "IoSpecification", "Nnet", "NnetComputation",
-           "OptimizeOptions", "RunResult", "compile", "errors", "read_nnet", "run"]
+           "OptimizeOptions", "OptimizeReport", "RunResult", "check", "compile", "errors",
+           "read_nnet", "run"]

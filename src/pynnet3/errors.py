@@ -84,3 +84,6 @@ class RuntimeInputError(PynnetError):
 
 class CheckError(PynnetError):
     """The computation checker found a violated invariant."""
+
+
+ComputationCheckError = CheckError

@@ -3,7 +3,8 @@
 ``pynnet3 info MODEL``                      like nnet3-info
 ``pynnet3 init CONFIG OUT [--binary=...]``  like nnet3-init
 ``pynnet3 copy IN OUT [--binary=...]``      like nnet3-copy
-``pynnet3 show-computation MODEL --request REQ.json [--optimize=true|false]``
+``pynnet3 show-computation MODEL --request REQ.json [--optimize=true|false] [--report]
+   [--check=true] [--optimization.<option>=...]``
 ``pynnet3 demo``                            compile and run the bundled TDNN-F example
 
 Flags are spelled as Kaldi spells them (``--binary=false``). Errors from bad
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import fields
 
 from ..errors import FormatError, PynnetError
 
@@ -58,7 +60,7 @@ def _cmd_copy(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    from .. import ComputationRequest, compile
+    from .. import ComputationRequest, OptimizeReport, compile
     from ..nnet import read_nnet
 
     nnet = read_nnet(args.model)
@@ -70,11 +72,38 @@ def _cmd_show(args) -> int:
     if not isinstance(obj, dict):
         raise FormatError("a request must be a JSON object", args.request)
     req = ComputationRequest.from_json(obj)
-    comp = compile(nnet, req, optimize=args.optimize)
+    report = OptimizeReport() if args.report else None
+    options = optimize_options_from_args(args) if args.optimize else False
+    comp = compile(nnet, req, optimize=options, report=report, check=args.check)
     sys.stdout.write(str(req) + "\n")
     sys.stdout.write(str(comp))
     sys.stdout.write("# stats: " + json.dumps(comp.stats()) + "\n")
+    if report is not None:
+        sys.stdout.write("# optimization report (sizes after each pass)\n")
+        sys.stdout.write(str(report) + "\n")
     return 0
+
+
+def add_optimize_flags(s: argparse.ArgumentParser) -> None:
+    """Kaldi's ``--optimization.<option>`` flags, one per OptimizeOptions field."""
+    from ..optimize import OptimizeOptions
+
+    g = s.add_argument_group("optimization options (Kaldi's NnetOptimizeOptions)")
+    for f in fields(OptimizeOptions):
+        flag = "--optimization." + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            g.add_argument(flag, dest="opt_" + f.name, type=kaldi_bool, default=None,
+                           metavar="true|false")
+        else:
+            g.add_argument(flag, dest="opt_" + f.name, type=int, default=None, metavar="INT")
+
+
+def optimize_options_from_args(args):
+    from ..optimize import OptimizeOptions
+
+    given = {f.name: getattr(args, "opt_" + f.name) for f in fields(OptimizeOptions)
+             if getattr(args, "opt_" + f.name, None) is not None}
+    return OptimizeOptions(**given)
 
 
 def _cmd_demo(args) -> int:
@@ -122,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model")
     s.add_argument("--request", required=True, help="request.json (kaldi-reference format)")
     s.add_argument("--optimize", type=kaldi_bool, default=True, metavar="true|false")
+    s.add_argument("--report", action="store_true",
+                   help="print commands, matrices and peak memory after each pass")
+    s.add_argument("--check", type=kaldi_bool, default=False, metavar="true|false",
+                   help="run the computation checker after compilation and every pass")
+    add_optimize_flags(s)
     s.set_defaults(fn=_cmd_show)
 
     s = sub.add_parser("demo", help="compile and run the bundled TDNN-F example")

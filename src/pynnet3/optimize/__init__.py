@@ -1,36 +1,90 @@
-"""Command-level optimization of an NnetComputation (Kaldi's nnet-optimize)."""
+"""Command-level optimization of an NnetComputation (Kaldi's nnet-optimize).
+
+The default pipeline below mirrors the order of Kaldi's ``Optimize()``; each
+entry names the module and function holding the pass and the option that
+switches it. See :mod:`pynnet3.optimize.pipeline` for the pass contract.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+
+from .options import OptimizeOptions
+from .pipeline import (
+    PIPELINE,
+    OptimizationPass,
+    OptimizeReport,
+    PassReport,
+    register_pass,
+    run_pipeline,
+)
 
 
-@dataclass
-class OptimizeOptions:
-    """One field per Kaldi ``NnetOptimizeOptions`` option, with Kaldi's defaults."""
+def _lazy(target: str):
+    """A pass function that imports ``module:function`` on first use."""
+    module, _, name = target.partition(":")
 
-    optimize: bool = True
-    consolidate_model_update: bool = True
-    propagate_in_place: bool = True
-    backprop_in_place: bool = True
-    optimize_row_ops: bool = True
-    split_row_ops: bool = True
-    extend_matrices: bool = True
-    convert_addition: bool = True
-    remove_assignments: bool = True
-    allow_left_merge: bool = True
-    allow_right_merge: bool = True
-    initialize_undefined: bool = True
-    move_sizing_commands: bool = True
-    allocate_from_other: bool = True
-    min_deriv_time: int | None = None
-    max_deriv_time: int | None = None
-    max_deriv_time_relative: int | None = None
-    snip_row_ops: bool = True
-    memory_compression_level: int = 1
-    optimize_looped_computation: bool = False
+    def call(computation, nnet, options):
+        fn = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        return fn(computation, nnet, options)
+
+    call.__name__ = name
+    call.__qualname__ = f"{module}.{name}"
+    return call
 
 
-def optimize(computation, nnet, options: OptimizeOptions):
-    """Run the enabled passes. No passes exist yet: the computation is returned as is."""
-    return computation
+def _deriv_limited(o: OptimizeOptions) -> bool:
+    return (o.min_deriv_time is not None or o.max_deriv_time is not None
+            or o.max_deriv_time_relative is not None)
+
+
+_DEFAULT = [
+    ("limit_derivative_times", "deriv_time:limit_derivative_times", _deriv_limited),
+    ("consolidate_model_update", "model_update:consolidate_model_update",
+     lambda o: o.consolidate_model_update),
+    ("convert_addition", "addition:convert_addition_to_assignment",
+     lambda o: o.convert_addition),
+    ("variable_merging", "merging:variable_merging",
+     lambda o: o.remove_assignments or o.backprop_in_place or o.propagate_in_place),
+    ("snip_row_ops", "row_ops:snip_row_ops", lambda o: o.snip_row_ops),
+    ("split_row_ops", "row_ops:split_row_ops", lambda o: o.split_row_ops),
+    ("replace_row_with_matrix_ops", "row_ops:replace_row_with_matrix_ops",
+     lambda o: o.optimize_row_ops),
+    ("extend_matrices", "extend:extend_matrices",
+     lambda o: o.extend_matrices and not o.optimize_looped_computation),
+    ("remove_unnecessary_zeroing", "zeroing:remove_unnecessary_zeroing",
+     lambda o: o.initialize_undefined),
+    ("move_sizing_commands", "sizing:move_sizing_commands", lambda o: o.move_sizing_commands),
+    ("optimize_looped_computation", "looped:optimize_looped_computation",
+     lambda o: o.optimize_looped_computation),
+    ("allocate_from_other", "sizing:remove_unnecessary_allocation",
+     lambda o: o.allocate_from_other and not o.optimize_looped_computation),
+    ("consolidate_io", "io_ops:consolidate_io_operations", lambda o: True),
+    ("memory_compression", "compression:optimize_memory_compression",
+     lambda o: o.memory_compression_level > 0 and not o.optimize_looped_computation),
+]
+
+def _available(target: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(f"{__name__}.{target.partition(':')[0]}") is not None
+
+
+for _name, _target, _enabled in _DEFAULT:
+    if _available(_target):
+        register_pass(_name, _lazy(_target), _enabled)
+
+
+def optimize(computation, nnet, options: OptimizeOptions | None = None, *,
+             report: OptimizeReport | None = None, check: bool = False):
+    """Optimize ``computation`` in place with the registered passes that
+    ``options`` enables, and return it. ``report`` (an :class:`OptimizeReport`)
+    is filled pass by pass; ``check`` runs the checker after every pass."""
+    options = options or OptimizeOptions()
+    if not options.optimize and not options.optimize_looped_computation:
+        return computation
+    return run_pipeline(computation, nnet, options, report=report, check=check)
+
+
+__all__ = ["PIPELINE", "OptimizationPass", "OptimizeOptions", "OptimizeReport", "PassReport",
+           "optimize", "register_pass", "run_pipeline"]

@@ -1,0 +1,124 @@
+"""The ordered registry of command-level passes and the driver that runs them.
+
+A pass is a function ``fn(computation, nnet, options) -> str`` that rewrites the
+computation **in place** and returns a short description of what it changed
+("" when nothing changed). A pass may leave commands as ``NO_OPERATION`` and
+leave matrices/submatrices/index tables unreferenced; the driver drops no-ops and
+renumbers afterwards (:func:`pynnet3.optimize.renumber.renumber`), so passes need
+not. Every pass must preserve the computation's meaning: optimized and
+unoptimized runs agree to float rounding, and the checker
+(:func:`pynnet3.analysis.check`) passes after it.
+
+Users add passes with :func:`register_pass`; each pass names the predicate on
+:class:`OptimizeOptions` that enables it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..computation import NnetComputation
+from ..errors import PynnetError
+from .options import OptimizeOptions
+
+PassFn = Callable[[NnetComputation, object, OptimizeOptions], str]
+
+
+@dataclass
+class OptimizationPass:
+    """One registered pass: ``name``, its function, and ``enabled(options)``."""
+
+    name: str
+    fn: PassFn
+    enabled: Callable[[OptimizeOptions], bool]
+    doc: str = ""
+
+
+@dataclass
+class PassReport:
+    """What one pass did: its description and the computation's size after it."""
+
+    name: str
+    changed: str
+    num_commands: int
+    num_matrices: int
+    num_submatrices: int
+    peak_memory_floats: int
+    seconds: float
+
+
+@dataclass
+class OptimizeReport:
+    """Per-pass report of one :func:`optimize` run; ``str()`` prints a table."""
+
+    initial: PassReport | None = None
+    passes: list[PassReport] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        rows = ([self.initial] if self.initial else []) + self.passes
+        lines = [f"{'pass':<28} {'commands':>8} {'matrices':>8} {'submats':>8} "
+                 f"{'peak floats':>12} {'ms':>8}  changed"]
+        for r in rows:
+            lines.append(f"{r.name:<28} {r.num_commands:>8} {r.num_matrices:>8} "
+                         f"{r.num_submatrices:>8} {r.peak_memory_floats:>12} "
+                         f"{r.seconds * 1e3:>8.2f}  {r.changed}")
+        return "\n".join(lines)
+
+
+PIPELINE: list[OptimizationPass] = []
+
+
+def register_pass(name: str, fn: PassFn, enabled: Callable[[OptimizeOptions], bool],
+                  *, before: str | None = None, after: str | None = None,
+                  doc: str = "") -> OptimizationPass:
+    """Add a pass to the pipeline (at the end, or ``before``/``after`` a named pass).
+    Registering an existing name replaces that pass in place."""
+    p = OptimizationPass(name, fn, enabled, doc or (fn.__doc__ or "").strip().split("\n")[0])
+    names = [q.name for q in PIPELINE]
+    if name in names:
+        PIPELINE[names.index(name)] = p
+        return p
+    if before is not None or after is not None:
+        anchor = before if before is not None else after
+        if anchor not in names:
+            raise PynnetError(f"register_pass: no pass named {anchor!r} "
+                              f"(registered: {names})")
+        i = names.index(anchor) + (0 if before is not None else 1)
+        PIPELINE.insert(i, p)
+    else:
+        PIPELINE.append(p)
+    return p
+
+
+def _snapshot(name: str, c: NnetComputation, changed: str, seconds: float) -> PassReport:
+    return PassReport(name, changed, len(c.commands), c.num_matrices(),
+                      len(c.submatrices) - 1, c.peak_memory_floats(), seconds)
+
+
+def run_pipeline(computation: NnetComputation, nnet, options: OptimizeOptions, *,
+                 report: OptimizeReport | None = None, check: bool = False,
+                 passes: list[OptimizationPass] | None = None) -> NnetComputation:
+    """Run every enabled pass in order, in place. With ``check`` the checker runs
+    after each pass and a failure names the pass. With ``report`` the per-pass
+    table is filled (the sizes cost a scan per pass, so only then)."""
+    from .renumber import renumber
+
+    if report is not None:
+        report.initial = _snapshot("(unoptimized)", computation, "", 0.0)
+    for p in (PIPELINE if passes is None else passes):
+        if not p.enabled(options):
+            continue
+        t0 = time.perf_counter()
+        changed = p.fn(computation, nnet, options) or ""
+        if changed:
+            renumber(computation)
+        dt = time.perf_counter() - t0
+        if check:
+            from ..analysis.checker import check_computation
+
+            check_computation(computation, nnet, context=f"after pass {p.name!r}")
+        if report is not None:
+            report.passes.append(_snapshot(p.name, computation, changed, dt))
+    return computation
