@@ -258,5 +258,8 @@ def check_computation(c: NnetComputation, nnet=None) -> list[str]:
 
 
 def assert_valid(c: NnetComputation, nnet=None) -> None:
+    """This module's compiler-specific invariants, then the library's checker."""
     problems = check_computation(c, nnet)
     assert not problems, "\n".join(problems[:20])
+    if nnet is not None:
+        pynnet3.check(c, nnet)

@@ -71,7 +71,8 @@ def test_reference_case(case: Path, tmp_path: Path):
     derivs = {k.split(":", 1)[1]: v for k, v in arrays.items() if k.startswith("output_deriv:")}
     results = {}
     for opt in (False, True):
-        comp = pynnet3.compile(nnet, request, optimize=opt)
+        # the checker runs on the compiled computation and after every pass
+        comp = pynnet3.compile(nnet, request, optimize=opt, check=True)
         results[opt] = pynnet3.run(nnet, comp, inputs=dict(inputs), output_derivs=dict(derivs))
     res = results[True]
     failures = []
@@ -89,8 +90,14 @@ def test_reference_case(case: Path, tmp_path: Path):
         err = float("inf") if ours is None else rel_err(ours, ref)
         if not err <= tol:
             failures.append(f"{key}: rel error {err:.3g} > {tol:g}")
-    for name, out in results[False].outputs.items():
-        err = rel_err(res.outputs[name], out)
-        if not err <= 1e-4:
-            failures.append(f"opt_vs_unopt:{name}: rel error {err:.3g}")
+    unopt = results[False]
+    pairs = [(f"output:{k}", res.outputs.get(k), v, 1e-5) for k, v in unopt.outputs.items()]
+    pairs += [(f"input_deriv:{k}", res.input_derivs.get(k), v, 1e-5)
+              for k, v in unopt.input_derivs.items()]
+    pairs += [(f"grad:{c}:{p}", res.gradients.get(c, {}).get(p), v, 1e-4)
+              for c, g in unopt.gradients.items() for p, v in g.items()]
+    for key, ours, theirs, tol in pairs:
+        err = float("inf") if ours is None else rel_err(ours, theirs)
+        if not err <= tol:
+            failures.append(f"opt_vs_unopt:{key}: rel error {err:.3g} > {tol:g}")
     assert not failures, f"case {case.relative_to(REF)}: " + "; ".join(failures)
