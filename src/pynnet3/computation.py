@@ -35,7 +35,7 @@ class CommandType(enum.Enum):
     BACKPROP_NO_MODEL_UPDATE = "kBackpropNoModelUpdate"
     MATRIX_COPY = "kMatrixCopy"  # dst = alpha * src
     MATRIX_ADD = "kMatrixAdd"  # dst += alpha * src
-    COPY_ROWS = "kCopyRows"  # dst[i] = alpha * src[table[i]] (table[i] = -1: untouched)
+    COPY_ROWS = "kCopyRows"  # dst[i] = alpha * src[table[i]] (table[i] = -1: row set to 0)
     ADD_ROWS = "kAddRows"  # dst[i] += alpha * src[table[i]]
     COPY_ROWS_MULTI = "kCopyRowsMulti"  # dst[i] = alpha * sub[table[i]].row
     COPY_TO_ROWS_MULTI = "kCopyToRowsMulti"  # sub[table[i]].row = alpha * src[i]
