@@ -79,7 +79,8 @@ class Command:
     in_deriv: int = 0
     memo: int = 0
     is_deriv: bool = False  # accept-input / provide-output of a derivative
-    label: int = -1
+    label: int = -1  # GOTO_LABEL: index of its NO_OPERATION_LABEL
+    compress_kind: int = 0  # COMPRESS/DECOMPRESS_MATRIX: Kaldi's CuCompressedMatrixType
 
 
 @dataclass
@@ -140,9 +141,13 @@ class NnetComputation:
 
     def peak_memory_floats(self) -> int:
         """Kaldi's GetMaxMemoryUse / 4: allocations and accepted inputs add,
-        deallocations subtract."""
-        cur = peak = 0
+        deallocations subtract; between COMPRESS_MATRIX and DECOMPRESS_MATRIX a
+        matrix takes ``bytes_per_element(kind)`` bytes an element instead of 4."""
+        from .runtime.compression import bytes_per_element
+
+        cur = peak = 0  # bytes
         live = set()
+        packed: dict[int, int] = {}  # compressed submatrix -> its bytes
         for c in self.commands:
             if c.type is CommandType.ALLOC_MATRIX or (
                     c.type is CommandType.ACCEPT_INPUT
@@ -150,12 +155,20 @@ class NnetComputation:
                 m = c.matrix if c.type is CommandType.ALLOC_MATRIX else \
                     self.submatrices[c.dst].matrix
                 live.add(m)
-                cur += self.matrices[m].rows * self.matrices[m].cols
-                peak = max(peak, cur)
+                cur += 4 * self.matrices[m].rows * self.matrices[m].cols
             elif c.type is CommandType.DEALLOC_MATRIX:
                 live.discard(c.matrix)
-                cur -= self.matrices[c.matrix].rows * self.matrices[c.matrix].cols
-        return peak
+                cur -= 4 * self.matrices[c.matrix].rows * self.matrices[c.matrix].cols
+            elif c.type in (CommandType.COMPRESS_MATRIX, CommandType.DECOMPRESS_MATRIX):
+                sm = self.submatrices[c.dst]
+                n = sm.num_rows * sm.num_cols
+                if c.type is CommandType.COMPRESS_MATRIX:
+                    packed[c.dst] = n * bytes_per_element(c.compress_kind)
+                    cur += packed[c.dst] - 4 * n
+                else:
+                    cur += 4 * n - packed.pop(c.dst)
+            peak = max(peak, cur)
+        return peak // 4
 
     def stats(self) -> dict:
         hist = Counter(c.type.value for c in self.commands)

@@ -51,7 +51,10 @@ def test_checker_properties(name, derivs):
 @pytest.mark.parametrize("name", list(CASES))
 def test_checker_properties_optimized(name):
     nnet, req, c = _compile(name, (True, True, True), optimize=True)
-    N.assert_valid(c, nnet)
+    # the compiler-specific invariants of N.check_computation (one marker, no row
+    # written twice by a scatter, ...) hold for the compiler's output; optimized
+    # computations answer to the library's checker
+    pynnet3.check(c, nnet)
 
 
 @pytest.mark.parametrize("name", list(CASES))

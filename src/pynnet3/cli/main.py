@@ -74,7 +74,13 @@ def _cmd_show(args) -> int:
     req = ComputationRequest.from_json(obj)
     report = OptimizeReport() if args.report else None
     options = optimize_options_from_args(args) if args.optimize else False
-    comp = compile(nnet, req, optimize=options, report=report, check=args.check)
+    if report is not None:  # the per-pass report needs the plain pipeline
+        comp = compile(nnet, req, optimize=options, report=report, check=args.check)
+    else:  # through the compile cache, as a program that compiles many requests would
+        from ..cache import CachingCompiler
+
+        comp = CachingCompiler(nnet, optimize=options, use_shortcut=args.use_shortcut,
+                               check=args.check).compile(req)
     sys.stdout.write(str(req) + "\n")
     sys.stdout.write(str(comp))
     sys.stdout.write("# stats: " + json.dumps(comp.stats()) + "\n")
@@ -151,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model")
     s.add_argument("--request", required=True, help="request.json (kaldi-reference format)")
     s.add_argument("--optimize", type=kaldi_bool, default=True, metavar="true|false")
+    s.add_argument("--use-shortcut", dest="use_shortcut", type=kaldi_bool, default=True,
+                   metavar="true|false",
+                   help="compile N identical sequences as 2 and expand (Kaldi's shortcut)")
     s.add_argument("--report", action="store_true",
                    help="print commands, matrices and peak memory after each pass")
     s.add_argument("--check", type=kaldi_bool, default=False, metavar="true|false",

@@ -9,8 +9,13 @@ from .request import ComputationRequest, IoSpecification
 
 def compile_computation(nnet, request: ComputationRequest):
     """Compile ``request`` on ``nnet`` into an unoptimized NnetComputation."""
+    from ..optimize.io_ops import consolidate_io_operations
+
     builder, graph = build_graph(nnet, request)
-    return compile_commands(nnet, request, builder, graph)
+    computation = compile_commands(nnet, request, builder, graph)
+    # as Kaldi's compiler: inputs accepted first, outputs provided last in each segment
+    consolidate_io_operations(computation)
+    return computation
 
 
 __all__ = ["ComputationRequest", "IoSpecification", "compile_computation"]

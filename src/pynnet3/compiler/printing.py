@@ -101,7 +101,12 @@ def command_text(c: NnetComputation, cmd) -> str:
     if t is CT.GOTO_LABEL:
         return f"goto c{cmd.label}"
     if t in (CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX):
-        return f"{t.value[1:]}(m{cmd.matrix})"
+        m = f"m{c.submatrices[cmd.dst].matrix}" if cmd.dst else f"m{cmd.matrix}"
+        if t is CT.DECOMPRESS_MATRIX:
+            return f"DecompressMatrix({m})"
+        kind = {1: "int8", 2: "uint8", 3: "int16", 4: "uint16"}.get(cmd.compress_kind,
+                                                                    cmd.compress_kind)
+        return f"CompressMatrix({m}, {cmd.alpha:g}, {kind}, true)"
     return t.value
 
 

@@ -38,6 +38,8 @@ def _deriv_limited(o: OptimizeOptions) -> bool:
             or o.max_deriv_time_relative is not None)
 
 
+_ALWAYS = "not gated on options.optimize"
+
 _DEFAULT = [
     ("limit_derivative_times", "deriv_time:limit_derivative_times", _deriv_limited),
     ("consolidate_model_update", "model_update:consolidate_model_update",
@@ -59,12 +61,17 @@ _DEFAULT = [
      lambda o: o.optimize_row_ops),
     ("remove_unnecessary_zeroing", "zeroing:remove_unnecessary_zeroing",
      lambda o: o.initialize_undefined),
-    ("move_sizing_commands", "sizing:move_sizing_commands", lambda o: o.move_sizing_commands),
+    # the looped optimization needs sizing commands next to their uses
+    ("move_sizing_commands", "sizing:move_sizing_commands",
+     lambda o: o.move_sizing_commands or o.optimize_looped_computation, _ALWAYS),
     ("optimize_looped_computation", "looped:optimize_looped_computation",
-     lambda o: o.optimize_looped_computation),
+     lambda o: o.optimize_looped_computation, _ALWAYS),
     ("allocate_from_other", "sizing:remove_unnecessary_allocation",
      lambda o: o.allocate_from_other and not o.optimize_looped_computation),
-    ("consolidate_io", "io_ops:consolidate_io_operations", lambda o: True),
+    # needed for the computation to run, whatever the options
+    ("consolidate_io", "io_ops:consolidate_io_operations", lambda o: True, _ALWAYS),
+    ("fix_goto_label", "looped:fix_goto_label", lambda o: o.optimize_looped_computation,
+     _ALWAYS),
     ("memory_compression", "compression:optimize_memory_compression",
      lambda o: o.memory_compression_level > 0 and not o.optimize_looped_computation),
 ]
@@ -75,9 +82,14 @@ def _available(target: str) -> bool:
     return importlib.util.find_spec(f"{__name__}.{target.partition(':')[0]}") is not None
 
 
-for _name, _target, _enabled in _DEFAULT:
+def _gated(enabled):
+    """Kaldi gates every pass on the master switch ``optimize``."""
+    return lambda o: o.optimize and enabled(o)
+
+
+for _name, _target, _enabled, *_flags in _DEFAULT:
     if _available(_target):
-        register_pass(_name, _lazy(_target), _enabled)
+        register_pass(_name, _lazy(_target), _enabled if _flags else _gated(_enabled))
 
 
 def optimize(computation, nnet, options: OptimizeOptions | None = None, *,

@@ -1,8 +1,15 @@
 """NnetComputer: executes an NnetComputation's commands through a backend.
 
 The computer does exactly what the command list says; it never re-derives what
-the compiler decided. Inputs and output derivatives are checked (names, shapes,
-finiteness) before anything runs.
+the compiler decided. Two ways to drive it:
+
+* :meth:`NnetComputer.run` executes the whole command list in one go. Inputs and
+  output derivatives are checked (names, shapes, finiteness) before anything runs.
+* :meth:`~NnetComputer.accept_input`, :meth:`~NnetComputer.run_until_io` and
+  :meth:`~NnetComputer.get_output` step through it as Kaldi's ``NnetComputer``
+  does (AcceptInput / Run / GetOutput). The computer keeps a program counter and
+  its matrices between calls, and follows ``GOTO_LABEL``: this is how a looped
+  computation runs one chunk at a time, carrying its state across the jump.
 """
 
 from __future__ import annotations
@@ -11,10 +18,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
-from ..computation import NnetComputation
-from ..errors import RuntimeInputError
+from ..errors import PynnetError, RuntimeInputError
 from .backend import get_backend
+
+_IO = (CT.ACCEPT_INPUT, CT.PROVIDE_OUTPUT)
+# Commands that do nothing at run time; I/O lookups step over them.
+_NOOPS = (CT.NO_OPERATION, CT.NO_OPERATION_PERMANENT, CT.NO_OPERATION_MARKER,
+          CT.NO_OPERATION_LABEL)
 
 
 @dataclass
@@ -28,6 +40,13 @@ class RunResult:
 
 
 class NnetComputer:
+    """Runs one computation; holds its matrices, memos and gradients.
+
+    Stepping state (Kaldi's semantics): ``pc`` is the next command; ``pending`` the
+    I/O commands already passed whose input has not been given yet (accept) or
+    whose value may be fetched (provide). An I/O call first advances ``pc`` over
+    the I/O and no-op commands at the current position into ``pending``."""
+
     def __init__(self, nnet, computation: NnetComputation, backend: str = "numpy",
                  dtype=np.float32):
         self.nnet = nnet
@@ -37,6 +56,10 @@ class NnetComputer:
         self.matrices: dict[int, object] = {}
         self.memos: dict[int, object] = {}
         self.grads: dict[str, dict] = {}
+        self.pc = 0
+        self.pending: list[int] = []
+        self._components = {n.name: nnet.components[n.component]
+                            for n in nnet.nodes if n.kind == "component-node"}
 
     # -- validation -------------------------------------------------------------
     def _check(self, what: str, name: str, value, rows: int, cols: int):
@@ -89,113 +112,240 @@ class NnetComputer:
                                        sm.num_cols)
         return checked
 
-    def _accept(self, cmd, checked: dict):
-        sm = self.c.submatrices[cmd.dst]
+    def _store_input(self, dst: int, arr) -> None:
+        """Put a checked user matrix into submatrix ``dst`` (a whole matrix takes the
+        data over, as Kaldi's AcceptInput swaps it in)."""
+        sm = self.c.submatrices[dst]
         info = self.c.matrices[sm.matrix]
-        arr = checked[(cmd.is_deriv, cmd.node)]
         if sm.num_rows == info.rows and sm.num_cols == info.cols:
             self.matrices[sm.matrix] = self.backend.from_numpy(arr, self.dtype)
         else:
-            self.backend.copy(self._sub(cmd.dst), self.backend.from_numpy(arr, self.dtype), 1.0)
+            self.backend.copy(self._sub(dst), self.backend.from_numpy(arr, self.dtype), 1.0)
 
     def _sub(self, s: int):
         if s == 0:
             return None
         sm = self.c.submatrices[s]
-        mat = self.matrices[sm.matrix]
+        mat = self.matrices.get(sm.matrix)
+        if mat is None:
+            raise PynnetError(f"internal: a command uses matrix m{sm.matrix}, which is not "
+                              "allocated at this point")
         info = self.c.matrices[sm.matrix]
         if sm.row_offset == 0 and sm.col_offset == 0 and sm.num_rows == info.rows \
                 and sm.num_cols == info.cols:
             return mat
         return self.backend.view(mat, sm.row_offset, sm.num_rows, sm.col_offset, sm.num_cols)
 
-    # -- execution ----------------------------------------------------------------
+    # -- one command --------------------------------------------------------------
+    def _execute(self, cmd: Command) -> None:
+        """Execute one command other than ACCEPT_INPUT / PROVIDE_OUTPUT. A
+        GOTO_LABEL sets ``pc`` to its label (the caller then steps past it)."""
+        t = cmd.type
+        be = self.backend
+        if t is CT.PROPAGATE:
+            comp = self._components[cmd.node]
+            pre = self.c.precomputed[cmd.precomputed]
+            iv, ov = self._sub(cmd.in_value), self._sub(cmd.out_value)
+            memo = comp.propagate(pre, iv, ov)
+            if cmd.memo:
+                self.memos[cmd.memo] = memo
+            if cmd.alpha == 2.0:  # store-stats flag
+                comp.store_stats(iv, ov, memo)
+        elif t is CT.ALLOC_MATRIX:
+            info = self.c.matrices[cmd.matrix]
+            self.matrices[cmd.matrix] = be.zeros(info.rows, info.cols, self.dtype)
+        elif t is CT.DEALLOC_MATRIX:
+            self.matrices.pop(cmd.matrix, None)
+        elif t is CT.SWAP_MATRIX:
+            a = self.matrices.pop(cmd.matrix, None)
+            b = self.matrices.pop(cmd.src_matrix, None)
+            if b is not None:
+                self.matrices[cmd.matrix] = b
+            if a is not None:
+                self.matrices[cmd.src_matrix] = a
+        elif t is CT.SET_CONST:
+            be.set_const(self._sub(cmd.dst), cmd.alpha)
+        elif t in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE):
+            name = self.nnet.node_map[cmd.node].component
+            comp = self._components[cmd.node]
+            grad = None
+            if t is CT.BACKPROP:
+                # A non-updatable component gets an empty dict: "training", which
+                # turns on self-repair and stats as Kaldi's to-update pointer does.
+                grad = self.grads.get(name)
+                if grad is None:
+                    grad = {k: np.zeros(v.shape, dtype=self.dtype)
+                            for k, v in comp.params().items()}
+                    self.grads[name] = grad
+            comp.backprop(self.c.precomputed[cmd.precomputed], self._sub(cmd.in_value),
+                          self._sub(cmd.out_value), self._sub(cmd.out_deriv),
+                          self.memos.pop(cmd.memo, None) if cmd.memo else None, grad,
+                          self._sub(cmd.in_deriv))
+        elif t is CT.MATRIX_COPY:
+            be.copy(self._sub(cmd.dst), self._sub(cmd.src), cmd.alpha)
+        elif t is CT.MATRIX_ADD:
+            be.add(self._sub(cmd.dst), self._sub(cmd.src), cmd.alpha)
+        elif t is CT.COPY_ROWS:
+            be.copy_rows(self._sub(cmd.dst), self._sub(cmd.src), self.c.indexes[cmd.table],
+                         cmd.alpha)
+        elif t is CT.ADD_ROWS:
+            be.add_rows(self._sub(cmd.dst), self._sub(cmd.src), self.c.indexes[cmd.table],
+                        cmd.alpha)
+        elif t in (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI):
+            table = self.c.indexes_multi[cmd.table]
+            sources = {int(s): self._sub(int(s)) for s in np.unique(table[:, 0]) if s > 0}
+            op = be.copy_rows_multi if t is CT.COPY_ROWS_MULTI else be.add_rows_multi
+            op(self._sub(cmd.dst), sources, table, cmd.alpha)
+        elif t is CT.ADD_ROW_RANGES:
+            be.add_row_ranges(self._sub(cmd.dst), self._sub(cmd.src),
+                              self.c.indexes_ranges[cmd.table], cmd.alpha)
+        elif t is CT.COMPRESS_MATRIX:  # range in alpha (see optimize/compression)
+            from .compression import compress
+            m = self.c.submatrices[cmd.dst].matrix
+            self.matrices[m] = compress(be.to_numpy(self.matrices[m]), cmd.compress_kind,
+                                      cmd.alpha)
+        elif t is CT.DECOMPRESS_MATRIX:
+            from .compression import decompress
+            m = self.c.submatrices[cmd.dst].matrix
+            out = np.empty(self.matrices[m].shape, dtype=self.dtype)
+            decompress(self.matrices[m], out)
+            self.matrices[m] = be.from_numpy(out, self.dtype)
+        elif t is CT.GOTO_LABEL:
+            self.pc = self._label_of(cmd)
+        elif t in _NOOPS:
+            pass
+        else:
+            raise NotImplementedError(f"command {t.value} is not supported by the runtime")
+
+    def _label_of(self, cmd: Command) -> int:
+        """Index of the goto's NO_OPERATION_LABEL (its ``label`` field, or the only
+        label in the computation when passes have moved commands since)."""
+        cmds = self.c.commands
+        if 0 <= cmd.label < len(cmds) and cmds[cmd.label].type is CT.NO_OPERATION_LABEL:
+            return cmd.label
+        labels = [i for i, x in enumerate(cmds) if x.type is CT.NO_OPERATION_LABEL]
+        if len(labels) != 1:
+            raise RuntimeInputError(f"GOTO_LABEL needs exactly one NO_OPERATION_LABEL, the "
+                                    f"computation has {len(labels)}")
+        cmd.label = labels[0]
+        return labels[0]
+
+    # -- whole run ------------------------------------------------------------------
     def run(self, inputs: dict, output_derivs: dict | None = None) -> RunResult:
+        """Execute every command once, in order (not for looped computations, which
+        never end: step through those with accept_input / run_until_io / get_output)."""
         output_derivs = output_derivs or {}
+        if any(cmd.type is CT.GOTO_LABEL for cmd in self.c.commands):
+            raise RuntimeInputError("this is a looped computation (it has a GOTO_LABEL); run "
+                                    "it chunk by chunk with accept_input / run_until_io / "
+                                    "get_output")
         checked = self._validate(inputs, output_derivs)
         result = RunResult()
         be = self.backend
-        comps = self.nnet.components
-        nodes = self.nnet.node_map
         for cmd in self.c.commands:
             t = cmd.type
-            if t is CT.ALLOC_MATRIX:
-                info = self.c.matrices[cmd.matrix]
-                self.matrices[cmd.matrix] = be.zeros(info.rows, info.cols, self.dtype)
-            elif t is CT.DEALLOC_MATRIX:
-                self.matrices.pop(cmd.matrix, None)
-            elif t is CT.SWAP_MATRIX:
-                a, b = self.matrices.get(cmd.matrix), self.matrices.get(cmd.src_matrix)
-                self.matrices[cmd.matrix], self.matrices[cmd.src_matrix] = b, a
-            elif t is CT.SET_CONST:
-                be.set_const(self._sub(cmd.dst), cmd.alpha)
-            elif t is CT.PROPAGATE:
-                comp = comps[nodes[cmd.node].component]
-                pre = self.c.precomputed[cmd.precomputed]
-                iv, ov = self._sub(cmd.in_value), self._sub(cmd.out_value)
-                memo = comp.propagate(pre, iv, ov)
-                if cmd.memo:
-                    self.memos[cmd.memo] = memo
-                if cmd.alpha == 2.0:  # store-stats flag
-                    comp.store_stats(iv, ov, memo)
-            elif t in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE):
-                name = nodes[cmd.node].component
-                comp = comps[name]
-                grad = None
-                if t is CT.BACKPROP:
-                    # A non-updatable component gets an empty dict: "training", which
-                    # turns on self-repair and stats as Kaldi's to-update pointer does.
-                    grad = self.grads.get(name)
-                    if grad is None:
-                        grad = {k: np.zeros(v.shape, dtype=self.dtype)
-                                for k, v in comp.params().items()}
-                        self.grads[name] = grad
-                comp.backprop(self.c.precomputed[cmd.precomputed], self._sub(cmd.in_value),
-                              self._sub(cmd.out_value), self._sub(cmd.out_deriv),
-                              self.memos.pop(cmd.memo, None) if cmd.memo else None, grad,
-                              self._sub(cmd.in_deriv))
-            elif t is CT.MATRIX_COPY:
-                be.copy(self._sub(cmd.dst), self._sub(cmd.src), cmd.alpha)
-            elif t is CT.MATRIX_ADD:
-                be.add(self._sub(cmd.dst), self._sub(cmd.src), cmd.alpha)
-            elif t is CT.COPY_ROWS:
-                be.copy_rows(self._sub(cmd.dst), self._sub(cmd.src), self.c.indexes[cmd.table],
-                             cmd.alpha)
-            elif t is CT.ADD_ROWS:
-                be.add_rows(self._sub(cmd.dst), self._sub(cmd.src), self.c.indexes[cmd.table],
-                            cmd.alpha)
-            elif t in (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI):
-                table = self.c.indexes_multi[cmd.table]
-                sources = {int(s): self._sub(int(s)) for s in np.unique(table[:, 0]) if s > 0}
-                op = be.copy_rows_multi if t is CT.COPY_ROWS_MULTI else be.add_rows_multi
-                op(self._sub(cmd.dst), sources, table, cmd.alpha)
-            elif t is CT.ADD_ROW_RANGES:
-                be.add_row_ranges(self._sub(cmd.dst), self._sub(cmd.src),
-                                  self.c.indexes_ranges[cmd.table], cmd.alpha)
-            elif t is CT.ACCEPT_INPUT:
-                self._accept(cmd, checked)
+            if t is CT.ACCEPT_INPUT:
+                self._store_input(cmd.dst, checked[(cmd.is_deriv, cmd.node)])
             elif t is CT.PROVIDE_OUTPUT:
                 value = np.array(be.to_numpy(self._sub(cmd.src)), copy=True)
                 (result.input_derivs if cmd.is_deriv else result.outputs)[cmd.node] = value
-            elif t in (CT.NO_OPERATION, CT.NO_OPERATION_PERMANENT, CT.NO_OPERATION_MARKER,
-                       CT.NO_OPERATION_LABEL):
-                pass
             else:
-                raise NotImplementedError(f"command {t.value} is not supported by the runtime")
+                self._execute(cmd)
+        self.pc = len(self.c.commands)
+        result.gradients = self.gradients()
+        return result
+
+    def gradients(self) -> dict:
+        """Model gradients accumulated by BACKPROP commands so far, per updatable
+        component (composite sub-components as ``name#i``)."""
+        out = {}
+        comps = self.nnet.components
         for name, grad in self.grads.items():
             comp = comps[name]
             if not comp.is_updatable():
                 continue
             if hasattr(comp, "sub_gradients"):  # composite: sub-component i is "name#i"
                 for i, g in comp.sub_gradients(grad).items():
-                    result.gradients[f"{name}#{i}"] = g
+                    out[f"{name}#{i}"] = g
             else:
-                result.gradients[name] = comp.export_gradient(grad)
-        return result
+                out[name] = comp.export_gradient(grad)
+        return out
+
+    # -- stepping (Kaldi's AcceptInput / Run / GetOutput) -----------------------------
+    def _collect_io(self) -> None:
+        """Move ``pc`` past the I/O and no-op commands at the current position,
+        remembering the I/O ones as pending."""
+        cmds = self.c.commands
+        while self.pc < len(cmds) and (cmds[self.pc].type in _IO
+                                       or cmds[self.pc].type in _NOOPS):
+            if cmds[self.pc].type in _IO:
+                self.pending.append(self.pc)
+            self.pc += 1
+
+    def _pending_io(self, name: str, kind: CT, is_deriv: bool) -> int:
+        """Position in ``pending`` of the expected I/O command for ``name``."""
+        self._collect_io()
+        cmds = self.c.commands
+        for k, i in enumerate(self.pending):
+            cmd = cmds[i]
+            if cmd.type is kind and cmd.node == name and cmd.is_deriv == is_deriv:
+                return k
+        what = ("output derivative" if is_deriv else "input") if kind is CT.ACCEPT_INPUT \
+            else ("input derivative" if is_deriv else "output")
+        raise RuntimeInputError(f"the computation does not expect {what} {name!r} at this "
+                                f"point (command {self.pc})")
+
+    def accept_input(self, name: str, value, is_deriv: bool = False) -> None:
+        """Give the input (or, with ``is_deriv``, the output derivative) for node
+        ``name`` that the computation expects next (Kaldi's AcceptInput). A value
+        that is rejected (shape, non-finite) leaves the input still expected."""
+        k = self._pending_io(name, CT.ACCEPT_INPUT, is_deriv)
+        cmd = self.c.commands[self.pending[k]]
+        sm = self.c.submatrices[cmd.dst]
+        arr = self._check("output derivative" if is_deriv else "input", name, value,
+                          sm.num_rows, sm.num_cols)
+        self._store_input(cmd.dst, arr)
+        del self.pending[k]  # an input is taken once; an output may be read again
+
+    def run_until_io(self) -> None:
+        """Execute commands from the current position until the computation needs
+        the user: an input to accept or an output to hand over (Kaldi's Run).
+        Every input the computation expected before this point must have been
+        given."""
+        cmds = self.c.commands
+        self._collect_io()
+        missing = [cmds[i].node for i in self.pending if cmds[i].type is CT.ACCEPT_INPUT]
+        if missing:
+            raise RuntimeInputError(f"cannot run: no input given for node(s) {missing}")
+        self.pending.clear()
+        if self.pc >= len(cmds):
+            raise RuntimeInputError("the computation has already finished")
+        while self.pc < len(cmds):
+            cmd = cmds[self.pc]
+            if cmd.type in _IO:
+                break
+            self._execute(cmd)
+            self.pc += 1
+
+    def get_output(self, name: str, is_deriv: bool = False) -> np.ndarray:
+        """A copy of the output (or, with ``is_deriv``, the input derivative) of node
+        ``name`` that the computation has just provided (Kaldi's GetOutput)."""
+        cmd = self.c.commands[self.pending[self._pending_io(name, CT.PROVIDE_OUTPUT, is_deriv)]]
+        return np.array(self.backend.to_numpy(self._sub(cmd.src)), dtype=self.dtype, copy=True)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every command has run (a looped computation never finishes)."""
+        return self.pc >= len(self.c.commands)
 
 
-def run(nnet, computation: NnetComputation, inputs: dict, output_derivs: dict | None = None,
+def run(nnet, computation, inputs: dict, output_derivs: dict | None = None,
         backend: str = "numpy", dtype=np.float32) -> RunResult:
-    """Run a compiled computation; see :class:`RunResult`. Component statistics
-    (when the request stores them) accumulate in ``nnet``'s components, in place."""
+    """Run a compiled computation; see :class:`RunResult`. ``computation`` may also
+    be a ComputationRequest: it is then compiled through the network's cache
+    (``nnet.cache``), so repeated runs of equal shapes compile once. Component
+    statistics (when the request stores them) accumulate in ``nnet``'s
+    components, in place."""
+    if not isinstance(computation, NnetComputation):
+        computation = nnet.cache.compile(computation, dtype=dtype, backend=backend)
     return NnetComputer(nnet, computation, backend, dtype).run(inputs, output_derivs)

@@ -1,0 +1,109 @@
+"""Memory compression between the forward and the backward pass
+(Kaldi's OptimizeMemoryCompression / MemoryCompressionOptimizer).
+
+A matrix that the forward pass produces and the backward pass needs again sits in
+memory in between. Where the backward pass needs only part of its information it
+is compressed after its last forward access and decompressed just before its
+first backward access:
+
+* level >= 1 (exact): a matrix whose only backward access is its last access and
+  is a read by a ``RectifiedLinearComponent`` backprop (as that component's
+  output value, nothing else) keeps only its sign: uint8, range 0. ReLU backprop
+  reads ``y > 0``, so results are bit-identical.
+* level >= 2 (lossy): any other matrix accessed in both passes (not an output)
+  is stored as int16 with range 10 (error <= 10 / 32767 / 2 inside [-10, 10],
+  clamped outside; see :mod:`pynnet3.runtime.compression`). Level 3 is level 2,
+  as in Kaldi.
+
+Command encoding:
+
+* ``COMPRESS_MATRIX``: ``dst`` = the whole-matrix submatrix, ``compress_kind`` = the
+  compression kind in Kaldi's ``CuCompressedMatrixType`` numbering
+  (1 int8, 2 uint8, 3 int16, 4 uint16; constants in
+  :mod:`pynnet3.runtime.compression`), ``alpha`` = the range (0 = sign only).
+  Values are always clamped to the representable range (Kaldi's ``truncate``,
+  which its optimizer always sets).
+* ``DECOMPRESS_MATRIX``: ``dst`` = the same submatrix; ``compress_kind``/``alpha``
+  repeat the kind and range so each command is self-describing (memory
+  accounting needs the kind; the runtime reads it from the stored object).
+
+Memory accounting (Kaldi's GetMaxMemoryUse): compression frees
+``rows * cols * (4 - bytes_per_element(kind))`` bytes until decompression.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from ..analysis import AccessType, Analyzer
+from ..computation import Command, NnetComputation
+from ..computation import CommandType as CT
+from ..runtime.compression import INT16, UINT8
+
+_BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
+
+
+def optimize_memory_compression(c: NnetComputation, nnet, options=None) -> str:
+    """Insert COMPRESS/DECOMPRESS pairs around the forward/backward gap of each
+    matrix that ``options.memory_compression_level`` allows compressing."""
+    level = 1 if options is None else options.memory_compression_level
+    if level <= 0 or not c.commands or any(x.type is CT.GOTO_LABEL for x in c.commands):
+        return ""
+    markers = [i for i, x in enumerate(c.commands) if x.type is CT.NO_OPERATION_MARKER]
+    if len(markers) != 1:
+        return ""  # no backward pass (or an unexpected layout)
+    middle = markers[0]
+    a = Analyzer(c, nnet)
+    plans = []  # (after forward command, before backward command, matrix, kind, range)
+    for m in range(1, len(c.matrices)):
+        plan = _plan_matrix(c, nnet, a, m, middle, level)
+        if plan is not None:
+            plans.append(plan)
+    if not plans:
+        return ""
+    before: dict[int, list[Command]] = {}
+    for fwd, bwd, m, kind, rng in plans:
+        s = c.whole(m)
+        before.setdefault(fwd + 1, []).append(
+            Command(CT.COMPRESS_MATRIX, dst=s, alpha=rng, compress_kind=kind))
+        before.setdefault(bwd, []).append(
+            Command(CT.DECOMPRESS_MATRIX, dst=s, alpha=rng, compress_kind=kind))
+    out: list[Command] = []
+    for i, cmd in enumerate(c.commands):
+        out.extend(before.get(i, ()))
+        out.append(cmd)
+    c.commands = out
+    exact = sum(p[3] == UINT8 for p in plans)
+    return (f"compressed {len(plans)} matrices between the passes "
+            f"({exact} sign-only, {len(plans) - exact} int16)")
+
+
+def _plan_matrix(c: NnetComputation, nnet, a: Analyzer, m: int, middle: int, level: int):
+    ma = a.matrix_accesses[m]
+    if ma.is_output:
+        return None  # the user gets it; it must stay exact
+    acc = ma.accesses
+    k = bisect.bisect_left([i for i, _ in acc], middle)
+    if k == len(acc) or k == 0:
+        return None  # not used in both passes
+    fwd, (bwd, bwd_access) = acc[k - 1][0], acc[k]
+    cmd = c.commands[bwd]
+    if (level >= 1 and k == len(acc) - 1 and bwd_access == AccessType.READ
+            and cmd.type in _BACKPROPS and _relu_reads_only_output(c, nnet, cmd, m)):
+        return fwd, bwd, m, UINT8, 0.0
+    if level >= 2:
+        return fwd, bwd, m, INT16, 10.0
+    return None
+
+
+def _relu_reads_only_output(c: NnetComputation, nnet, cmd: Command, m: int) -> bool:
+    """``cmd`` (a backprop; Kaldi's compiler makes every backprop kBackprop, ours
+    drops the model update when none is wanted, so both types count) is a ReLU's,
+    and it touches matrix ``m`` only as its output value."""
+    comp = nnet.components[nnet.node_map[cmd.node].component]
+    if getattr(comp, "type_name", "") != "RectifiedLinearComponent":
+        return False
+    if not cmd.out_value or c.submatrices[cmd.out_value].matrix != m:
+        return False
+    return all(not s or c.submatrices[s].matrix != m
+               for s in (cmd.in_value, cmd.out_deriv, cmd.in_deriv))

@@ -1,0 +1,109 @@
+"""Sizing commands: shorter matrix lifetimes and reuse of freed memory.
+
+* :func:`move_sizing_commands` (Kaldi's MoveSizingCommands) moves each
+  ``ALLOC_MATRIX`` (with the zeroing that follows it, if any) to just before the
+  first access of its matrix and each ``DEALLOC_MATRIX`` to just after the last
+  access. The compiler allocates early and frees late; this is where most of the
+  optimizer's memory saving comes from.
+* :func:`remove_unnecessary_allocation` (Kaldi's RemoveUnnecessaryAllocation)
+  pairs the deallocation of a matrix ``A`` with a later allocation of a matrix
+  ``B`` of the same size and replaces the pair by one ``SWAP_MATRIX`` (``B``
+  takes over ``A``'s memory; the deallocation becomes a no-op). An allocation
+  leaves data undefined, so handing ``B`` ``A``'s stale data is the same thing;
+  a zeroing that follows ``B``'s allocation stays where it is.
+
+Both reason about straight-line command order, so they leave looped
+computations (with a ``GOTO_LABEL``) alone.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from ..analysis import Analyzer
+from ..computation import Command, NnetComputation, SubMatrix
+from ..computation import CommandType as CT
+
+
+def _looped(c: NnetComputation) -> bool:
+    return any(cmd.type is CT.GOTO_LABEL for cmd in c.commands)
+
+
+def _alloc_zero_pairs(c: NnetComputation) -> list[bool]:
+    """``pair[i]``: command ``i`` allocates a matrix and ``i + 1`` zeroes all of it."""
+    cmds = c.commands
+    pair = [False] * len(cmds)
+    for i in range(len(cmds) - 1):
+        x, y = cmds[i], cmds[i + 1]
+        if x.type is CT.ALLOC_MATRIX and y.type is CT.SET_CONST and y.alpha == 0.0:
+            info = c.matrices[x.matrix]
+            pair[i] = c.submatrices[y.dst] == SubMatrix(x.matrix, 0, info.rows, 0, info.cols)
+    return pair
+
+
+def move_sizing_commands(c: NnetComputation, nnet, options=None) -> str:
+    """Allocate each matrix just before its first use and free it just after its
+    last; input/output and all other commands keep their relative order."""
+    if _looped(c):
+        return ""
+    a = Analyzer(c, nnet)
+    cmds = c.commands
+    n = len(cmds)
+    pair = _alloc_zero_pairs(c)
+    # Sort keys: 3 * position, so that "just before command k" is 3k - 1 and
+    # "just after command k" is 3k + 1; ties keep the original order.
+    key = [3 * i for i in range(n)]
+    for m in range(1, len(c.matrices)):
+        ma = a.matrix_accesses[m]
+        acc = [i for i, _ in ma.accesses]
+        al = ma.allocate_command
+        if al != -1 and cmds[al].type is CT.ALLOC_MATRIX:
+            uses = acc[1:] if (pair[al] and acc and acc[0] == al + 1) else acc
+            if uses:
+                key[al] = 3 * uses[0] - 1
+        de = ma.deallocate_command
+        if de != -1 and acc and cmds[de].type is CT.DEALLOC_MATRIX:
+            key[de] = 3 * acc[-1] + 1
+    order = sorted(range(n), key=lambda i: (key[i], i))
+    out: list[Command] = []
+    for i in order:
+        if i > 0 and pair[i - 1]:
+            continue  # a zeroing travels with its allocation
+        out.append(cmds[i])
+        if pair[i]:
+            out.append(cmds[i + 1])
+    moved = sum(x is not y for x, y in zip(out, cmds, strict=True))
+    c.commands = out
+    return f"reordered {moved} commands" if moved else ""
+
+
+def remove_unnecessary_allocation(c: NnetComputation, nnet, options=None) -> str:
+    """Replace (deallocation of A, later allocation of B of A's size) pairs by
+    ``SWAP_MATRIX`` B <- A. Pairing, per size: from the latest deallocation to the
+    earliest, take the earliest still-unpaired allocation after it."""
+    if _looped(c):
+        return ""
+    # Matrices filled by ACCEPT_INPUT count their memory at the accept; keep their
+    # (unusual) allocations as they are so the accounting stays right.
+    inputs = {c.submatrices[cmd.dst].matrix for cmd in c.commands
+              if cmd.type is CT.ACCEPT_INPUT}
+    lists: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+    for i, cmd in enumerate(c.commands):
+        if cmd.type is CT.DEALLOC_MATRIX or (cmd.type is CT.ALLOC_MATRIX
+                                             and cmd.matrix not in inputs):
+            info = c.matrices[cmd.matrix]
+            d, al = lists.setdefault((info.rows, info.cols), ([], []))
+            (d if cmd.type is CT.DEALLOC_MATRIX else al).append(i)
+    swaps = 0
+    for deallocs, allocs in lists.values():
+        for d in reversed(deallocs):
+            j = bisect.bisect_right(allocs, d)
+            if j == len(allocs):
+                continue
+            al = allocs.pop(j)
+            freed = c.commands[d].matrix
+            c.commands[al] = Command(CT.SWAP_MATRIX, matrix=c.commands[al].matrix,
+                                     src_matrix=freed)
+            c.commands[d] = Command(CT.NO_OPERATION)
+            swaps += 1
+    return f"{swaps} allocations take over freed matrices" if swaps else ""

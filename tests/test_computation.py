@@ -1,0 +1,25 @@
+"""NnetComputation's memory accounting follows Kaldi's GetMaxMemoryUse."""
+
+from __future__ import annotations
+
+from pynnet3.computation import Command, NnetComputation
+from pynnet3.computation import CommandType as CT
+from pynnet3.runtime.compression import UINT8
+
+
+def test_peak_memory_counts_compression_and_swaps():
+    c = NnetComputation()
+    a = c.new_matrix(10, 10)
+    b = c.new_matrix(5, 4)
+    d = c.new_matrix(10, 10)
+    c.add(Command(CT.ALLOC_MATRIX, matrix=a))            # 100 floats
+    c.add(Command(CT.COMPRESS_MATRIX, dst=c.whole(a), compress_kind=UINT8))  # 25
+    c.add(Command(CT.ALLOC_MATRIX, matrix=b))            # 45
+    c.add(Command(CT.DEALLOC_MATRIX, matrix=b))          # 25
+    c.add(Command(CT.DECOMPRESS_MATRIX, dst=c.whole(a), compress_kind=UINT8))  # 100
+    c.add(Command(CT.SWAP_MATRIX, matrix=d, src_matrix=a))  # swaps cost nothing: 100
+    c.add(Command(CT.DEALLOC_MATRIX, matrix=d))          # 0
+    assert c.peak_memory_floats() == 100
+    c.commands.insert(4, Command(CT.ALLOC_MATRIX, matrix=b))  # 25 + 20 = 45 while packed
+    c.commands.insert(6, Command(CT.DEALLOC_MATRIX, matrix=b))  # after decompress: 120
+    assert c.peak_memory_floats() == 120
