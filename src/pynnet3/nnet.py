@@ -174,7 +174,15 @@ class Nnet:
 
     @property
     def node_map(self) -> dict[str, Node]:
-        return {n.name: n for n in self.nodes}
+        """Name -> node. Cached against the identity of every node, so replacing,
+        adding or removing nodes is seen (compiler and analysis ask for it per
+        command)."""
+        key = tuple(map(id, self.nodes))
+        cached = getattr(self, "_node_map_cache", None)
+        if cached is None or cached[0] != key:
+            cached = (key, {n.name: n for n in self.nodes})
+            object.__setattr__(self, "_node_map_cache", cached)
+        return cached[1]
 
     def node_dim(self, name: str) -> int:
         """Output dim of a node (for component-nodes, the component's output dim)."""
@@ -247,6 +255,14 @@ class Nnet:
             cached = (key, compute_simple_context(self))
             object.__setattr__(self, "_context_cache", cached)
         return cached[1]
+
+    @property
+    def cache(self):
+        """This network's :class:`pynnet3.CachingCompiler` (default options; made on
+        first use). ``pynnet3.run`` with a request compiles through it."""
+        from .cache import cache_for
+
+        return cache_for(self)
 
     def seed_random_components(self, seed: int) -> None:
         """Give every random component (dropout-like) its own generator, derived from

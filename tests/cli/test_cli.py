@@ -130,6 +130,28 @@ def test_show_computation(optimize, capsys):
     assert str(comp) in out
 
 
+def test_show_computation_report_and_options(capsys):
+    case = REF / "realistic" / "tdnnf_chain" / "decode"
+    if not case.is_dir():
+        pytest.skip("reference data not found")
+    model = case.parent / "model.txt"
+    rc, out, err = run(["show-computation", model, "--request", case / "request.json",
+                        "--report", "--check=true"], capsys)
+    assert rc == 0 and err == ""
+    report = out[out.index("# optimization report"):].splitlines()
+    assert report[1].split()[:2] == ["pass", "commands"]
+    rows = {ln.split()[0]: ln.split() for ln in report[2:]}
+    assert "(unoptimized)" in rows and "variable_merging" in rows
+    stats = json.loads([ln for ln in out.splitlines() if ln.startswith("# stats: ")][0][9:])
+    last = report[-1].split()
+    assert int(last[1]) == stats["num_commands"] and int(last[4]) == stats["peak_memory_floats"]
+    # Kaldi's option flags switch passes: without sizing moves the peak is far higher
+    rc, out2, _ = run(["show-computation", model, "--request", case / "request.json",
+                       "--optimization.move-sizing-commands=false"], capsys)
+    stats2 = json.loads([ln for ln in out2.splitlines() if ln.startswith("# stats: ")][0][9:])
+    assert rc == 0 and stats2["peak_memory_floats"] > 2 * stats["peak_memory_floats"]
+
+
 # ----------------------------------------------------------------------------------
 # Errors: exit status 1, one line on stderr, no traceback
 # ----------------------------------------------------------------------------------

@@ -75,9 +75,9 @@ def max_swaps(c) -> int:
     return matched
 
 
-def _check_both(c0, nnet, passes, inputs, derivs):
+def _check_both(c0, nnet, passes, inputs, derivs, options=None):
     c = copy.deepcopy(c0)
-    mc.apply(c, nnet, *passes)
+    mc.apply(c, nnet, *passes, options=options)
     mc.assert_same_results(mc.run(nnet, c0, inputs, derivs, backend="numpy"),
                            mc.run(nnet, c, inputs, derivs), exact=True)
     return c
@@ -99,7 +99,15 @@ def test_reference_case(rel):
     assert move_sizing_commands(copy.deepcopy(moved), nnet) == ""  # a fixed point
 
     want = max_swaps(moved)
-    swapped = _check_both(moved, nnet, [remove_unnecessary_allocation], inputs, derivs)
+    # peak-aware pairing (beyond Kaldi, the default) never raises the peak and
+    # takes a subset of the pairs
+    aware = _check_both(moved, nnet, [remove_unnecessary_allocation], inputs, derivs)
+    assert aware.peak_memory_floats() <= moved.peak_memory_floats()
+    assert mc.count(aware, CT.SWAP_MATRIX) <= want
+    # Kaldi's pairing is a maximum matching
+    kaldi = pynnet3.OptimizeOptions(allocate_from_other_peak_aware=False)
+    swapped = _check_both(moved, nnet, [remove_unnecessary_allocation], inputs, derivs,
+                          options=kaldi)
     assert mc.count(swapped, CT.SWAP_MATRIX) == want
     assert mc.count(swapped, CT.ALLOC_MATRIX) == mc.count(moved, CT.ALLOC_MATRIX) - want
     assert mc.count(swapped, CT.DEALLOC_MATRIX) == mc.count(moved, CT.DEALLOC_MATRIX) - want

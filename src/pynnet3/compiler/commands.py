@@ -231,6 +231,8 @@ class CommandCompiler:
             avail = self.comp.input_available(node, deps.indexes)
             u = unpack(unique_keys(pack(deps.indexes[avail])))
             in_idx = u[sort_order_txn(u)]
+            if props & Flags.REORDERS_INDEXES and hasattr(comp, "reorder_indexes"):
+                in_idx, step.indexes = self._reordered(comp, in_idx, step.indexes)
         self.input_indexes[i] = in_idx
         if len(in_idx):
             mi = c.new_matrix(len(in_idx), comp.input_dim, step.node + "_input", False, in_idx)
@@ -254,6 +256,19 @@ class CommandCompiler:
                       in_value=c.whole(self.input_matrix[i]) if self.input_matrix[i] else 0,
                       out_value=c.whole(mo), memo=self.memo[i],
                       alpha=1.0 if not self.request.store_component_stats else 2.0))
+
+    @staticmethod
+    def _reordered(comp, in_idx: np.ndarray, out_idx: np.ndarray):
+        """The row orders the component prefers (Kaldi's ReorderIndexes), which
+        spare it and its neighbours reordering copies. Only pure permutations are
+        taken; padding rows (Kaldi adds some for a few components) are not."""
+        new_in, new_out = comp.reorder_indexes(in_idx, out_idx)
+        new_in = np.asarray(new_in, dtype=np.int64).reshape(-1, 3)
+        new_out = np.asarray(new_out, dtype=np.int64).reshape(-1, 3)
+        same = (len(new_in) == len(in_idx) and len(new_out) == len(out_idx)
+                and np.array_equal(np.sort(pack(new_in)), np.sort(pack(in_idx)))
+                and np.array_equal(np.sort(pack(new_out)), np.sort(pack(out_idx))))
+        return (new_in, new_out) if same else (in_idx, out_idx)
 
     # -- descriptor evaluation -------------------------------------------------------
     def _descriptor_forward(self, desc, idx: np.ndarray, dst: int) -> None:

@@ -31,6 +31,12 @@ class OptimizeOptions:
     snip_row_ops: bool = True
     memory_compression_level: int = 1
     optimize_looped_computation: bool = False
+    # -- beyond Kaldi (exact rewrites) --
+    #: allocate_from_other never raises the peak (Kaldi's pairing sometimes does)
+    allocate_from_other_peak_aware: bool = True
+    #: drop no-ops nothing needs (permanent no-ops outside looped computations, a
+    #: trailing forward/backward marker of a forward-only computation)
+    remove_needless_noops: bool = True
 
     @classmethod
     def field_names(cls) -> list[str]:

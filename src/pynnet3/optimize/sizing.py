@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 
 from ..analysis import Analyzer
+from ..analysis.memory import memory_profile
 from ..computation import Command, NnetComputation, SubMatrix
 from ..computation import CommandType as CT
 
@@ -80,7 +81,12 @@ def move_sizing_commands(c: NnetComputation, nnet, options=None) -> str:
 def remove_unnecessary_allocation(c: NnetComputation, nnet, options=None) -> str:
     """Replace (deallocation of A, later allocation of B of A's size) pairs by
     ``SWAP_MATRIX`` B <- A. Pairing, per size: from the latest deallocation to the
-    earliest, take the earliest still-unpaired allocation after it."""
+    earliest, take the earliest still-unpaired allocation after it.
+
+    With ``options.allocate_from_other_peak_aware`` (beyond Kaldi, default on) a
+    pair is refused when holding the freed matrix until the allocation would raise
+    the computation's peak memory: Kaldi's pairing can raise it (tdnnf_chain
+    decode: 74736 -> 103200 floats)."""
     if _looped(c):
         return ""
     # Matrices filled by ACCEPT_INPUT count their memory at the accept; keep their
@@ -94,16 +100,29 @@ def remove_unnecessary_allocation(c: NnetComputation, nnet, options=None) -> str
             info = c.matrices[cmd.matrix]
             d, al = lists.setdefault((info.rows, info.cols), ([], []))
             (d if cmd.type is CT.DEALLOC_MATRIX else al).append(i)
-    swaps = 0
-    for deallocs, allocs in lists.values():
+    peak_aware = getattr(options, "allocate_from_other_peak_aware", False)
+    if peak_aware:
+        live = memory_profile(c).live_floats
+        peak = live.max() if len(live) else 0.0
+    swaps = rejected = 0
+    for (rows, cols), (deallocs, allocs) in lists.items():
         for d in reversed(deallocs):
             j = bisect.bisect_right(allocs, d)
             if j == len(allocs):
                 continue
+            if peak_aware:
+                # the freed matrix stays held from its deallocation until the
+                # allocation that takes it over; refuse when that raises the peak
+                size = rows * cols
+                if live[d:allocs[j]].max() + size > peak:
+                    rejected += 1
+                    continue
+                live[d:allocs[j]] += size
             al = allocs.pop(j)
             freed = c.commands[d].matrix
             c.commands[al] = Command(CT.SWAP_MATRIX, matrix=c.commands[al].matrix,
                                      src_matrix=freed)
             c.commands[d] = Command(CT.NO_OPERATION)
             swaps += 1
-    return f"{swaps} allocations take over freed matrices" if swaps else ""
+    note = f" ({rejected} refused: they would raise the peak)" if rejected else ""
+    return f"{swaps} allocations take over freed matrices{note}" if swaps else ""

@@ -1,0 +1,115 @@
+"""Matrix extension (Kaldi's ExtendMatrices / MatrixExtender).
+
+TDNN splicing copies a layer's output ``src`` (all columns, rows ``0:k``) into
+the last rows of a column block of a wider matrix ``dst``; the last few rows of
+``src`` are not needed there, so the copy's source is not the whole of ``src``
+and variable merging cannot put ``src`` inside ``dst``. This pass makes such a
+copy take all of ``src``, growing ``dst`` by the few missing rows (at most 25%,
+Kaldi's 0.8 minimum proportion). The copy then has a whole-matrix source, and
+variable merging can make the layer write straight into ``dst``.
+
+Invariants: only ``dst`` matrices that are not user inputs or outputs grow; the
+extra source rows read are defined (the source is an input, or it is zeroed as a
+whole before the copy); a zeroing of all of a grown matrix still zeroes all of
+it; debug indexes of the new rows repeat earlier rows with ``t`` = Kaldi's
+kNoTime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..computation import CommandType as CT
+from ..computation import NnetComputation
+from .merging import AccessIndex
+from .options import OptimizeOptions
+
+_MIN_PROPORTION = 0.8
+NO_TIME = int(np.iinfo(np.int32).min)
+
+
+def extend_matrices(c: NnetComputation, nnet, options: OptimizeOptions | None = None) -> str:
+    """Extend copy destinations so copies read whole source matrices."""
+    if not any(cmd.type is CT.MATRIX_COPY and cmd.alpha == 1.0 for cmd in c.commands):
+        return ""
+    if any(cmd.type in (CT.SWAP_MATRIX, CT.GOTO_LABEL) for cmd in c.commands):
+        return ""  # Kaldi runs this before such commands exist
+    index = AccessIndex(c, nnet)
+    mats = index.mats
+    orig_rows = [m.rows for m in c.matrices]
+    extended = 0
+    for i, cmd in enumerate(c.commands):
+        if cmd.type is not CT.MATRIX_COPY or cmd.alpha != 1.0:
+            continue
+        d, s = c.submatrices[cmd.dst], c.submatrices[cmd.src]
+        if d.matrix == s.matrix:
+            continue
+        dm, sm = mats[d.matrix], mats[s.matrix]
+        if dm.is_input or dm.is_output:
+            continue
+        src_rows = c.matrices[s.matrix].rows
+        if s.num_rows < _MIN_PROPORTION * orig_rows[s.matrix]:
+            continue
+        if not (s.col_offset == 0 and s.num_cols == c.matrices[s.matrix].cols
+                and s.row_offset == 0 and s.num_rows < src_rows
+                and d.row_offset + d.num_rows == orig_rows[d.matrix]):
+            continue
+        if not _rows_defined(c, sm, s.matrix, orig_rows[s.matrix], i):
+            continue
+        info = c.matrices[d.matrix]
+        new_rows = d.row_offset + src_rows
+        if new_rows > info.rows:
+            info.rows = new_rows
+        cmd.dst = c.new_submatrix(d.matrix, d.row_offset, src_rows, d.col_offset, d.num_cols)
+        cmd.src = c.whole(s.matrix) if _is_whole(c, c.whole(s.matrix)) else \
+            c.new_submatrix(s.matrix, 0, src_rows, 0, c.matrices[s.matrix].cols)
+        extended += 1
+    if not extended:
+        return ""
+    _fix(c, orig_rows)
+    return f"extended {extended} copies to whole source matrices"
+
+
+def _is_whole(c: NnetComputation, s: int) -> bool:
+    sm = c.submatrices[s]
+    info = c.matrices[sm.matrix]
+    return sm.row_offset == 0 and sm.col_offset == 0 and sm.num_rows == info.rows \
+        and sm.num_cols == info.cols
+
+
+def _rows_defined(c: NnetComputation, m, matrix: int, orig_rows: int, i: int) -> bool:
+    """Whether every row of ``matrix`` holds defined data at command ``i``: it is a
+    user input, or its first access (before ``i``) sets all of it (the zeroing
+    after allocation; :func:`_fix` makes that cover rows the matrix grows by)."""
+    if m.is_input:
+        return True
+    if not m.acc or m.acc[0][0] >= i:
+        return False
+    cmd = c.commands[m.acc[0][0]]
+    if cmd.type is not CT.SET_CONST:
+        return False
+    sm = c.submatrices[cmd.dst]
+    return sm.row_offset == 0 and sm.col_offset == 0 and sm.num_rows == orig_rows \
+        and sm.num_cols == c.matrices[matrix].cols
+
+
+def _fix(c: NnetComputation, orig_rows: list[int]) -> None:
+    """Whole-matrix submatrices, zeroings and debug indexes of grown matrices."""
+    grown = {m for m in range(1, len(c.matrices)) if c.matrices[m].rows != orig_rows[m]}
+    for m in grown:
+        info = c.matrices[m]
+        c._whole[m] = c.new_submatrix(m, 0, info.rows, 0, info.cols)
+        if info.indexes is not None:
+            old = info.indexes
+            extra = info.rows - len(old)
+            # repeat the last rows with no time (Kaldi's FixDebugInfo); extra <= rows/4
+            new_rows = old[len(old) - extra:].copy()
+            new_rows[:, 1] = NO_TIME
+            info.indexes = np.concatenate([old, new_rows])
+    for cmd in c.commands:
+        if cmd.type is CT.SET_CONST and cmd.alpha == 0.0:
+            sm = c.submatrices[cmd.dst]
+            if sm.matrix in grown and sm.row_offset == 0 and sm.col_offset == 0 \
+                    and sm.num_rows == orig_rows[sm.matrix] \
+                    and sm.num_cols == c.matrices[sm.matrix].cols:
+                cmd.dst = c._whole[sm.matrix]
