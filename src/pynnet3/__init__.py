@@ -6,6 +6,7 @@ __version__ = "0.1.0"
 
 from . import errors
 from .analysis import check_computation
+from .cache import CachingCompiler
 from .compiler import ComputationRequest, IoSpecification, compile_computation
 from .computation import NnetComputation
 from .nnet import Nnet, read_nnet
@@ -36,6 +37,6 @@ def check(computation: NnetComputation, nnet: Nnet) -> None:
     check_computation(computation, nnet)
 
 
-__all__ = ["ComputationRequest", "IoSpecification", "Nnet", "NnetComputation",
+__all__ = ["CachingCompiler", "ComputationRequest", "IoSpecification", "Nnet", "NnetComputation",
            "OptimizeOptions", "OptimizeReport", "RunResult", "check", "compile", "errors",
            "read_nnet", "run"]

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import time
+
 from .commands import compile_commands
 from .graph import build_graph
 from .request import ComputationRequest, IoSpecification
 
 
-def compile_computation(nnet, request: ComputationRequest):
-    """Compile ``request`` on ``nnet`` into an unoptimized NnetComputation."""
+def compile_computation(nnet, request: ComputationRequest, timings: dict | None = None):
+    """Compile ``request`` on ``nnet`` into an unoptimized NnetComputation.
+    ``timings`` (optional): seconds spent are added under "graph", "schedule" and
+    "commands" (the CachingCompiler's per-phase report)."""
     from ..optimize.io_ops import consolidate_io_operations
 
+    t0 = time.perf_counter()
     builder, graph = build_graph(nnet, request)
+    t1 = time.perf_counter()
     computation = compile_commands(nnet, request, builder, graph)
     # as Kaldi's compiler: inputs accepted first, outputs provided last in each segment
     consolidate_io_operations(computation)
+    if timings is not None:
+        schedule = builder.schedule_seconds
+        for phase, seconds in (("graph", t1 - t0 - schedule), ("schedule", schedule),
+                               ("commands", time.perf_counter() - t1)):
+            timings[phase] = timings.get(phase, 0.0) + seconds
     return computation
 
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,6 +78,7 @@ class GraphBuilder:
                 raise ComputeError(f"request output {spec.name!r} is not an output node of "
                                    f"the network (outputs: {nnet.output_names()})")
         self.comp = Computability(nnet, inputs)
+        self.schedule_seconds = 0.0
         self.sccs = node_sccs(nnet)
         self.scc_of = {name: i for i, scc in enumerate(self.sccs) for name in scc}
 
@@ -175,7 +177,9 @@ class GraphBuilder:
             needed[name].set(keys, 1)
             for src, _, sidx in self.used_sources(name, unpack(keys)):
                 pending.setdefault(src, []).append(pack(sidx))
+        t0 = time.perf_counter()
         steps = self._schedule({k: v.items()[0] for k, v in needed.items() if len(v)})
+        self.schedule_seconds = time.perf_counter() - t0
         return ComputationGraph(steps, self.comp)
 
     # -- scheduling ---------------------------------------------------------------

@@ -1,0 +1,362 @@
+"""CachingCompiler: request -> optimized computation, cached by a structural key.
+
+The JIT-style layer of the flow (DESIGN.md "cache"): a request's key
+(:func:`pynnet3.cache.key.request_key`) is looked up in an LRU map of at most
+``capacity`` entries; a miss compiles (graph, schedule, commands), optimizes and
+stores. With ``use_shortcut`` a request of N > 2 identically shaped sequences is
+compiled for two sequences and expanded (:mod:`pynnet3.cache.expand`); the mini
+computation is cached too, so other N reuse it. A request without that
+structure, or whose mini computation cannot be expanded, is compiled in full.
+
+Invariants: a cached computation is never mutated after it is stored, and callers
+get the stored object itself, so they must treat it as read-only (copy before
+optimizing it further). The cache belongs to one network; if that network's
+nodes or components are replaced, or a component's property flags change (e.g.
+BatchNorm test mode), the cache empties itself on the next call.
+All public methods are safe to call from several threads; two threads asking for
+the same missing key compile it once.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ..compiler import compile_computation
+from ..computation import NnetComputation
+from ..errors import PynnetError
+from ..optimize import OptimizeOptions
+from ..optimize import optimize as run_optimizer
+from .expand import (
+    ExpansionError,
+    ExpansionPlan,
+    PrecomputedInfo,
+    rekey_snapshot,
+    snapshot_precomputed,
+)
+from .key import RequestKey, ShiftPolicy, mini_request, request_key, request_layouts, shift_policy
+
+PHASES = ("key", "graph", "schedule", "commands", "optimize", "expand", "check")
+
+
+@dataclass
+class _Entry:
+    """One cached computation: the bucket key and exact indexes it answers for."""
+
+    key: tuple
+    arrays: list
+    shift: tuple
+    value: object
+
+
+@dataclass
+class _MiniEntry:
+    """A cached two-sequence computation plus what expansion needs (snapshot keyed
+    by the computation's precomputed-index positions). ``plan`` (the N-independent
+    part of expansion) is made on first use and not saved to files."""
+
+    computation: NnetComputation
+    snapshot: dict[int, PrecomputedInfo]
+    plan: ExpansionPlan | None = None
+    failed: bool = False
+
+    def __getstate__(self):
+        return {"computation": self.computation, "snapshot": self.snapshot,
+                "plan": None, "failed": False}
+
+
+class CachingCompiler:
+    """Compile requests for ``nnet``, caching optimized computations (module doc).
+
+    ``optimize``: True (default options), False (cache unoptimized computations) or
+    an :class:`OptimizeOptions`. ``capacity``: entries kept (least recently used
+    evicted). ``use_shortcut``: Kaldi's shortcut compilation. ``check``: run the
+    computation checker on every computation made (slow; for debugging).
+    """
+
+    def __init__(self, nnet, optimize: bool | OptimizeOptions = True, capacity: int = 64,
+                 use_shortcut: bool = True, check: bool = False):
+        if capacity < 1:
+            raise PynnetError(f"CachingCompiler capacity must be >= 1, got {capacity}")
+        if optimize is True:
+            optimize = OptimizeOptions()
+        elif optimize is False:
+            optimize = OptimizeOptions(optimize=False)
+        if not isinstance(optimize, OptimizeOptions):
+            raise PynnetError(f"optimize must be a bool or OptimizeOptions, got {optimize!r}")
+        self.nnet = nnet
+        self.options = optimize
+        self.capacity = int(capacity)
+        # Looped computations are not expanded (Kaldi compiles them in full too).
+        self.use_shortcut = bool(use_shortcut) and not optimize.optimize_looped_computation
+        self.check = bool(check)
+        self._lock = threading.RLock()
+        # LRU of entries by serial number; buckets: bucket key -> serial numbers.
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._buckets: dict[tuple, list[int]] = {}
+        self._serial = 0
+        self._inflight: dict[tuple, threading.Event] = {}
+        self._stamp: tuple | None = None
+        self._policy = ShiftPolicy(False, 0)
+        self._reset_counters()
+
+    # -- public ---------------------------------------------------------------------------
+    def compile(self, request, *, dtype=None, backend: str | None = None) -> NnetComputation:
+        """The computation for ``request`` (optimized per this compiler's options).
+        ``dtype`` / ``backend`` (defaults: float32, "numpy", as ``pynnet3.run``) are
+        part of the key, so a backend may later attach prepared state to an entry;
+        today's computations do not depend on them. The returned object is shared:
+        do not mutate it."""
+        t0 = time.perf_counter()
+        self._check_network()
+        rk = request_key(request, self._policy, (_dtype_name(dtype), backend or "numpy"))
+        self._add_time("key", time.perf_counter() - t0)
+        return self._get_or_build(rk, lambda: self._build(request))
+
+    def info(self) -> dict:
+        """Counters: hits, misses, evictions, entries, shortcut compilations,
+        shortcut fallbacks (irregular mini computation), invalidations, and seconds
+        spent per phase (key, graph, schedule, commands, optimize, expand, check)."""
+        with self._lock:
+            out = dict(self._counts)
+            out["entries"] = len(self._entries)
+            out["capacity"] = self.capacity
+            out["seconds"] = dict(self._seconds)
+            return out
+
+    def clear(self) -> None:
+        """Forget every entry (counters are kept)."""
+        with self._lock:
+            self._entries.clear()
+            self._buckets.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def save(self, path) -> None:
+        """Write the entries to ``path`` (see :mod:`pynnet3.cache.persist`)."""
+        from .persist import save_cache
+
+        save_cache(self, path)
+
+    def load(self, path) -> int:
+        """Add the usable entries of a file written by :meth:`save`; entries made for
+        another network structure, other options or another pynnet3 version are
+        skipped with a warning. Returns the number of entries added."""
+        from .persist import load_cache
+
+        return load_cache(self, path)
+
+    # -- copying / pickling: a copy starts empty ------------------------------------------------
+    def __deepcopy__(self, memo):
+        nnet = memo.get(id(self.nnet))
+        if nnet is None:
+            nnet = copy.deepcopy(self.nnet, memo)
+        return CachingCompiler(nnet, self.options, self.capacity, self.use_shortcut,
+                               self.check)
+
+    def __getstate__(self):
+        return {"nnet": self.nnet, "options": self.options, "capacity": self.capacity,
+                "use_shortcut": self.use_shortcut, "check": self.check}
+
+    def __setstate__(self, state):
+        self.__init__(state["nnet"], state["options"], state["capacity"],
+                      state["use_shortcut"], state["check"])
+
+    # -- internals --------------------------------------------------------------------------
+    def _reset_counters(self) -> None:
+        self._counts = {"hits": 0, "misses": 0, "evictions": 0, "shortcut": 0,
+                        "shortcut_fallbacks": 0, "invalidations": 0}
+        self._seconds = dict.fromkeys(PHASES, 0.0)
+
+    def _add_time(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self._seconds[phase] += seconds
+
+    def network_stamp(self) -> tuple:
+        """Identity of the network's nodes and components plus the components'
+        test-mode flags (which change property flags, e.g. BatchNorm's): a few
+        microseconds. Other in-place changes to a component's configuration are
+        not seen; call :meth:`clear` after such surgery."""
+        nnet = self.nnet
+        comps = nnet.components.values()
+        return (tuple(map(id, nnet.nodes)), tuple(map(id, comps)),
+                tuple(c.__dict__.get("test_mode") for c in comps))
+
+    def _check_network(self) -> None:
+        stamp = self.network_stamp()
+        if stamp == self._stamp:
+            return
+        with self._lock:
+            if stamp == self._stamp:
+                return
+            if self._stamp is not None:
+                self._entries.clear()
+                self._buckets.clear()
+                self._counts["invalidations"] += 1
+            self._policy = shift_policy(self.nnet)
+            self._stamp = stamp
+
+    def _lookup(self, rk: RequestKey):
+        """The cached value for ``rk`` (exact match within its bucket), or None.
+        Caller holds the lock."""
+        for serial in self._buckets.get(rk.key, ()):
+            e = self._entries[serial]
+            if rk.matches(e.arrays, e.shift):
+                self._entries.move_to_end(serial)
+                return e.value
+        return None
+
+    def _get_or_build(self, rk: RequestKey, build):
+        """Cached value for ``rk``, or ``build()`` stored under it. A thread that
+        finds another compiling the same bucket waits for it and looks again."""
+        while True:
+            with self._lock:
+                value = self._lookup(rk)
+                if value is not None:
+                    self._counts["hits"] += 1
+                    return value
+                event = self._inflight.get(rk.key)
+                owner = event is None
+                if owner:
+                    event = self._inflight[rk.key] = threading.Event()
+                    self._counts["misses"] += 1
+            if not owner:
+                event.wait()
+                continue  # the owner stored it (or failed / compiled another request)
+            try:
+                value = build()
+                self._store(rk.key, [a.copy() for a in rk.arrays], rk.shift, value)
+                return value
+            finally:
+                with self._lock:
+                    del self._inflight[rk.key]
+                event.set()
+
+    def _store(self, key: tuple, arrays: list, shift: tuple, value) -> None:
+        with self._lock:
+            self._serial += 1
+            self._entries[self._serial] = _Entry(key, arrays, shift, value)
+            self._buckets.setdefault(key, []).append(self._serial)
+            while len(self._entries) > self.capacity:
+                serial, old = self._entries.popitem(last=False)
+                bucket = self._buckets[old.key]
+                bucket.remove(serial)
+                if not bucket:
+                    del self._buckets[old.key]
+                self._counts["evictions"] += 1
+
+    def _build(self, request) -> NnetComputation:
+        if self.use_shortcut:
+            layouts = request_layouts(request)
+            mini = mini_request(request, layouts)
+            if mini is not None:
+                comp = self._shortcut(request, mini, layouts[0].num_n)
+                if comp is not None:
+                    return comp
+        comp = self._compile_full(request)
+        self._run_check(comp)
+        return comp
+
+    def _shortcut(self, request, mini, num_n: int) -> NnetComputation | None:
+        t0 = time.perf_counter()
+        mini_key = request_key(mini, self._policy, ("mini",))
+        self._add_time("key", time.perf_counter() - t0)
+        entry = self._get_or_build(mini_key, lambda: self._build_mini(mini))
+        t0 = time.perf_counter()
+        try:
+            if entry.failed:
+                raise ExpansionError("known not to expand")
+            if entry.plan is None:
+                entry.plan = ExpansionPlan(entry.computation, entry.snapshot, self.nnet)
+            comp = entry.plan.expand(num_n, request)
+        except ExpansionError:
+            entry.failed = True
+            with self._lock:
+                self._counts["shortcut_fallbacks"] += 1
+            return None
+        finally:
+            self._add_time("expand", time.perf_counter() - t0)
+        with self._lock:
+            self._counts["shortcut"] += 1
+        self._run_check(comp)
+        return comp
+
+    def _build_mini(self, mini) -> _MiniEntry:
+        unopt = self._compile_unoptimized(mini)
+        snapshot = snapshot_precomputed(unopt)
+        comp = self._optimize(unopt)
+        self._run_check(comp)
+        return _MiniEntry(comp, rekey_snapshot(snapshot, comp))
+
+    def _compile_full(self, request) -> NnetComputation:
+        return self._optimize(self._compile_unoptimized(request))
+
+    def _compile_unoptimized(self, request) -> NnetComputation:
+        """``compile_computation`` (exactly: the cache must return what the plain
+        compiler returns), with its phases timed when it reports them."""
+        timings: dict[str, float] = {}
+        comp = compile_computation(self.nnet, request, timings=timings)
+        for phase, seconds in timings.items():
+            self._add_time(phase, seconds)
+        return comp
+
+    def _optimize(self, comp: NnetComputation) -> NnetComputation:
+        if not (self.options.optimize or self.options.optimize_looped_computation):
+            return comp
+        t0 = time.perf_counter()
+        comp = run_optimizer(comp, self.nnet, self.options, check=self.check)
+        self._add_time("optimize", time.perf_counter() - t0)
+        return comp
+
+    def _run_check(self, comp: NnetComputation) -> None:
+        if not self.check:
+            return
+        from ..analysis.checker import check_computation
+
+        t0 = time.perf_counter()
+        try:
+            check_computation(comp, self.nnet, context="CachingCompiler")
+        finally:
+            self._add_time("check", time.perf_counter() - t0)
+
+    def policy(self) -> ShiftPolicy:
+        """The offsets this compiler's keys ignore (see :mod:`pynnet3.cache.key`)."""
+        self._check_network()
+        return self._policy
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype) -> str:
+    """The dtype's name (float32 for None), memoized: np.dtype() costs microseconds."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        import numpy as np
+
+        name = np.dtype(np.float32 if dtype is None else dtype).name
+        try:
+            _DTYPE_NAMES[dtype] = name
+        except TypeError:  # an unhashable dtype-like
+            pass
+    return name
+
+
+_NNET_CACHE_LOCK = threading.Lock()
+
+
+def cache_for(nnet) -> CachingCompiler:
+    """The CachingCompiler a network carries (made with default options on first
+    use and kept on the network object)."""
+    cc = nnet.__dict__.get("_compile_cache")
+    if cc is None or cc.nnet is not nnet:  # (a shallow copy shares the attribute)
+        with _NNET_CACHE_LOCK:
+            cc = nnet.__dict__.get("_compile_cache")
+            if cc is None or cc.nnet is not nnet:
+                cc = CachingCompiler(nnet)
+                object.__setattr__(nnet, "_compile_cache", cc)
+    return cc

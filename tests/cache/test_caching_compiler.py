@@ -1,0 +1,285 @@
+"""CachingCompiler behaviour: hits and misses, LRU eviction, shared shifted entries,
+thread safety, invalidation, per-phase timing, save/load."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import pynnet3
+from pynnet3.cache import CachingCompiler
+from pynnet3.cache.caching_compiler import PHASES
+from pynnet3.errors import FormatError, PynnetError
+from tests.cache.common import assert_same_results, frames, random_data, request, run_on_copy
+from tests.compiler import nets
+
+
+def _tdnn():
+    nnet = pynnet3.Nnet.from_config(nets.TDNN, seed=1)
+    nets.to_float64(nnet)
+    return nnet
+
+
+def _req(n_seqs=1, t0=0, t1=6, n0=0, deriv=False):
+    return request({"input": frames(n_seqs, t0 - 3, t1 + 3, n0=n0)},
+                   {"output": frames(n_seqs, t0, t1, n0=n0)}, output_deriv=deriv, model=deriv)
+
+
+def test_hit_returns_the_cached_object():
+    cc = CachingCompiler(_tdnn())
+    a = cc.compile(_req())
+    b = cc.compile(_req())  # a fresh but equal request object
+    assert a is b
+    info = cc.info()
+    assert (info["hits"], info["misses"], info["entries"]) == (1, 1, 1)
+    assert set(info["seconds"]) == set(PHASES)
+    sec = info["seconds"]
+    assert sec["graph"] > 0 and sec["schedule"] > 0 and sec["commands"] > 0
+    assert sec["optimize"] > 0 and sec["key"] > 0 and sec["expand"] == 0
+
+
+def test_different_requests_get_different_entries():
+    cc = CachingCompiler(_tdnn())
+    a = cc.compile(_req())
+    b = cc.compile(_req(deriv=True))
+    c = cc.compile(_req(t1=8))
+    assert len({id(a), id(b), id(c)}) == 3 and cc.info()["misses"] == 3
+
+
+def test_lru_eviction():
+    cc = CachingCompiler(_tdnn(), capacity=2, use_shortcut=False)
+    ra, rb, rc = _req(t1=5), _req(t1=6), _req(t1=7)
+    a = cc.compile(ra)
+    cc.compile(rb)
+    assert cc.compile(ra) is a  # a is now the most recently used
+    cc.compile(rc)  # evicts b
+    info = cc.info()
+    assert info["evictions"] == 1 and info["entries"] == 2
+    assert cc.compile(ra) is a
+    misses = cc.info()["misses"]
+    cc.compile(rb)
+    assert cc.info()["misses"] == misses + 1
+
+
+def test_time_and_sequence_shifts_share_an_entry_when_safe():
+    nnet = _tdnn()
+    cc = CachingCompiler(nnet, use_shortcut=False)
+    base = cc.compile(_req(n_seqs=2))
+    shifted_req = _req(n_seqs=2, t0=17, t1=23, n0=5)
+    shifted = cc.compile(shifted_req)
+    assert shifted is base and cc.info()["hits"] == 1
+    inputs, derivs = random_data(nnet, shifted_req)
+    assert_same_results(run_on_copy(nnet, shifted, inputs, derivs),
+                        run_on_copy(nnet, pynnet3.compile(nnet, shifted_req, optimize=False),
+                                    inputs, derivs))
+
+
+def test_time_shift_not_shared_when_time_is_pinned():
+    nnet = pynnet3.Nnet.from_config(nets.IVECTOR, seed=1)
+    cc = CachingCompiler(nnet, use_shortcut=False)
+
+    def req(t0):
+        return request({"input": frames(1, t0 - 1, t0 + 6), "ivector": frames(1, 0, 1)},
+                       {"output": frames(1, t0, t0 + 6)})
+
+    a = cc.compile(req(0))
+    b = cc.compile(req(3))
+    assert a is not b and cc.info()["misses"] == 2
+
+
+def test_round_network_shares_only_multiples_of_the_modulus():
+    nnet = pynnet3.Nnet.from_config(nets.ROUND, seed=1)
+    cc = CachingCompiler(nnet, use_shortcut=False)
+
+    def req(t0):
+        iv = frames(1, t0 - 3, t0 + 9)
+        return request({"input": frames(1, t0, t0 + 7), "ivector": iv[iv[:, 1] % 3 == 0]},
+                       {"output": frames(1, t0, t0 + 7)})
+
+    a = cc.compile(req(0))
+    assert cc.compile(req(6)) is a
+    assert cc.compile(req(1)) is not a
+
+
+def test_concurrent_compiles_of_one_request_compile_once():
+    cc = CachingCompiler(_tdnn())
+    results, errors = [], []
+    barrier = threading.Barrier(8)
+
+    def work():
+        try:
+            barrier.wait()
+            results.append(cc.compile(_req(n_seqs=4, deriv=True)))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len({id(r) for r in results}) == 1
+    info = cc.info()
+    # One miss for the request and one for its two-sequence mini request.
+    assert info["misses"] == 2 and info["hits"] == 7 and info["shortcut"] == 1
+
+
+def test_concurrent_mixed_requests():
+    cc = CachingCompiler(_tdnn(), capacity=3)
+    reqs = [_req(n_seqs=n, t1=t1) for n in (1, 3) for t1 in (5, 6, 7)]
+    out: dict[int, list] = {i: [] for i in range(len(reqs))}
+
+    def work(k):
+        for j in range(12):
+            i = (k + j) % len(reqs)
+            out[i].append(cc.compile(reqs[i]))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, comps in out.items():
+        expected = pynnet3.compile(cc.nnet, reqs[i]).stats()
+        assert all(c.stats() == expected for c in comps)
+    assert cc.info()["entries"] <= 3
+
+
+def test_network_changes_empty_the_cache():
+    cfg = """
+input-node name=input dim=4
+component name=bn type=BatchNormComponent dim=4
+component-node name=bn component=bn input=input
+output-node name=output input=bn
+"""
+    nnet = pynnet3.Nnet.from_config(cfg)
+    cc = CachingCompiler(nnet, use_shortcut=False)
+    req = request({"input": frames(2, 0, 4)}, {"output": frames(2, 0, 4)}, output_deriv=True)
+    train = cc.compile(req)
+    nnet.set_test_mode(True)  # BatchNorm's flags change: no memo, no stats
+    test = cc.compile(req)
+    assert test is not train and cc.info()["invalidations"] == 1
+    assert test.stats() == pynnet3.compile(nnet, req).stats()
+    nnet.read_config("component name=bn type=BatchNormComponent dim=4\n")
+    cc.compile(req)
+    assert cc.info()["invalidations"] == 2
+
+
+def test_bad_arguments():
+    with pytest.raises(PynnetError):
+        CachingCompiler(_tdnn(), capacity=0)
+    with pytest.raises(PynnetError):
+        CachingCompiler(_tdnn(), optimize="yes")
+
+
+def test_copy_of_a_network_gets_an_empty_cache():
+    nnet = _tdnn()
+    nnet.cache.compile(_req())
+    other = nnet.copy()
+    assert len(other.cache) == 0 and other.cache.nnet is other
+    assert len(nnet.cache) == 1
+    shallow = copy.copy(nnet)
+    assert shallow.cache.nnet is shallow and nnet.cache.nnet is nnet
+
+
+# -- run() and the network's cache --------------------------------------------------------
+
+def test_run_with_a_request_compiles_once():
+    nnet = _tdnn()
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        req = _req(n_seqs=3, deriv=True)
+        inputs, derivs = random_data(nnet, req, seed=int(rng.integers(100)))
+        res = pynnet3.run(nnet, req, inputs, derivs)
+        ref = pynnet3.run(nnet, pynnet3.compile(nnet, req, optimize=False), inputs, derivs)
+        assert_same_results(res, ref)
+    info = nnet.cache.info()
+    assert info["hits"] == 2 and info["shortcut"] == 1
+    # run()'s defaults (float32, numpy) are the cache's defaults: the same entry.
+    nnet.cache.compile(_req(n_seqs=3, deriv=True))
+    assert nnet.cache.info()["hits"] == 3
+    nnet.cache.compile(_req(n_seqs=3, deriv=True), dtype=np.float64)
+    assert nnet.cache.info()["misses"] == info["misses"] + 1
+
+
+# -- save / load ----------------------------------------------------------------------------
+
+def test_save_and_load(tmp_path):
+    nnet = _tdnn()
+    cc = CachingCompiler(nnet)
+    req = _req(n_seqs=4, deriv=True)
+    comp = cc.compile(req)
+    cc.compile(_req())
+    path = tmp_path / "cache.bin"
+    cc.save(path)
+    fresh = CachingCompiler(nnet)
+    assert fresh.load(path) == 3  # two requests and one mini computation
+    loaded = fresh.compile(_req(n_seqs=4, deriv=True))
+    assert fresh.info()["misses"] == 0 and fresh.info()["hits"] == 1
+    assert loaded.stats() == comp.stats()
+    inputs, derivs = random_data(nnet, req)
+    assert_same_results(run_on_copy(nnet, loaded, inputs, derivs),
+                        run_on_copy(nnet, comp, inputs, derivs))
+    # The loaded mini computation serves a new N without compiling it again.
+    fresh.compile(_req(n_seqs=6, deriv=True))
+    assert fresh.info()["shortcut"] == 1 and fresh.info()["misses"] == 1
+
+
+def test_load_survives_new_weights(tmp_path):
+    nnet = _tdnn()
+    cc = CachingCompiler(nnet)
+    cc.compile(_req())
+    cc.save(tmp_path / "c")
+    retrained = pynnet3.Nnet.from_config(nets.TDNN, seed=99)  # same structure
+    assert CachingCompiler(retrained).load(tmp_path / "c") == 1
+
+
+@pytest.mark.parametrize("mismatch", ["network", "options", "version"])
+def test_load_skips_mismatched_entries_with_a_warning(tmp_path, mismatch, monkeypatch):
+    cc = CachingCompiler(_tdnn())
+    cc.compile(_req())
+    cc.save(tmp_path / "c")
+    nnet, options = _tdnn(), True
+    if mismatch == "network":
+        nnet = pynnet3.Nnet.from_config(nets.IVECTOR)
+    elif mismatch == "options":
+        options = pynnet3.OptimizeOptions(split_row_ops=False)
+    else:
+        monkeypatch.setattr(pynnet3, "__version__", "999.0")
+    other = CachingCompiler(nnet, optimize=options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert other.load(tmp_path / "c") == 0
+    assert any("skipped 1 compile-cache entry" in str(w.message) for w in caught)
+    assert other.info()["entries"] == 0
+
+
+def test_load_rejects_other_files(tmp_path):
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"not a cache")
+    with pytest.raises(FormatError):
+        CachingCompiler(_tdnn()).load(bad)
+
+
+def test_compiler_phase_timings_are_recorded(monkeypatch):
+    """compile_computation's graph / schedule / commands seconds (its ``timings``
+    argument) show in info() per phase."""
+    from pynnet3.cache import caching_compiler as cc_mod
+    from pynnet3.compiler import compile_computation
+
+    def timed_compile(nnet, request, timings=None):
+        comp = compile_computation(nnet, request)
+        if timings is not None:
+            timings.update(graph=0.5, schedule=0.25, commands=0.125)
+        return comp
+
+    monkeypatch.setattr(cc_mod, "compile_computation", timed_compile)
+    cc = CachingCompiler(_tdnn())
+    cc.compile(_req(n_seqs=3))  # the mini request is compiled once
+    sec = cc.info()["seconds"]
+    assert (sec["graph"], sec["schedule"], sec["commands"]) == (0.5, 0.25, 0.125)
