@@ -45,7 +45,9 @@ class CommandType(enum.Enum):
     COMPRESS_MATRIX = "kCompressMatrix"
     DECOMPRESS_MATRIX = "kDecompressMatrix"
     ACCEPT_INPUT = "kAcceptInput"  # dst (a whole matrix) = user input for node
-    PROVIDE_OUTPUT = "kProvideOutput"  # src handed to the user for node
+    PROVIDE_OUTPUT = "kProvideOutput"  # src handed to the user for node (with
+    # ``release``: a whole matrix handed over and gone afterwards, as Kaldi's
+    # GetOutputDestructive; it counts as the matrix's deallocation)
     NO_OPERATION = "kNoOperation"
     NO_OPERATION_PERMANENT = "kNoOperationPermanent"
     NO_OPERATION_MARKER = "kNoOperationMarker"  # separates forward from backward
@@ -81,6 +83,7 @@ class Command:
     is_deriv: bool = False  # accept-input / provide-output of a derivative
     label: int = -1  # GOTO_LABEL: index of its NO_OPERATION_LABEL
     compress_kind: int = 0  # COMPRESS/DECOMPRESS_MATRIX: Kaldi's CuCompressedMatrixType
+    release: bool = False  # PROVIDE_OUTPUT: the matrix is handed over (deallocated)
 
 
 @dataclass
@@ -156,9 +159,12 @@ class NnetComputation:
                     self.submatrices[c.dst].matrix
                 live.add(m)
                 cur += 4 * self.matrices[m].rows * self.matrices[m].cols
-            elif c.type is CommandType.DEALLOC_MATRIX:
-                live.discard(c.matrix)
-                cur -= 4 * self.matrices[c.matrix].rows * self.matrices[c.matrix].cols
+            elif c.type is CommandType.DEALLOC_MATRIX or (
+                    c.type is CommandType.PROVIDE_OUTPUT and c.release):
+                m = c.matrix if c.type is CommandType.DEALLOC_MATRIX else \
+                    self.submatrices[c.src].matrix
+                live.discard(m)
+                cur -= 4 * self.matrices[m].rows * self.matrices[m].cols
             elif c.type in (CommandType.COMPRESS_MATRIX, CommandType.DECOMPRESS_MATRIX):
                 sm = self.submatrices[c.dst]
                 n = sm.num_rows * sm.num_cols

@@ -124,7 +124,8 @@ class VariableAccesses:
 class MatrixAccesses:
     """Lifetime of one matrix: ``allocate_command`` (-1: never, e.g. a user input
     accepted by ACCEPT_INPUT — then ``is_input``), ``deallocate_command`` (-1: never,
-    e.g. outputs), and the other ``accesses`` as (command, AccessType) in order."""
+    e.g. outputs kept for the user; a releasing PROVIDE_OUTPUT is both an access and
+    the deallocation), and the other ``accesses`` as (command, AccessType) in order."""
 
     allocate_command: int = -1
     deallocate_command: int = -1
@@ -218,5 +219,8 @@ def compute_matrix_accesses(c: NnetComputation, raw: list[list]) -> list[MatrixA
         if t is CT.ACCEPT_INPUT:
             mats[c.submatrices[cmd.dst].matrix].is_input = True
         elif t is CT.PROVIDE_OUTPUT:
-            mats[c.submatrices[cmd.src].matrix].is_output = True
+            m = c.submatrices[cmd.src].matrix
+            mats[m].is_output = True
+            if cmd.release:  # handed over: the matrix ends here
+                mats[m].deallocate_command = i
     return mats

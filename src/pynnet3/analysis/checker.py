@@ -142,6 +142,10 @@ class _Checker:
                 if sm.num_cols != self.nnet.node_dim(cmd.node):
                     self.fail(f"{sm.num_cols} columns for node {cmd.node!r} of dim "
                               f"{self.nnet.node_dim(cmd.node)}", i)
+                info = c.matrices[sm.matrix]
+                if t is CT.PROVIDE_OUTPUT and cmd.release and \
+                        (sm.num_rows, sm.num_cols) != (info.rows, info.cols):
+                    self.fail("only a whole matrix can be released to the user", i)
             elif t in (CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX):
                 s = cmd.dst if cmd.dst else (c.whole(cmd.matrix) if cmd.matrix else 0)
                 self.sub_ok(s, i, "matrix")
@@ -241,8 +245,11 @@ class _Checker:
                 if cmd.matrix in allocs:
                     self.fail(f"matrix m{cmd.matrix} allocated twice", i)
                 allocs[cmd.matrix] = i
-            if cmd.type is CT.DEALLOC_MATRIX or cmd.type is CT.SWAP_MATRIX:
-                m = cmd.matrix if cmd.type is CT.DEALLOC_MATRIX else cmd.src_matrix
+            released = cmd.type is CT.PROVIDE_OUTPUT and cmd.release
+            if cmd.type is CT.DEALLOC_MATRIX or cmd.type is CT.SWAP_MATRIX or released:
+                m = cmd.matrix if cmd.type is CT.DEALLOC_MATRIX else (
+                    cmd.src_matrix if cmd.type is CT.SWAP_MATRIX
+                    else c.submatrices[cmd.src].matrix)
                 if m in deallocs:
                     self.fail(f"matrix m{m} deallocated twice", i)
                 if cmd.type is CT.SWAP_MATRIX and m not in allocs and \

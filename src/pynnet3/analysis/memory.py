@@ -47,6 +47,8 @@ def memory_profile(c: NnetComputation) -> MemoryProfile:
             cur += size
         elif t is CT.DEALLOC_MATRIX:
             cur -= live.pop(cmd.matrix, 0)
+        elif t is CT.PROVIDE_OUTPUT and cmd.release:
+            cur -= live.pop(c.submatrices[cmd.src].matrix, 0)
         elif t is CT.SWAP_MATRIX:
             if cmd.src_matrix in live:
                 live[cmd.matrix] = live.pop(cmd.src_matrix)

@@ -91,7 +91,8 @@ def command_text(c: NnetComputation, cmd) -> str:
         return f"{d} = {what} [for node: '{cmd.node}']"
     if t is CT.PROVIDE_OUTPUT:
         what = "derivative" if cmd.is_deriv else "output"
-        return f"{what} {s} to user [for node: '{cmd.node}']"
+        gone = " (handed over)" if cmd.release else ""
+        return f"{what} {s} to user [for node: '{cmd.node}']{gone}"
     if t is CT.NO_OPERATION_MARKER:
         return "# computation segment separator [e.g., begin backward commands]"
     if t is CT.NO_OPERATION_PERMANENT:

@@ -72,6 +72,8 @@ _DEFAULT = [
     ("consolidate_io", "io_ops:consolidate_io_operations", lambda o: True, _ALWAYS),
     ("fix_goto_label", "looped:fix_goto_label", lambda o: o.optimize_looped_computation,
      _ALWAYS),
+    ("free_provided_outputs", "outputs:free_provided_outputs",
+     lambda o: o.free_provided_outputs and not o.optimize_looped_computation),
     ("remove_needless_noops", "noops:remove_needless_noops",
      lambda o: o.remove_needless_noops and not o.optimize_looped_computation),
     ("memory_compression", "compression:optimize_memory_compression",

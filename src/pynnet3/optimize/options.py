@@ -37,6 +37,9 @@ class OptimizeOptions:
     #: drop no-ops nothing needs (permanent no-ops outside looped computations, a
     #: trailing forward/backward marker of a forward-only computation)
     remove_needless_noops: bool = True
+    #: deallocate an output matrix once it has been handed over (the runtime copies
+    #: it out), instead of keeping it to the end as Kaldi does
+    free_provided_outputs: bool = True
 
     @classmethod
     def field_names(cls) -> list[str]:

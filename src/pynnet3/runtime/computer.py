@@ -249,6 +249,8 @@ class NnetComputer:
             elif t is CT.PROVIDE_OUTPUT:
                 value = np.array(be.to_numpy(self._sub(cmd.src)), copy=True)
                 (result.input_derivs if cmd.is_deriv else result.outputs)[cmd.node] = value
+                if cmd.release:
+                    self.matrices.pop(self.c.submatrices[cmd.src].matrix, None)
             else:
                 self._execute(cmd)
         self.pc = len(self.c.commands)
@@ -317,6 +319,9 @@ class NnetComputer:
         missing = [cmds[i].node for i in self.pending if cmds[i].type is CT.ACCEPT_INPUT]
         if missing:
             raise RuntimeInputError(f"cannot run: no input given for node(s) {missing}")
+        for i in self.pending:  # outputs handed over: released once the user moves on
+            if cmds[i].type is CT.PROVIDE_OUTPUT and cmds[i].release:
+                self.matrices.pop(self.c.submatrices[cmds[i].src].matrix, None)
         self.pending.clear()
         if self.pc >= len(cmds):
             raise RuntimeInputError("the computation has already finished")
