@@ -12,9 +12,8 @@ derivative; the request shapes of ``scaling.json``) it prints (ms, medians):
   next to Kaldi's figure and the ratio, and ``full/sc`` = full / shortcut;
 * ``hit us``: a cache hit for a fresh-but-equal request object (key + lookup +
   exact comparison of the indexes), in microseconds, and ``key us`` the key alone;
-* per-phase milliseconds of the shortcut compile (graph, schedule, commands, or
-  their sum "compile" when the compiler does not time them apart; optimize,
-  expand), and the growth exponent of the full compile time in N (slope of
+* per-phase milliseconds of the shortcut compile (graph, schedule, commands,
+  optimize, expand), and the growth exponent of the full compile time in N (slope of
   log time vs log N from N = 8 to the largest N measured; 1.0 = linear).
 
 Kaldi's figures come from an -O1 build on a shared 2-core machine (one BLAS
@@ -50,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import realistic  # noqa: E402  (benchmarks/realistic.py: requests, timing, tables)
 from realistic import CompileTimeout, fmt, ratio  # noqa: E402
 
-PHASES = ("graph", "schedule", "commands", "compile", "optimize", "expand")
+PHASES = ("graph", "schedule", "commands", "optimize", "expand")
 
 
 def hit_times(nnet, net: str, shape: str, n_seqs: int, reps: int) -> tuple[float, float]:

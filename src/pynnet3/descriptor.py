@@ -21,6 +21,7 @@ uses (IfDefined / Failover choose by availability, as in Kaldi).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -308,11 +309,12 @@ def resolve_part(e, idx: np.ndarray, available: Availability) -> tuple[np.ndarra
     Const is always computable. Terms only cover computable rows.
     """
     idx = np.asarray(idx, dtype=np.int64)
-    comp, terms = _resolve(e, idx, np.arange(len(idx), dtype=np.int64), available)
-    return comp, terms
+    return _resolve(e, idx, available)
 
 
-def _resolve(e, idx, rows, available):
+def _resolve(e, idx, available):
+    """(computable mask, terms) of part ``e`` at ``idx``; term rows are positions
+    in ``idx``, increasing."""
     k = len(idx)
     if isinstance(e, _FORWARDING):
         cands: list = []
@@ -323,33 +325,35 @@ def _resolve(e, idx, rows, available):
             ok = available(ref.node, src) if len(src) else np.zeros(0, dtype=bool)
             comp[local[ok]] = True
             if ok.any():
-                terms.append(Term(ref.node, ref.scale, rows[local[ok]], src[ok]))
+                terms.append(Term(ref.node, ref.scale, local[ok], src[ok]))
         return comp, terms
     if isinstance(e, SumOf):
-        ca, ta = _resolve(e.a, idx, rows, available)
-        cb, tb = _resolve(e.b, idx, rows, available)
+        ca, ta = _resolve(e.a, idx, available)
+        cb, tb = _resolve(e.b, idx, available)
         both = ca & cb
         if both.all():
             return both, ta + tb
-        return both, _restrict(ta + tb, rows[both])
+        return both, _restrict(ta + tb, both)
     if isinstance(e, FailoverOf):
-        ca, ta = _resolve(e.a, idx, rows, available)
-        cb, tb = _resolve(e.b, idx, rows, available)
-        keep_b = _restrict(tb, rows[~ca])
-        return ca | cb, _restrict(ta, rows[ca]) + keep_b
+        ca, ta = _resolve(e.a, idx, available)
+        cb, tb = _resolve(e.b, idx, available)
+        keep_b = _restrict(tb, ~ca)
+        return ca | cb, _restrict(ta, ca) + keep_b
     if isinstance(e, IfDefinedOf):
-        ca, ta = _resolve(e.a, idx, rows, available)
-        return np.ones(k, dtype=bool), _restrict(ta, rows[ca])
+        ca, ta = _resolve(e.a, idx, available)
+        return np.ones(k, dtype=bool), _restrict(ta, ca)
     if isinstance(e, ConstOf):
-        return np.ones(k, dtype=bool), [Term(None, 1.0, rows.copy(), None, e.value)]
+        return np.ones(k, dtype=bool), [Term(None, 1.0, np.arange(k, dtype=np.int64), None,
+                                             e.value)]
     raise TypeError(e)
 
 
-def _restrict(terms: list[Term], allowed_rows: np.ndarray) -> list[Term]:
-    """Keep only the rows of each term that are in ``allowed_rows``."""
+def _restrict(terms: list[Term], allowed: np.ndarray) -> list[Term]:
+    """Keep only the rows of each term where the mask ``allowed`` (over the
+    batch's rows) is True."""
     out = []
     for t in terms:
-        keep = np.isin(t.rows, allowed_rows)
+        keep = allowed[t.rows]
         if keep.all():
             out.append(t)
         elif keep.any():
@@ -659,6 +663,64 @@ def part_computable(e, idx: np.ndarray, available: Availability) -> np.ndarray:
             res[~res] = part_computable(e.b, idx[~res], available)
         return res
     return np.ones(k, dtype=bool)
+
+
+TimeBounds = tuple[float, float]
+"""``(lo, hi)``: every computable cindex of a node has ``lo <= t <= hi`` (±inf when
+unbounded; ``lo > hi`` when nothing is computable). An over-approximation."""
+
+UNBOUNDED: TimeBounds = (-math.inf, math.inf)
+
+
+def _meet(a: TimeBounds, b: TimeBounds) -> TimeBounds:
+    return (max(a[0], b[0]), min(a[1], b[1]))
+
+
+def _join(a: TimeBounds, b: TimeBounds) -> TimeBounds:
+    if a[0] > a[1]:
+        return b
+    if b[0] > b[1]:
+        return a
+    return (min(a[0], b[0]), max(a[1], b[1]))
+
+
+def part_time_bounds(e, node_bounds: Callable[[str], TimeBounds]) -> TimeBounds:
+    """Bounds on the t of the rows that part ``e`` can compute, given bounds on the
+    computable t of each node (``node_bounds``). Sound, not tight: a row outside
+    is certainly not computable; one inside may or may not be."""
+    if isinstance(e, NodeRef):
+        return node_bounds(e.node)
+    if isinstance(e, OffsetOf):
+        lo, hi = part_time_bounds(e.src, node_bounds)
+        return (lo - e.t_offset, hi - e.t_offset)
+    if isinstance(e, RoundOf):
+        # the row at t reads floor(t/m)*m, which is <= t and > t - m
+        lo, hi = part_time_bounds(e.src, node_bounds)
+        return (lo, hi + e.t_modulus - 1) if lo <= hi else (lo, hi)
+    if isinstance(e, ReplaceIndexOf):
+        lo, hi = part_time_bounds(e.src, node_bounds)
+        if e.variable == "x":
+            return (lo, hi)
+        return UNBOUNDED if lo <= e.value <= hi else (math.inf, -math.inf)
+    if isinstance(e, SwitchOf):
+        out = (math.inf, -math.inf)
+        for s in e.srcs:
+            out = _join(out, part_time_bounds(s, node_bounds))
+        return out
+    if isinstance(e, SumOf):
+        return _meet(part_time_bounds(e.a, node_bounds), part_time_bounds(e.b, node_bounds))
+    if isinstance(e, FailoverOf):
+        return _join(part_time_bounds(e.a, node_bounds), part_time_bounds(e.b, node_bounds))
+    return UNBOUNDED  # IfDefined, Const: computable everywhere
+
+
+def descriptor_time_bounds(d: Descriptor, node_bounds: Callable[[str], TimeBounds]
+                           ) -> TimeBounds:
+    """:func:`part_time_bounds` of a whole descriptor (every part is required)."""
+    out = UNBOUNDED
+    for p in d.parts:
+        out = _meet(out, part_time_bounds(p, node_bounds))
+    return out
 
 
 def descriptor_computable(d: Descriptor, idx: np.ndarray, available: Availability) -> np.ndarray:

@@ -22,6 +22,7 @@ def node_sccs(nnet) -> list[list[str]]:
     stack: list[str] = []
     out: list[list[str]] = []
     counter = 0
+    order = {x: k for k, x in enumerate(names)}
     for root in names:
         if root in index:
             continue
@@ -55,7 +56,6 @@ def node_sccs(nnet) -> list[list[str]]:
                     comp.append(w)
                     if w == v:
                         break
-                order = {x: k for k, x in enumerate(names)}
                 out.append(sorted(comp, key=order.__getitem__))
             if work:
                 parent = work[-1][0]

@@ -23,7 +23,6 @@ from ..descriptor import resolve_part
 from ..errors import ComputeError
 from ..index import KeySet, describe, pack, sort_order_txn, unpack
 from .computable import Computability
-from .epochs import is_recurrent_scc, node_sccs
 from .keymap import KeyMap, unique_inverse, unique_keys
 
 _MAX_ROUNDS = 100000
@@ -79,8 +78,12 @@ class GraphBuilder:
                                    f"the network (outputs: {nnet.output_names()})")
         self.comp = Computability(nnet, inputs)
         self.schedule_seconds = 0.0
-        self.sccs = node_sccs(nnet)
+        self.sccs = self.comp.sccs
         self.scc_of = {name: i for i, scc in enumerate(self.sccs) for name in scc}
+        self._recurrent = [self.comp.recurrent[scc[0]] for scc in self.sccs]
+        # node of a recurrence -> (consumer keys, source node, source keys) of every
+        # dependency inside its recurrence, gathered while the graph is built
+        self._inner_edges: dict[str, list[tuple[np.ndarray, str, np.ndarray]]] = {}
 
     # -- used inputs -------------------------------------------------------------
     def used_sources(self, name: str, idx: np.ndarray):
@@ -91,20 +94,21 @@ class GraphBuilder:
         if n.kind == "dim-range-node":
             yield n.source, np.arange(len(idx)), idx
             return
-        comp = self.nnet.components.get(n.component) if n.kind == "component-node" else None
-        if comp is None or comp.is_simple():
+        if n.kind != "component-node" or self.comp.simple[name]:
             for part in n.descriptor.parts:
                 _, terms = resolve_part(part, idx, self.comp.computable)
                 for t in terms:
                     if t.node is not None:
                         yield t.node, t.rows, t.indexes
             return
-        deps = comp.input_indexes(idx)
-        if len(deps.owner) == 0:
-            return
+        deps = self.comp.input_deps(n, idx)
         avail = self.comp.input_available(n, deps.indexes)
         owners, in_idx = deps.owner[avail], deps.indexes[avail]
         ukeys, inv = unique_inverse(pack(in_idx))
+        # the command compiler asks again for the same cindexes (in another order)
+        self.comp.input_memo[name] = (np.sort(pack(idx)), ukeys)
+        if len(deps.owner) == 0:
+            return
         uidx = unpack(ukeys)
         for part in n.descriptor.parts:
             _, terms = resolve_part(part, uidx, self.comp.computable)
@@ -170,13 +174,19 @@ class GraphBuilder:
                                    "that never runs out of inputs?)")
             name = max(pending, key=order.__getitem__)
             keys = unique_keys(np.concatenate(pending.pop(name)))
-            have = needed[name].lookup(keys, 0)
-            keys = keys[have == 0]
-            if not len(keys):
-                continue
-            needed[name].set(keys, 1)
-            for src, _, sidx in self.used_sources(name, unpack(keys)):
-                pending.setdefault(src, []).append(pack(sidx))
+            if needed[name].blocks:
+                keys = keys[needed[name].lookup(keys, 0) == 0]
+                if not len(keys):
+                    continue
+            needed[name].add_new(keys, np.ones(len(keys), dtype=np.int64))
+            scc = self.scc_of[name]
+            inner = self._inner_edges.setdefault(name, []) if self._recurrent[scc] else None
+            for src, rows, sidx in self.used_sources(name, unpack(keys)):
+                skeys = pack(sidx)
+                pending.setdefault(src, []).append(skeys)
+                if inner is not None and self.scc_of[src] == scc:
+                    # kept for the phases of the recurrence (_recurrent_steps)
+                    inner.append((keys[rows], src, skeys))
         t0 = time.perf_counter()
         steps = self._schedule({k: v.items()[0] for k, v in needed.items() if len(v)})
         self.schedule_seconds = time.perf_counter() - t0
@@ -193,7 +203,7 @@ class GraphBuilder:
             scc = [x for x in scc if x in needed and x not in req_in and x not in req_out]
             if not scc:
                 continue
-            if is_recurrent_scc(self.nnet, self.sccs[e]):
+            if self._recurrent[e]:
                 steps.extend(self._recurrent_steps(e, scc, needed))
             else:
                 for name in scc:
@@ -240,13 +250,12 @@ class GraphBuilder:
             total += len(needed[name])
         src_ids, dst_ids = [], []
         for name in scc:
-            idx = unpack(needed[name])
-            for src, rows, sidx in self.used_sources(name, idx):
+            # (the build resolved every needed cindex of the node exactly once)
+            for dkeys, src, skeys in self._inner_edges.get(name, ()):
                 if src not in members:
                     continue
-                pos = sets[src].position(pack(sidx))
-                src_ids.append(offsets[src] + pos)
-                dst_ids.append(offsets[name] + rows)
+                src_ids.append(offsets[src] + sets[src].position(skeys))
+                dst_ids.append(offsets[name] + sets[name].position(dkeys))
         if src_ids:
             level = _longest_path_levels(total, np.concatenate(src_ids),
                                          np.concatenate(dst_ids))
@@ -255,17 +264,26 @@ class GraphBuilder:
         else:
             level = np.zeros(total, dtype=np.int64)
         node_of = np.repeat(np.arange(len(scc)), [len(needed[name]) for name in scc])
-        order = np.lexsort((node_of, level))  # by level, then node (scc order)
+        idx = unpack(np.concatenate([needed[name] for name in scc]))
+        # One sort for all steps: by level, then node (scc order), then Kaldi's
+        # (t, x, n) row order within the step.
+        order = np.lexsort((idx[:, 0], idx[:, 2], idx[:, 1], node_of, level))
         lv_sorted, node_sorted = level[order], node_of[order]
         cut = np.flatnonzero((lv_sorted[1:] != lv_sorted[:-1])
                              | (node_sorted[1:] != node_sorted[:-1])) + 1
+        idx = idx[order]
+        starts = [0, *cut.tolist()]
+        ends = [*starts[1:], len(order)]
+        node_at = node_sorted[starts].tolist()
+        kind = [self._kind(name) for name in scc]
         steps = []
-        for block in np.split(order, cut):
-            name = scc[int(node_of[block[0]])]
-            idx = unpack(needed[name][block - offsets[name]])
-            steps.append(Step(name, self._kind(name), idx[sort_order_txn(idx)], epoch,
-                              recurrent=True))
+        for a, b, q in zip(starts, ends, node_at, strict=True):
+            name = scc[q]
+            steps.append(Step(name, kind[q], idx[a:b], epoch, recurrent=True))
         return steps
+
+
+_SMALL_GRAPH = 20000  # edges; below this a plain Python Kahn's algorithm is faster
 
 
 def _longest_path_levels(total: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
@@ -277,6 +295,10 @@ def _longest_path_levels(total: int, src: np.ndarray, dst: np.ndarray) -> np.nda
     src, dst = src[order], dst[order]
     starts = np.searchsorted(src, np.arange(total + 1))
     indeg = np.bincount(dst, minlength=total)
+    if len(dst) <= _SMALL_GRAPH:
+        # A recurrence has one level per frame or so: hundreds of levels of a few
+        # vertices each, where numpy's per-call cost would dominate.
+        return _levels_small(total, starts.tolist(), dst.tolist(), indeg.tolist())
     level = np.zeros(total, dtype=np.int64)
     frontier = np.flatnonzero(indeg == 0)
     done = 0
@@ -295,6 +317,28 @@ def _longest_path_levels(total: int, src: np.ndarray, dst: np.ndarray) -> np.nda
         frontier = targets[indeg[targets] == 0]
         depth += 1
     return level if done == total else None
+
+
+def _levels_small(total: int, starts: list[int], dst: list[int],
+                  indeg: list[int]) -> np.ndarray | None:
+    """:func:`_longest_path_levels` on Python lists (same result)."""
+    level = [0] * total
+    frontier = [v for v in range(total) if indeg[v] == 0]
+    done = 0
+    depth = 0
+    while frontier:
+        done += len(frontier)
+        nxt = []
+        for v in frontier:
+            level[v] = depth
+            for e in range(starts[v], starts[v + 1]):
+                w = dst[e]
+                indeg[w] -= 1
+                if indeg[w] == 0:
+                    nxt.append(w)
+        frontier = nxt
+        depth += 1
+    return np.array(level, dtype=np.int64) if done == total else None
 
 
 def build_graph(nnet, request) -> tuple[GraphBuilder, ComputationGraph]:

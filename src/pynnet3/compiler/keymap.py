@@ -50,6 +50,11 @@ class KeyMap:
     def lookup(self, keys: np.ndarray, default: int = -1) -> np.ndarray:
         """Values for ``keys`` (``default`` where absent)."""
         keys = np.asarray(keys, dtype=np.int64)
+        if len(self.blocks) == 1 and len(self.blocks[0][0]):  # the common case, fewer ops
+            bk, bv = self.blocks[0]
+            pos = bk.searchsorted(keys)
+            np.minimum(pos, len(bk) - 1, out=pos)
+            return np.where(bk[pos] == keys, bv[pos], default)
         out = np.full(len(keys), default, dtype=np.int64)
         for bk, bv in self.blocks:
             if not len(bk):
@@ -85,6 +90,15 @@ class KeyMap:
             self.blocks.append((nk[last], nv[last]))
             if len(self.blocks) > _MAX_BLOCKS:
                 self._merge()
+
+    def add_new(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Add keys known to be absent; ``keys`` sorted and unique."""
+        if not len(keys):
+            return
+        self.blocks.append((np.asarray(keys, dtype=np.int64),
+                            np.asarray(values, dtype=np.int64)))
+        if len(self.blocks) > _MAX_BLOCKS:
+            self._merge()
 
     def _merge(self) -> None:
         keys = np.concatenate([k for k, _ in self.blocks])

@@ -85,6 +85,9 @@ class _SegmentCommandCompiler(CommandCompiler):
         self.segment_of_step = segment_of_step
         self.computabilities = computabilities
 
+    def _computability_of(self, i: int):
+        return self.computabilities[self.segment_of_step[i]]
+
     def compile(self) -> NnetComputation:
         self._deriv_flags()
         c = self.c

@@ -18,6 +18,7 @@ per row or per frame.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,16 +112,33 @@ def window_ranges(input_indexes, output_indexes, t_first, t_last, period: int,
 
 
 def _window_deps(output_indexes: np.ndarray, t_first: np.ndarray, size: int, step: int,
-                 valid: np.ndarray | None = None) -> InputDeps:
+                 valid: np.ndarray | None = None, t_lo: float = -math.inf,
+                 t_hi: float = math.inf) -> InputDeps:
     """``size`` dependencies per output at ``t_first + k*step``, all optional,
-    any one sufficing; outputs with ``valid`` False get none."""
+    any one sufficing; outputs with ``valid`` False get none. Only times within
+    ``[t_lo, t_hi]`` are listed (the caller knows nothing outside can exist), in
+    the same order as without the bounds: by output row, then by time."""
     out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
     rows = np.arange(len(out), dtype=np.int64)
     if valid is not None:
         rows = rows[valid]
-    owner = np.repeat(rows, size)
-    deps = out[owner].copy()
-    deps[:, 1] = np.repeat(t_first[rows], size) + np.tile(np.arange(size) * step, len(rows))
+    if t_lo > t_hi:  # no time can exist: no dependencies
+        rows = rows[:0]
+        t_lo, t_hi = -math.inf, math.inf
+    first = np.asarray(t_first, dtype=np.int64)[rows]
+    k_lo = np.zeros(len(rows), dtype=np.int64)
+    k_hi = np.full(len(rows), size - 1, dtype=np.int64)
+    if t_lo > -math.inf:  # first k with first + k*step >= t_lo
+        k_lo = np.maximum(k_lo, -np.floor_divide(first - int(t_lo), step))
+    if t_hi < math.inf:  # last k with first + k*step <= t_hi
+        k_hi = np.minimum(k_hi, np.floor_divide(int(t_hi) - first, step))
+    count = np.maximum(k_hi - k_lo + 1, 0)
+    owner = np.repeat(rows, count)
+    deps = out[owner]
+    # k of each dependency: k_lo of its output plus its place within the output's run
+    start = np.cumsum(count) - count
+    k = np.arange(len(owner), dtype=np.int64) - np.repeat(start - k_lo, count)
+    deps[:, 1] = np.repeat(first, count) + k * step
     return InputDeps(owner, deps, np.zeros(len(owner), dtype=bool), any_suffices=True)
 
 
@@ -233,6 +251,15 @@ class StatisticsExtractionComponent(Component):
         out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
         return _window_deps(out, self._window_start(out[:, 1]),
                             self.output_period // self.input_period, self.input_period)
+
+    def output_time_bounds(self, input_bounds: tuple[float, float]) -> tuple[float, float]:
+        """Bounds on the t of computable outputs when the computable inputs have
+        ``input_bounds[0] <= t <= input_bounds[1]``: an output's period window
+        ``[w, w + P)`` (``w <= t < w + P``) must hold one of them."""
+        lo, hi = input_bounds
+        if lo > hi:
+            return input_bounds
+        return (lo - self.output_period + 1, hi + self.output_period - 1)
 
     def reorder_indexes(self, input_indexes, output_indexes):
         return sort_nxt(input_indexes, output_indexes)
@@ -392,11 +419,27 @@ class StatisticsPoolingComponent(Component):
         ``t - left_context .. t + right_context`` step input-period, all optional,
         any one sufficing. Outputs at other t get no dependencies (never
         computable, as in Kaldi's IsComputable)."""
+        return self.input_indexes_within(output_indexes, -math.inf, math.inf)
+
+    def input_indexes_within(self, output_indexes: np.ndarray, t_lo: float,
+                             t_hi: float) -> InputDeps:
+        """:meth:`input_indexes` without the dependencies outside ``[t_lo, t_hi]``
+        (which the caller knows cannot be computed): the window can be 10001
+        frames long while the input has a few hundred."""
         out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
         size = (self.left_context + self.right_context) // self.input_period + 1
         valid = out[:, 1] % self.input_period == 0
         return _window_deps(out, out[:, 1] - self.left_context, size, self.input_period,
-                            valid)
+                            valid, t_lo, t_hi)
+
+    def output_time_bounds(self, input_bounds: tuple[float, float]) -> tuple[float, float]:
+        """Bounds on the t of computable outputs when the computable inputs have
+        ``input_bounds[0] <= t <= input_bounds[1]`` (the window
+        ``[t - left_context, t + right_context]`` must hold one of them)."""
+        lo, hi = input_bounds
+        if lo > hi:
+            return input_bounds
+        return (lo - self.right_context, hi + self.left_context)
 
     def reorder_indexes(self, input_indexes, output_indexes):
         return sort_nxt(input_indexes, output_indexes)

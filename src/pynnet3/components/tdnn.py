@@ -33,11 +33,49 @@ from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closi
 def time_offset_sources(input_indexes: np.ndarray, output_indexes: np.ndarray,
                         time_offsets) -> np.ndarray:
     """``src[k, j]``: the input row holding (n, t + time_offsets[k], x) of output row
-    j, or -1 when that input row is absent. Rows may be in any order."""
+    j, or -1 when that input row is absent. Rows may be in any order; input rows
+    are distinct cindexes (rows of one matrix)."""
     inp = np.asarray(input_indexes, dtype=np.int64).reshape(-1, 3)
     out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
-    keys = KeySet(pack(inp))
     src = np.empty((len(time_offsets), len(out)), dtype=np.int64)
+    if len(inp) == 0 or len(out) == 0:
+        src.fill(-1)
+        return src
+    # (column by column: numpy's reductions over the short axis of (k, 3) are slow)
+    cols_in = [inp[:, c] for c in range(3)]
+    lo = [int(c.min()) for c in cols_in]
+    ext = [int(c.max()) - lo[q] + 1 for q, c in enumerate(cols_in)]
+    if ext[0] * ext[1] * ext[2] > 4 * len(inp) + 4096:
+        return _sparse_offset_sources(inp, out, time_offsets, src)
+    # The inputs fill most of their (n, t, x) bounding box (the usual case): a
+    # dense table of rows over the box, so each offset is a gather, no sorting.
+    table = np.full(ext[0] * ext[1] * ext[2], -1, dtype=np.int64)
+    table[((cols_in[0] - lo[0]) * ext[1] + (cols_in[1] - lo[1])) * ext[2]
+          + (cols_in[2] - lo[2])] = np.arange(len(inp))
+    n_rel, t_rel, x_rel = out[:, 0] - lo[0], out[:, 1] - lo[1], out[:, 2] - lo[2]
+    nx_ok = (n_rel >= 0) & (n_rel < ext[0]) & (x_rel >= 0) & (x_rel < ext[2])
+    base = n_rel * (ext[1] * ext[2]) + x_rel
+    all_nx = bool(nx_ok.all())
+    for k, off in enumerate(time_offsets):
+        t = t_rel + int(off)
+        ok = (t >= 0) & (t < ext[1])
+        if not all_nx:
+            ok &= nx_ok
+        lin = base + t * ext[2]
+        if ok.all():
+            src[k] = table[lin]
+            continue
+        lin[~ok] = 0
+        row = table[lin]
+        row[~ok] = -1
+        src[k] = row
+    return src
+
+
+def _sparse_offset_sources(inp: np.ndarray, out: np.ndarray, time_offsets,
+                           src: np.ndarray) -> np.ndarray:
+    """:func:`time_offset_sources` by sorted keys (inputs spread thinly)."""
+    keys = KeySet(pack(inp))
     shifted = out.copy()
     for k, off in enumerate(time_offsets):
         shifted[:, 1] = out[:, 1] + int(off)
@@ -256,6 +294,12 @@ class TdnnComponent(UpdatableComponent):
     def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
         return time_offset_deps(output_indexes, self.time_offsets,
                                 [True] * len(self.time_offsets))
+
+    def output_time_bounds(self, input_bounds: tuple[float, float]) -> tuple[float, float]:
+        """Bounds on the t of computable outputs when the computable inputs have
+        ``input_bounds[0] <= t <= input_bounds[1]`` (every offset is required)."""
+        lo, hi = input_bounds
+        return (lo - min(self.time_offsets), hi - max(self.time_offsets))
 
     def precompute_indexes(self, input_indexes: np.ndarray, output_indexes: np.ndarray,
                            need_backprop: bool) -> OffsetGather:
