@@ -24,6 +24,17 @@ rows map (:meth:`precompute_indexes`), both vectorized over ``(k, 3)`` int array
 
 Math runs in the dtype of ``in_value`` (float32 normally, float64 for gradient
 checks); parameters are cast as needed.
+
+Optional hooks the compiler looks up by name (a component without them loses
+only speed):
+
+* ``reorder_indexes(input_indexes, output_indexes) -> (input, output)``: Kaldi's
+  ReorderIndexes; taken when it is a pure permutation of both.
+* ``output_time_bounds((t_lo, t_hi)) -> (t_lo, t_hi)``: bounds on the computable
+  output t given bounds on the computable input t (default: unbounded).
+* ``input_indexes_within(output_indexes, t_lo, t_hi) -> InputDeps``:
+  :meth:`input_indexes` without the dependencies outside ``[t_lo, t_hi]`` (which
+  can never be computable), for components with very wide windows.
 """
 
 from __future__ import annotations
