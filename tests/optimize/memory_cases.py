@@ -26,7 +26,7 @@ from pynnet3.runtime.numpy_backend import NumpyBackend
 from tests.compiler import nets
 from tests.reference import REF, load_case
 
-UNDEFINED = "numpy-undefined"
+UNDEFINED = "numpy-nan-alloc"  # not differential.py's "numpy-undefined" (finite garbage)
 
 
 class _UndefinedBackend(NumpyBackend):

@@ -4,32 +4,85 @@
   following each command type's semantics (a partial write — a row op whose
   table has -1 entries, a scatter into some rows, an ``*_ADDS`` component — is a
   read-write, because the untouched part must already be defined).
+* :class:`AccessTable` is the same for every command at once, as flat numpy
+  arrays (one entry per pair, in command order), with the sizing commands'
+  effect on each matrix; every other structure here is derived from it with
+  vectorized numpy, so building it (one Python loop over the commands) is the
+  only per-command cost of an analysis.
 * :class:`CommandAttributes` is the per-command summary (variables, submatrices and
   matrices read / written, side effects such as model updates or stored stats).
 * :class:`VariableAccesses` holds, for every variable, the commands touching it in
   order, as flat numpy arrays (CSR layout) so passes can query slices cheaply.
 * :class:`MatrixAccesses` holds, for every matrix, the allocating and
   deallocating command, the commands accessing it, and whether it is a user input
-  or output.
+  or output; :class:`MatrixAccessArrays` is the same for all matrices as CSR arrays.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
 from ..components.base import Flags
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
-from .variables import ComputationVariables
+from .variables import ComputationVariables, submatrix_array
 
 
 class AccessType(enum.IntEnum):
     READ = 1
     WRITE = 2
     READ_WRITE = 3  # bitwise or of the two
+
+
+_R, _W, _RW = 1, 2, 3
+#: AccessType by int value (avoids the enum constructor in hot loops)
+ACCESS_TYPES = (None, AccessType.READ, AccessType.WRITE, AccessType.READ_WRITE)
+_BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
+
+
+class PropertyCache:
+    """Component properties by node name, as plain ints (``int(Flags)``: bit tests
+    on an IntFlag run Python code), looked up once per analysis (properties may
+    change with the network's mode, so the cache lives as long as one build)."""
+
+    __slots__ = ("nnet", "props", "by_component", "node_map")
+
+    def __init__(self, nnet):
+        self.nnet = nnet
+        self.props: dict[str, int] = {}
+        self.by_component: dict[str, int] = {}
+        self.node_map = None
+
+    def __call__(self, node: str) -> int:
+        p = self.props.get(node)
+        if p is None:
+            if self.node_map is None:
+                self.node_map = self.nnet.node_map
+            name = self.node_map[node].component
+            p = self.by_component.get(name)
+            if p is None:
+                p = self.by_component[name] = int(self.nnet.components[name].properties())
+            self.props[node] = p
+        return p
+
+
+_TYPE = attrgetter("type")
+
+
+def command_types(c: NnetComputation) -> list[CT]:
+    """The type of every command (one C-level pass; ``t in command_types(c)`` then
+    tests presence without a Python loop)."""
+    return list(map(_TYPE, c.commands))
+
+
+def has_command_type(c: NnetComputation, *types: CT) -> bool:
+    """Whether any command of ``c`` has one of ``types``."""
+    present = command_types(c)
+    return any(t in present for t in types)
 
 
 def _component(nnet, cmd: Command):
@@ -48,7 +101,7 @@ def command_accesses(c: NnetComputation, nnet, cmd: Command) -> list[tuple[int, 
         if cmd.in_value:
             out.append((cmd.in_value, R))
         out.append((cmd.out_value, RW if props & Flags.PROPAGATE_ADDS else W))
-    elif t in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE):
+    elif t in _BACKPROPS:
         props = _component(nnet, cmd).properties()
         for s in (cmd.in_value, cmd.out_value, cmd.out_deriv):
             if s:
@@ -65,22 +118,13 @@ def command_accesses(c: NnetComputation, nnet, cmd: Command) -> list[tuple[int, 
     elif t is CT.ADD_ROWS:
         out += [(cmd.src, R), (cmd.dst, RW)]
     elif t in (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI):
-        tab = c.indexes_multi[cmd.table]
-        for s in np.unique(tab[:, 0]):
-            if s > 0:
-                out.append((int(s), R))
-        partial = t is CT.ADD_ROWS_MULTI or bool((tab[:, 0] < 0).any())
+        reads, partial = _gather_multi(c.indexes_multi[cmd.table], t is CT.ADD_ROWS_MULTI)
+        out += [(s, R) for s in reads]
         out.append((cmd.dst, RW if partial else W))
     elif t in (CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI):
         out.append((cmd.src, R))
-        tab = c.indexes_multi[cmd.table]
-        for s in np.unique(tab[:, 0]):
-            if s <= 0:
-                continue
-            rows = tab[tab[:, 0] == s, 1]
-            full = (t is CT.COPY_TO_ROWS_MULTI
-                    and len(np.unique(rows)) == c.submatrices[s].num_rows)
-            out.append((int(s), W if full else RW))
+        out += [(s, ACCESS_TYPES[a]) for s, a in
+                _scatter_multi(c, c.indexes_multi[cmd.table], t is CT.COPY_TO_ROWS_MULTI)]
     elif t is CT.ADD_ROW_RANGES:
         out += [(cmd.src, R), (cmd.dst, RW)]
     elif t is CT.ACCEPT_INPUT:
@@ -90,6 +134,234 @@ def command_accesses(c: NnetComputation, nnet, cmd: Command) -> list[tuple[int, 
     elif t in (CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX):
         out.append((cmd.dst if cmd.dst else c.whole(cmd.matrix), RW))
     return out
+
+
+def _gather_multi(tab: np.ndarray, adds: bool) -> tuple[list[int], bool]:
+    """Submatrices a ``*_ROWS_MULTI`` gather reads (ascending) and whether its
+    destination write is partial."""
+    subs = tab[:, 0]
+    reads = [int(s) for s in np.unique(subs) if s > 0]
+    return reads, adds or bool((subs < 0).any())
+
+
+def _scatter_multi(c: NnetComputation, tab: np.ndarray, copy: bool) -> list[tuple[int, int]]:
+    """(submatrix, access int) written by a ``*_TO_ROWS_MULTI`` scatter: a full
+    write only for a copy that sets every row of the submatrix."""
+    out = []
+    for s in np.unique(tab[:, 0]):
+        if s <= 0:
+            continue
+        full = False
+        if copy:
+            rows = tab[tab[:, 0] == s, 1]
+            full = len(np.unique(rows)) == c.submatrices[s].num_rows
+        out.append((int(s), _W if full else _RW))
+    return out
+
+
+@dataclass
+class AccessTable:
+    """Every command's ``(submatrix, access)`` pairs as flat arrays: entry ``k`` is
+    command ``cmd[k]`` accessing submatrix ``sub[k]`` with ``acc[k]`` (AccessType
+    value), in command order and, within a command, in :func:`command_accesses`
+    order. Per matrix (index 0 unused): ``alloc`` / ``dealloc`` (the last
+    ALLOC_MATRIX / SWAP_MATRIX naming it as destination, the last DEALLOC_MATRIX /
+    SWAP_MATRIX source / releasing PROVIDE_OUTPUT; -1: none), ``is_input`` /
+    ``is_output`` (named by ACCEPT_INPUT / PROVIDE_OUTPUT). ``zeroing[i]``: command
+    ``i`` is SET_CONST 0. ``sub_matrix[s]``: the matrix of submatrix ``s``.
+    ``alloc_only`` / ``dealloc_only``: the same from ALLOC_MATRIX / DEALLOC_MATRIX
+    alone; ``accept``: the first ACCEPT_INPUT of each input matrix (-1 otherwise);
+    ``component_commands``: the propagate / backprop commands."""
+
+    num_commands: int
+    cmd: np.ndarray
+    sub: np.ndarray
+    acc: np.ndarray
+    alloc: np.ndarray
+    dealloc: np.ndarray
+    is_input: np.ndarray
+    is_output: np.ndarray
+    zeroing: np.ndarray
+    side_effects: np.ndarray
+    sub_array: np.ndarray
+    sub_matrix: np.ndarray
+    alloc_only: np.ndarray
+    dealloc_only: np.ndarray
+    accept: np.ndarray
+    component_commands: list[int]
+
+    @property
+    def matrix(self) -> np.ndarray:
+        """Matrix of each entry."""
+        return self.sub_matrix[self.sub]
+
+
+def build_access_table(c: NnetComputation, nnet, props: PropertyCache | None = None
+                       ) -> AccessTable:
+    """The :class:`AccessTable` of ``c`` (one pass over the commands)."""
+    props = props or PropertyCache(nnet)
+    nm = len(c.matrices)
+    cmds_l: list[int] = []
+    subs_l: list[int] = []
+    accs_l: list[int] = []
+    ca, sa, aa = cmds_l.append, subs_l.append, accs_l.append
+    alloc = [-1] * nm
+    dealloc = [-1] * nm
+    alloc_only = [-1] * nm
+    dealloc_only = [-1] * nm
+    accept = [-1] * nm
+    comp_cmds: list[int] = []
+    is_input = [False] * nm
+    is_output = [False] * nm
+    n = len(c.commands)
+    zeroing_l: list[int] = []
+    side_l: list[int] = []
+    R, W, RW = _R, _W, _RW
+    submatrices = c.submatrices
+    rows_partial: dict[int, bool] = {}
+    multi_cache: dict[tuple, list] = {}
+    PA, BA = int(Flags.PROPAGATE_ADDS), int(Flags.BACKPROP_ADDS)
+    # command types as locals: an Enum class attribute lookup costs more than a test
+    _ALLOC_MATRIX, _DEALLOC_MATRIX, _SWAP_MATRIX = CT.ALLOC_MATRIX, CT.DEALLOC_MATRIX, \
+        CT.SWAP_MATRIX
+    _SET_CONST, _MATRIX_COPY, _MATRIX_ADD = CT.SET_CONST, CT.MATRIX_COPY, CT.MATRIX_ADD
+    _PROPAGATE, _BACKPROP, _BACKPROP_NO_MODEL_UPDATE = CT.PROPAGATE, CT.BACKPROP, \
+        CT.BACKPROP_NO_MODEL_UPDATE
+    _COPY_ROWS, _ADD_ROWS, _ADD_ROW_RANGES = CT.COPY_ROWS, CT.ADD_ROWS, CT.ADD_ROW_RANGES
+    _COPY_ROWS_MULTI, _ADD_ROWS_MULTI = CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI
+    _COPY_TO_ROWS_MULTI, _ADD_TO_ROWS_MULTI = CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI
+    _ACCEPT_INPUT, _PROVIDE_OUTPUT = CT.ACCEPT_INPUT, CT.PROVIDE_OUTPUT
+    _COMPRESS_MATRIX, _DECOMPRESS_MATRIX = CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX
+    for i, cmd in enumerate(c.commands):
+        t = cmd.type
+        if t is _ALLOC_MATRIX:
+            alloc[cmd.matrix] = alloc_only[cmd.matrix] = i
+        elif t is _DEALLOC_MATRIX:
+            dealloc[cmd.matrix] = dealloc_only[cmd.matrix] = i
+        elif t is _SET_CONST:
+            ca(i), sa(cmd.dst), aa(W)
+            if cmd.alpha == 0.0:
+                zeroing_l.append(i)
+        elif t is _MATRIX_COPY:
+            ca(i), sa(cmd.src), aa(R)
+            ca(i), sa(cmd.dst), aa(W)
+        elif t is _PROPAGATE:
+            if cmd.in_value:
+                ca(i), sa(cmd.in_value), aa(R)
+            ca(i), sa(cmd.out_value), aa(RW if props(cmd.node) & PA else W)
+            if cmd.alpha == 2.0:
+                side_l.append(i)  # stored stats
+            comp_cmds.append(i)
+        elif t is _MATRIX_ADD or t is _ADD_ROWS or t is _ADD_ROW_RANGES:
+            ca(i), sa(cmd.src), aa(R)
+            ca(i), sa(cmd.dst), aa(RW)
+        elif t is _BACKPROP or t is _BACKPROP_NO_MODEL_UPDATE:
+            for s in (cmd.in_value, cmd.out_value, cmd.out_deriv):
+                if s:
+                    ca(i), sa(s), aa(R)
+            if cmd.in_deriv:
+                ca(i), sa(cmd.in_deriv), aa(RW if props(cmd.node) & BA else W)
+            if t is _BACKPROP:
+                side_l.append(i)  # model update
+            comp_cmds.append(i)
+        elif t is _SWAP_MATRIX:
+            alloc[cmd.matrix] = i
+            dealloc[cmd.src_matrix] = i
+        elif t is _COPY_ROWS:
+            p = rows_partial.get(cmd.table)
+            if p is None:
+                p = rows_partial[cmd.table] = bool((c.indexes[cmd.table] < 0).any())
+            ca(i), sa(cmd.src), aa(R)
+            ca(i), sa(cmd.dst), aa(RW if p else W)
+        elif t is _COPY_ROWS_MULTI or t is _ADD_ROWS_MULTI:
+            key = ("g", cmd.table, t is _ADD_ROWS_MULTI)
+            got = multi_cache.get(key)
+            if got is None:
+                got = multi_cache[key] = _gather_multi(c.indexes_multi[cmd.table], key[2])
+            reads, partial = got
+            for s in reads:
+                ca(i), sa(s), aa(R)
+            ca(i), sa(cmd.dst), aa(RW if partial else W)
+        elif t is _COPY_TO_ROWS_MULTI or t is _ADD_TO_ROWS_MULTI:
+            ca(i), sa(cmd.src), aa(R)
+            key = ("s", cmd.table, t is _COPY_TO_ROWS_MULTI)
+            got = multi_cache.get(key)
+            if got is None:
+                got = multi_cache[key] = _scatter_multi(c, c.indexes_multi[cmd.table], key[2])
+            for s, a in got:
+                ca(i), sa(s), aa(a)
+        elif t is _ACCEPT_INPUT:
+            ca(i), sa(cmd.dst), aa(W)
+            m = submatrices[cmd.dst].matrix
+            if not is_input[m]:
+                is_input[m] = True
+                accept[m] = i
+        elif t is _PROVIDE_OUTPUT:
+            ca(i), sa(cmd.src), aa(R)
+            m = submatrices[cmd.src].matrix
+            is_output[m] = True
+            if cmd.release:  # handed over: the matrix ends here
+                dealloc[m] = i
+        elif t is _COMPRESS_MATRIX or t is _DECOMPRESS_MATRIX:
+            ca(i), sa(cmd.dst if cmd.dst else c.whole(cmd.matrix)), aa(RW)
+    zeroing = np.zeros(n, dtype=bool)
+    zeroing[zeroing_l] = True
+    side = np.zeros(n, dtype=bool)
+    side[side_l] = True
+    sub_arr = submatrix_array(c)
+    return AccessTable(
+        n, np.array(cmds_l, dtype=np.int64), np.array(subs_l, dtype=np.int64),
+        np.array(accs_l, dtype=np.int8), np.array(alloc, dtype=np.int64),
+        np.array(dealloc, dtype=np.int64), np.array(is_input, dtype=bool),
+        np.array(is_output, dtype=bool), zeroing, side, sub_arr, sub_arr[:, 0],
+        np.array(alloc_only, dtype=np.int64), np.array(dealloc_only, dtype=np.int64),
+        np.array(accept, dtype=np.int64), comp_cmds)
+
+
+def _or_groups(key: np.ndarray, acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sort by ``key`` and OR together the ``acc`` of equal keys: (keys, ors)."""
+    if not len(key):
+        return key, acc
+    order = np.argsort(key, kind="stable")
+    k, a = key[order], acc[order]
+    start = np.ones(len(k), dtype=bool)
+    start[1:] = k[1:] != k[:-1]
+    idx = np.flatnonzero(start)
+    return k[idx], np.bitwise_or.reduceat(a, idx).astype(np.int8)
+
+
+@dataclass
+class MatrixAccessArrays:
+    """For matrix ``m``: ``command[ptr[m]:ptr[m+1]]`` are the commands (other than
+    sizing commands) that access it, ascending, one entry per command, and
+    ``access[...]`` their OR-ed AccessType values."""
+
+    ptr: np.ndarray
+    command: np.ndarray
+    access: np.ndarray
+
+    def first(self, none: int) -> np.ndarray:
+        """First accessing command of each matrix (``none`` where there is none)."""
+        has = self.ptr[1:] > self.ptr[:-1]
+        out = np.full(len(self.ptr) - 1, none, dtype=np.int64)
+        out[has] = self.command[self.ptr[:-1][has]]
+        return out
+
+    def last(self, none: int = -1) -> np.ndarray:
+        """Last accessing command of each matrix (``none`` where there is none)."""
+        has = self.ptr[1:] > self.ptr[:-1]
+        out = np.full(len(self.ptr) - 1, none, dtype=np.int64)
+        out[has] = self.command[self.ptr[1:][has] - 1]
+        return out
+
+
+def matrix_access_arrays(table: AccessTable, num_matrices: int) -> MatrixAccessArrays:
+    n = max(table.num_commands, 1)
+    key, acc = _or_groups(table.matrix * n + table.cmd, table.acc)
+    m, cmd = np.divmod(key, n)
+    ptr = np.zeros(num_matrices + 1, dtype=np.int64)
+    np.cumsum(np.bincount(m, minlength=num_matrices), out=ptr[1:])
+    return MatrixAccessArrays(ptr, cmd, acc)
 
 
 @dataclass
@@ -134,93 +406,81 @@ class MatrixAccesses:
     is_output: bool = False
 
 
-def compute_command_attributes(c: NnetComputation, nnet, variables: ComputationVariables
-                               ) -> tuple[list[CommandAttributes], list[list]]:
-    """Attributes of every command, and its raw (submatrix, access) pairs."""
-    attrs = []
-    raw = []
-    empty = np.zeros(0, dtype=np.int64)
-    for cmd in c.commands:
-        pairs = command_accesses(c, nnet, cmd)
-        raw.append(pairs)
-        rd = [variables.submatrix_variables(s) for s, a in pairs if a & AccessType.READ and s]
-        wr = [variables.submatrix_variables(s) for s, a in pairs if a & AccessType.WRITE and s]
-        sr = sorted({s for s, a in pairs if a & AccessType.READ and s})
-        sw = sorted({s for s, a in pairs if a & AccessType.WRITE and s})
-        side = False
-        if cmd.type is CT.BACKPROP:
-            side = True  # model update
-        elif cmd.type is CT.PROPAGATE and cmd.alpha == 2.0:
-            side = True  # stored stats
-        attrs.append(CommandAttributes(
-            np.unique(np.concatenate(rd)) if rd else empty,
-            np.unique(np.concatenate(wr)) if wr else empty,
-            sr, sw,
-            sorted({c.submatrices[s].matrix for s in sr}),
-            sorted({c.submatrices[s].matrix for s in sw}),
-            side))
-    return attrs, raw
+def expand_to_variables(table: AccessTable, variables: ComputationVariables
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(variable, command, access) for every variable of every accessed submatrix
+    (submatrix 0 skipped), in table order."""
+    keep = table.sub > 0
+    sub, cmd, acc = table.sub[keep], table.cmd[keep], table.acc[keep]
+    vptr, vflat = variables.sub_ptr, variables.sub_vars
+    lens = vptr[sub + 1] - vptr[sub]
+    total = int(lens.sum())
+    starts = np.repeat(vptr[sub] - (np.cumsum(lens) - lens), lens)
+    var = vflat[starts + np.arange(total, dtype=np.int64)]
+    return var, np.repeat(cmd, lens), np.repeat(acc, lens)
 
 
-def compute_variable_accesses(attrs: list[CommandAttributes], num_variables: int
+def compute_variable_accesses(table: AccessTable, variables: ComputationVariables
                               ) -> VariableAccesses:
-    vs, cs, acc = [], [], []
-    for i, a in enumerate(attrs):
-        if len(a.variables_read):
-            vs.append(a.variables_read)
-            cs.append(np.full(len(a.variables_read), i, dtype=np.int64))
-            acc.append(np.full(len(a.variables_read), int(AccessType.READ), dtype=np.int8))
-        if len(a.variables_written):
-            vs.append(a.variables_written)
-            cs.append(np.full(len(a.variables_written), i, dtype=np.int64))
-            acc.append(np.full(len(a.variables_written), int(AccessType.WRITE), dtype=np.int8))
-    if not vs:
-        return VariableAccesses(np.zeros(num_variables + 1, dtype=np.int64),
-                                np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8))
-    v = np.concatenate(vs)
-    cmd = np.concatenate(cs)
-    a = np.concatenate(acc)
-    order = np.lexsort((cmd, v))
-    v, cmd, a = v[order], cmd[order], a[order]
-    # merge the read and write entries of one command on one variable
-    key_change = np.ones(len(v), dtype=bool)
-    key_change[1:] = (v[1:] != v[:-1]) | (cmd[1:] != cmd[:-1])
-    group = np.cumsum(key_change) - 1
-    merged = np.zeros(int(group[-1]) + 1, dtype=np.int8)
-    np.bitwise_or.at(merged, group, a)
-    v, cmd = v[key_change], cmd[key_change]
-    ptr = np.zeros(num_variables + 1, dtype=np.int64)
-    np.add.at(ptr, v + 1, 1)
-    return VariableAccesses(np.cumsum(ptr), cmd, merged)
+    nv = variables.num_variables
+    n = max(table.num_commands, 1)
+    var, cmd, acc = expand_to_variables(table, variables)
+    key, merged = _or_groups(var * n + cmd, acc)
+    v, cmds = np.divmod(key, n)
+    ptr = np.zeros(nv + 1, dtype=np.int64)
+    np.cumsum(np.bincount(v, minlength=nv), out=ptr[1:])
+    return VariableAccesses(ptr, cmds, merged.astype(np.int8))
 
 
-def compute_matrix_accesses(c: NnetComputation, raw: list[list]) -> list[MatrixAccesses]:
-    mats = [MatrixAccesses() for _ in c.matrices]
-    for i, cmd in enumerate(c.commands):
-        t = cmd.type
-        if t is CT.ALLOC_MATRIX:
-            mats[cmd.matrix].allocate_command = i
-            continue
-        if t is CT.DEALLOC_MATRIX:
-            mats[cmd.matrix].deallocate_command = i
-            continue
-        if t is CT.SWAP_MATRIX:
-            # matrix takes over src_matrix's data: an allocation of one, a
-            # deallocation of the other
-            mats[cmd.matrix].allocate_command = i
-            mats[cmd.src_matrix].deallocate_command = i
-            continue
-        per_matrix: dict[int, int] = {}
-        for s, a in raw[i]:
-            m = c.submatrices[s].matrix
-            per_matrix[m] = per_matrix.get(m, 0) | int(a)
-        for m, a in per_matrix.items():
-            mats[m].accesses.append((i, AccessType(a)))
-        if t is CT.ACCEPT_INPUT:
-            mats[c.submatrices[cmd.dst].matrix].is_input = True
-        elif t is CT.PROVIDE_OUTPUT:
-            m = c.submatrices[cmd.src].matrix
-            mats[m].is_output = True
-            if cmd.release:  # handed over: the matrix ends here
-                mats[m].deallocate_command = i
-    return mats
+def compute_command_attributes(c: NnetComputation, table: AccessTable,
+                               variables: ComputationVariables) -> list[CommandAttributes]:
+    """Attributes of every command."""
+    n = table.num_commands
+    var, cmd, acc = expand_to_variables(table, variables)
+    empty = np.zeros(0, dtype=np.int64)
+
+    def per_command(mask: np.ndarray) -> list[np.ndarray]:
+        key = np.unique(cmd[mask] * max(variables.num_variables, 1) + var[mask])
+        cc, vv = np.divmod(key, max(variables.num_variables, 1))
+        bounds = np.searchsorted(cc, np.arange(n + 1))
+        return [vv[bounds[i]:bounds[i + 1]] if bounds[i + 1] > bounds[i] else empty
+                for i in range(n)]
+
+    rd = per_command((acc & _R) != 0)
+    wr = per_command((acc & _W) != 0)
+    sr: list[set] = [set() for _ in range(n)]
+    sw: list[set] = [set() for _ in range(n)]
+    for i, s, a in zip(table.cmd.tolist(), table.sub.tolist(), table.acc.tolist(),
+                       strict=True):
+        if s:
+            if a & _R:
+                sr[i].add(s)
+            if a & _W:
+                sw[i].add(s)
+    subs = c.submatrices
+    side = table.side_effects
+    return [CommandAttributes(rd[i], wr[i], sorted(sr[i]), sorted(sw[i]),
+                              sorted({subs[s].matrix for s in sr[i]}),
+                              sorted({subs[s].matrix for s in sw[i]}), bool(side[i]))
+            for i in range(n)]
+
+
+def raw_accesses(table: AccessTable) -> list[list[tuple[int, AccessType]]]:
+    """Per command, its (submatrix, AccessType) pairs (as :func:`command_accesses`)."""
+    out: list[list] = [[] for _ in range(table.num_commands)]
+    for i, s, a in zip(table.cmd.tolist(), table.sub.tolist(), table.acc.tolist(),
+                       strict=True):
+        out[i].append((s, ACCESS_TYPES[a]))
+    return out
+
+
+def compute_matrix_accesses(table: AccessTable, arrays: MatrixAccessArrays
+                            ) -> list[MatrixAccesses]:
+    """One :class:`MatrixAccesses` per matrix, from the table and its CSR arrays."""
+    ptr = arrays.ptr.tolist()
+    entries = list(zip(arrays.command.tolist(),
+                       [ACCESS_TYPES[a] for a in arrays.access.tolist()], strict=True))
+    return [MatrixAccesses(al, de, entries[ptr[m]:ptr[m + 1]], bool(i), bool(o))
+            for m, (al, de, i, o) in enumerate(zip(
+                table.alloc.tolist(), table.dealloc.tolist(), table.is_input.tolist(),
+                table.is_output.tolist(), strict=True))]

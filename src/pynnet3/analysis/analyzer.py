@@ -1,25 +1,32 @@
 """The Analyzer: every analysis of one computation, and the queries passes ask.
 
-``Analyzer(computation, nnet)`` computes variables, per-command attributes,
-per-variable accesses and per-matrix accesses in one go. It describes the
-computation as it was when built: a pass that edits the computation must build
-a new Analyzer before asking again.
+``Analyzer(computation, nnet)`` reads every command's accesses once (an
+:class:`~pynnet3.analysis.accesses.AccessTable`); variables, per-command
+attributes, per-variable and per-matrix accesses are derived from it with numpy
+on first use, so a pass pays only for what it asks. It describes the computation
+as it was when built: a pass that edits the computation must build a new Analyzer
+before asking again.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..computation import CommandType as CT
 from ..computation import NnetComputation
 from .accesses import (
+    AccessTable,
     AccessType,
     CommandAttributes,
+    MatrixAccessArrays,
     MatrixAccesses,
+    PropertyCache,
     VariableAccesses,
+    build_access_table,
     compute_command_attributes,
     compute_matrix_accesses,
     compute_variable_accesses,
+    matrix_access_arrays,
+    raw_accesses,
 )
 from .variables import ComputationVariables
 
@@ -30,18 +37,58 @@ class Analyzer:
     def __init__(self, computation: NnetComputation, nnet):
         self.computation = computation
         self.nnet = nnet
-        self.variables = ComputationVariables(computation)
-        self.command_attributes: list[CommandAttributes]
-        self.command_attributes, self.raw_accesses = compute_command_attributes(
-            computation, nnet, self.variables)
-        self.variable_accesses: VariableAccesses = compute_variable_accesses(
-            self.command_attributes, self.variables.num_variables)
-        self.matrix_accesses: list[MatrixAccesses] = compute_matrix_accesses(
-            computation, self.raw_accesses)
+        self.table: AccessTable = build_access_table(computation, nnet, PropertyCache(nnet))
+        self._variables: ComputationVariables | None = None
+        self._variable_accesses: VariableAccesses | None = None
+        self._matrix_arrays: MatrixAccessArrays | None = None
+        self._matrix_accesses: list[MatrixAccesses] | None = None
+        self._command_attributes: list[CommandAttributes] | None = None
+        self._raw = None
 
     @property
     def num_commands(self) -> int:
-        return len(self.computation.commands)
+        return self.table.num_commands
+
+    # -- lazily derived structures ---------------------------------------------------
+    @property
+    def variables(self) -> ComputationVariables:
+        if self._variables is None:
+            self._variables = ComputationVariables(self.computation, self.table.sub_array)
+        return self._variables
+
+    @property
+    def variable_accesses(self) -> VariableAccesses:
+        if self._variable_accesses is None:
+            self._variable_accesses = compute_variable_accesses(self.table, self.variables)
+        return self._variable_accesses
+
+    @property
+    def matrix_arrays(self) -> MatrixAccessArrays:
+        """Per-matrix accesses as CSR arrays (the vectorized form of
+        :attr:`matrix_accesses`)."""
+        if self._matrix_arrays is None:
+            self._matrix_arrays = matrix_access_arrays(self.table, len(self.computation.matrices))
+        return self._matrix_arrays
+
+    @property
+    def matrix_accesses(self) -> list[MatrixAccesses]:
+        if self._matrix_accesses is None:
+            self._matrix_accesses = compute_matrix_accesses(self.table, self.matrix_arrays)
+        return self._matrix_accesses
+
+    @property
+    def command_attributes(self) -> list[CommandAttributes]:
+        if self._command_attributes is None:
+            self._command_attributes = compute_command_attributes(
+                self.computation, self.table, self.variables)
+        return self._command_attributes
+
+    @property
+    def raw_accesses(self) -> list[list]:
+        """Per command, its (submatrix, AccessType) pairs."""
+        if self._raw is None:
+            self._raw = raw_accesses(self.table)
+        return self._raw
 
     # -- queries over the variables of a submatrix ---------------------------------
     def _accesses_of_submatrix(self, s: int) -> tuple[np.ndarray, np.ndarray]:
@@ -59,8 +106,7 @@ class Analyzer:
         return va.command[idx], va.access[idx]
 
     def _is_zeroing(self, i: int) -> bool:
-        cmd = self.computation.commands[i]
-        return cmd.type is CT.SET_CONST and cmd.alpha == 0.0
+        return bool(self.table.zeroing[i])
 
     def first_access(self, s: int) -> int:
         """First command touching any variable of ``s`` (num_commands if none)."""
@@ -71,10 +117,8 @@ class Analyzer:
         """Like :meth:`first_access` but not counting zeroing (SET_CONST 0)."""
         cmds, _ = self._accesses_of_submatrix(s)
         cmds = np.unique(cmds)
-        for i in cmds:
-            if not self._is_zeroing(int(i)):
-                return int(i)
-        return self.num_commands
+        cmds = cmds[~self.table.zeroing[cmds]]
+        return int(cmds[0]) if len(cmds) else self.num_commands
 
     def last_access(self, s: int) -> int:
         """Last command touching any variable of ``s`` (-1 if none)."""
@@ -92,20 +136,36 @@ class Analyzer:
         cmds, acc = self._accesses_of_submatrix(s)
         w = cmds[((acc & AccessType.WRITE) != 0) & (cmds > after)]
         best = int(w.min()) if len(w) else self.num_commands
-        ma = self.matrix_accesses[self.computation.submatrices[s].matrix]
-        if ma.deallocate_command > after:
-            best = min(best, ma.deallocate_command)
+        de = int(self.table.dealloc[self.computation.submatrices[s].matrix])
+        if de > after:
+            best = min(best, de)
         return best
 
     # -- queries over matrices -------------------------------------------------------
+    def first_nontrivial_matrix_accesses(self) -> np.ndarray:
+        """Per matrix, its first access that is not a zeroing (num_commands if none)."""
+        ma = self.matrix_arrays
+        n = self.num_commands
+        keep = ~self.table.zeroing[ma.command] if len(ma.command) else \
+            np.zeros(0, dtype=bool)
+        nm = len(ma.ptr) - 1
+        m_of = np.repeat(np.arange(nm), np.diff(ma.ptr))[keep]
+        cmds = ma.command[keep]
+        out = np.full(nm, n, dtype=np.int64)
+        first = np.ones(len(m_of), dtype=bool)
+        first[1:] = m_of[1:] != m_of[:-1]
+        out[m_of[first]] = cmds[first]
+        return out
+
     def first_nontrivial_matrix_access(self, m: int) -> int:
         """First access to matrix ``m`` that is not a zeroing (num_commands if none)."""
-        for i, _ in self.matrix_accesses[m].accesses:
-            if not self._is_zeroing(i):
-                return i
-        return self.num_commands
+        ma = self.matrix_arrays
+        cmds = ma.command[ma.ptr[m]:ma.ptr[m + 1]]
+        cmds = cmds[~self.table.zeroing[cmds]]
+        return int(cmds[0]) if len(cmds) else self.num_commands
 
     def last_matrix_access(self, m: int) -> int:
         """Last command (not the deallocation) accessing matrix ``m``; -1 if none."""
-        acc = self.matrix_accesses[m].accesses
-        return acc[-1][0] if acc else -1
+        ma = self.matrix_arrays
+        a, b = ma.ptr[m], ma.ptr[m + 1]
+        return int(ma.command[b - 1]) if b > a else -1

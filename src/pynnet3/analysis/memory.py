@@ -31,29 +31,46 @@ class MemoryProfile:
         return "\n".join(lines)
 
 
-def memory_profile(c: NnetComputation) -> MemoryProfile:
-    """Live floats after each command, and the matrices live at the (first) peak."""
+def live_floats(c: NnetComputation, upto: int | None = None) -> tuple[np.ndarray, dict]:
+    """Live floats after each command (the accounting of :func:`memory_profile`), and
+    the matrices live (matrix -> floats) after command ``upto`` (after the last one
+    when None)."""
     live: dict[int, float] = {}
     cur = 0.0
-    out = np.zeros(len(c.commands))
-    peak, peak_at, peak_set = 0.0, -1, []
+    n = len(c.commands)
+    out = [0.0] * n
+    snap: dict = {}
+    subs, mats = c.submatrices, c.matrices
+    ALLOC, ACCEPT, DEALLOC = CT.ALLOC_MATRIX, CT.ACCEPT_INPUT, CT.DEALLOC_MATRIX
+    PROVIDE, SWAP = CT.PROVIDE_OUTPUT, CT.SWAP_MATRIX
     for i, cmd in enumerate(c.commands):
         t = cmd.type
-        if t is CT.ALLOC_MATRIX or (t is CT.ACCEPT_INPUT
-                                    and c.submatrices[cmd.dst].matrix not in live):
-            m = cmd.matrix if t is CT.ALLOC_MATRIX else c.submatrices[cmd.dst].matrix
-            size = c.matrices[m].rows * c.matrices[m].cols
+        if t is ALLOC or (t is ACCEPT and subs[cmd.dst].matrix not in live):
+            m = cmd.matrix if t is ALLOC else subs[cmd.dst].matrix
+            size = mats[m].rows * mats[m].cols
             live[m] = size
             cur += size
-        elif t is CT.DEALLOC_MATRIX:
+        elif t is DEALLOC:
             cur -= live.pop(cmd.matrix, 0)
-        elif t is CT.PROVIDE_OUTPUT and cmd.release:
-            cur -= live.pop(c.submatrices[cmd.src].matrix, 0)
-        elif t is CT.SWAP_MATRIX:
+        elif t is PROVIDE and cmd.release:
+            cur -= live.pop(subs[cmd.src].matrix, 0)
+        elif t is SWAP:
             if cmd.src_matrix in live:
                 live[cmd.matrix] = live.pop(cmd.src_matrix)
         out[i] = cur
-        if cur > peak:
-            peak, peak_at = cur, i
-            peak_set = sorted(live, key=lambda m: -live[m])
-    return MemoryProfile(out, int(peak), peak_at, peak_set)
+        if i == upto:
+            snap = dict(live)
+    if upto is None:
+        snap = live
+    return np.array(out, dtype=np.float64), snap
+
+
+def memory_profile(c: NnetComputation) -> MemoryProfile:
+    """Live floats after each command, and the matrices live at the (first) peak."""
+    out, _ = live_floats(c)
+    if not len(out) or out.max() <= 0:
+        return MemoryProfile(out, 0, -1, [])
+    peak_at = int(np.argmax(out))  # the first command at the peak
+    _, live = live_floats(c, peak_at)
+    return MemoryProfile(out, int(out[peak_at]), peak_at,
+                         sorted(live, key=lambda m: -live[m]))

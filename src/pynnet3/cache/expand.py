@@ -133,17 +133,29 @@ def _segments(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _expand_many(arrays: list[np.ndarray], stride: np.ndarray, num_n: int) -> list[np.ndarray]:
-    """Each ``(O*2*S, 3)`` array (n in {0, 1}) as its ``(O*N*S, 3)`` expansion. One
-    broadcast copy per array: cheaper than a single fancy-index gather over all
-    rows (integer division and gathers cost more than the per-array overhead)."""
-    out = []
-    n_col = np.arange(num_n, dtype=np.int64)[None, :, None]
-    for idx, s in zip(arrays, stride.tolist(), strict=True):
-        outer = len(idx) // (2 * s)
-        new = np.empty((outer, num_n, s, 3), dtype=np.int64)
-        new[...] = idx.reshape(outer, 2, s, 3)[:, :1]
-        new[..., 0] = n_col
-        out.append(new.reshape(-1, 3))
+    """Each ``(O*2*S, 3)`` array (n in {0, 1}) as its ``(O*N*S, 3)`` expansion.
+
+    Arrays of one shape ``(O, S)`` are expanded together: stacked, then one
+    broadcast copy for the whole group, each result a contiguous view of its
+    group's block. A network with many small matrices of one shape (an LSTM's
+    per-frame matrices) then costs a few numpy calls, not a few per matrix."""
+    out: list = [None] * len(arrays)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for k, (idx, s) in enumerate(zip(arrays, stride.tolist(), strict=True)):
+        groups.setdefault((len(idx) // (2 * s), s), []).append(k)
+    for (outer, s), ks in groups.items():
+        g = len(ks)
+        src = arrays[ks[0]][None] if g == 1 else np.stack([arrays[k] for k in ks])
+        # the n = 0 block of each outer step, repeated N times (contiguous chunks
+        # of S rows: much faster than a broadcast copy with 3-wide inner loops),
+        # then the n column written as one (N * S)-long pattern per outer step
+        new = np.repeat(src.reshape(g, outer, 2, s, 3)[:, :, :1].astype(np.int64, copy=False),
+                        num_n, axis=2)
+        new.reshape(g * outer, num_n * s, 3)[:, :, 0] = np.repeat(
+            np.arange(num_n, dtype=np.int64), s)
+        flat = new.reshape(g, outer * num_n * s, 3)
+        for j, k in enumerate(ks):
+            out[k] = flat[j]
     return out
 
 
@@ -318,6 +330,8 @@ class ExpansionPlan:
                 props.setdefault(cmd.precomputed, cmd)
         self.pre: list[tuple[int, PrecomputedInfo]] = []
         arrays = []
+        ours: list[np.ndarray] = []  # n of the rows the optimized computation reads ...
+        theirs: list[np.ndarray] = []  # ... and of the rows the snapshot describes
         for p, obj in enumerate(c.precomputed):
             if obj is None:
                 continue
@@ -325,29 +339,31 @@ class ExpansionPlan:
             _check(info is not None and p in props,
                    f"precomputed indexes {p} were made by an optimization pass")
             cmd = props[p]
-            # The optimized computation must still read the component's rows with
-            # the snapshot's n pattern (so both expand to the same row order).
             if cmd.in_value:
-                _check(np.array_equal(_sub_indexes(c, cmd.in_value)[:, 0],
-                                      info.input_indexes[:, 0]),
-                       "a component's input rows were reordered")
-            _check(np.array_equal(_sub_indexes(c, cmd.out_value)[:, 0],
-                                  info.output_indexes[:, 0]),
-                   "a component's output rows were reordered")
+                ours.append(_sub_indexes(c, cmd.in_value)[:, 0])
+                theirs.append(info.input_indexes[:, 0])
+            ours.append(_sub_indexes(c, cmd.out_value)[:, 0])
+            theirs.append(info.output_indexes[:, 0])
             self.pre.append((p, info))
             arrays.append(info.output_indexes)
             if len(info.input_indexes):
                 arrays.append(info.input_indexes)
+        # The optimized computation must still read the components' rows with the
+        # snapshot's n pattern (so both expand to the same row order): one
+        # comparison for all of them.
+        _check(all(len(a) == len(b) for a, b in zip(ours, theirs, strict=True))
+               and (not ours or np.array_equal(np.concatenate(ours), np.concatenate(theirs))),
+               "a component's input or output rows were reordered")
         self.pre_arrays = arrays
         self.pre_stride = _segments(arrays)[0] if arrays else np.zeros(0, dtype=np.int64)
 
     # -- commands ---------------------------------------------------------------------------
-    def _same_layout(self, a: int, b: int, what: str) -> None:
+    def _same_layout(self, a: int, b: int, t: CT) -> None:
         """Row i of submatrix a goes with row i of b: their local n structure
         (stride, phase) must agree so both stretch the same way."""
-        if a and b:
-            _check(self.stride_list[a] == self.stride_list[b]
-                   and self.phase_list[a] == self.phase_list[b], f"{what} mixes n layouts")
+        if a and b and (self.stride_list[a] != self.stride_list[b]
+                        or self.phase_list[a] != self.phase_list[b]):
+            raise ExpansionError(f"{t.value} mixes n layouts")
 
     def _commands(self) -> None:
         c = self.mini
@@ -356,9 +372,21 @@ class ExpansionPlan:
         memo: dict[tuple, int] = {}
         self.tables: list[_TablePlan] = []
         self.table_of: list[tuple[int, int]] = []  # (command index, plan index)
+        stride, phase = self.stride_list, self.phase_list
+        same = self._same_layout
+        MC, MA, PR, RR = CT.MATRIX_COPY, CT.MATRIX_ADD, CT.PROPAGATE, CT.ADD_ROW_RANGES
         for k, cmd in enumerate(c.commands):
             t = cmd.type
-            if t in _ROWS or t is CT.ADD_ROW_RANGES or t in _MULTI:
+            if t is MC or t is MA:
+                a, b = cmd.dst, cmd.src
+                if a and b and (stride[a] != stride[b] or phase[a] != phase[b]):
+                    same(a, b, t)  # raises
+            elif t is PR or t in _BACKPROPS:
+                same(cmd.in_value, cmd.in_deriv, t)
+                same(cmd.out_value, cmd.out_deriv, t)
+                if simple.get(cmd.node, False):
+                    same(cmd.in_value or cmd.in_deriv, cmd.out_value or cmd.out_deriv, t)
+            elif t in _ROWS or t is RR or t in _MULTI:
                 if t in _MULTI:
                     # The table runs over the command's own submatrix: dst for the
                     # gathers, src for the scatters (kCopyToRowsMulti's one argument).
@@ -370,21 +398,13 @@ class ExpansionPlan:
                 if plan_id is None:
                     if t in _MULTI:
                         plan = self._multi_plan(c.indexes_multi[cmd.table], own)
-                    elif t is CT.ADD_ROW_RANGES:
+                    elif t is RR:
                         plan = self._ranges_plan(c.indexes_ranges[cmd.table], cmd.dst, cmd.src)
                     else:
                         plan = self._rows_plan(c.indexes[cmd.table], cmd.dst, cmd.src)
                     self.tables.append(plan)
                     plan_id = memo[key] = len(self.tables) - 1
                 self.table_of.append((k, plan_id))
-            elif t in (CT.MATRIX_COPY, CT.MATRIX_ADD):
-                self._same_layout(cmd.dst, cmd.src, t.value)
-            elif t is CT.PROPAGATE or t in _BACKPROPS:
-                self._same_layout(cmd.in_value, cmd.in_deriv, t.value)
-                self._same_layout(cmd.out_value, cmd.out_deriv, t.value)
-                if simple.get(cmd.node, False):
-                    self._same_layout(cmd.in_value or cmd.in_deriv,
-                                      cmd.out_value or cmd.out_deriv, t.value)
             elif t is CT.GOTO_LABEL:
                 raise ExpansionError("looped computations are not expanded")
             # SWAP_MATRIX needs only equal sizes, which expansion keeps (rows * N / 2);

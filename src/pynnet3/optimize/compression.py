@@ -33,9 +33,10 @@ Memory accounting (Kaldi's GetMaxMemoryUse): compression frees
 
 from __future__ import annotations
 
-import bisect
+import numpy as np
 
 from ..analysis import AccessType, Analyzer
+from ..analysis.accesses import has_command_type
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
 from ..runtime.compression import INT16, UINT8
@@ -47,7 +48,7 @@ def optimize_memory_compression(c: NnetComputation, nnet, options=None) -> str:
     """Insert COMPRESS/DECOMPRESS pairs around the forward/backward gap of each
     matrix that ``options.memory_compression_level`` allows compressing."""
     level = 1 if options is None else options.memory_compression_level
-    if level <= 0 or not c.commands or any(x.type is CT.GOTO_LABEL for x in c.commands):
+    if level <= 0 or not c.commands or has_command_type(c, CT.GOTO_LABEL):
         return ""
     markers = [i for i, x in enumerate(c.commands) if x.type is CT.NO_OPERATION_MARKER]
     if len(markers) != 1:
@@ -55,8 +56,20 @@ def optimize_memory_compression(c: NnetComputation, nnet, options=None) -> str:
     middle = markers[0]
     a = Analyzer(c, nnet)
     plans = []  # (after forward command, before backward command, matrix, kind, range)
-    for m in range(1, len(c.matrices)):
-        plan = _plan_matrix(c, nnet, a, m, middle, level)
+    ma = a.matrix_arrays
+    ptr, acc_cmd, acc_type = ma.ptr, ma.command, ma.access
+    # per matrix: k = number of accesses before the middle; a candidate is accessed
+    # on both sides (0 < k < number of accesses) and is not an output
+    before = np.concatenate([[0], np.cumsum(acc_cmd < middle)])
+    k = before[ptr[1:]] - before[ptr[:-1]]
+    num = np.diff(ptr)
+    cand = (k > 0) & (k < num) & ~a.table.is_output
+    cand[0] = False
+    for m in np.flatnonzero(cand).tolist():
+        j = int(ptr[m] + k[m])
+        fwd, bwd = int(acc_cmd[j - 1]), int(acc_cmd[j])
+        last = k[m] == num[m] - 1
+        plan = _plan_matrix(c, nnet, m, fwd, bwd, int(acc_type[j]), bool(last), level)
         if plan is not None:
             plans.append(plan)
     if not plans:
@@ -78,17 +91,12 @@ def optimize_memory_compression(c: NnetComputation, nnet, options=None) -> str:
             f"({exact} sign-only, {len(plans) - exact} int16)")
 
 
-def _plan_matrix(c: NnetComputation, nnet, a: Analyzer, m: int, middle: int, level: int):
-    ma = a.matrix_accesses[m]
-    if ma.is_output:
-        return None  # the user gets it; it must stay exact
-    acc = ma.accesses
-    k = bisect.bisect_left([i for i, _ in acc], middle)
-    if k == len(acc) or k == 0:
-        return None  # not used in both passes
-    fwd, (bwd, bwd_access) = acc[k - 1][0], acc[k]
+def _plan_matrix(c: NnetComputation, nnet, m: int, fwd: int, bwd: int, bwd_access: int,
+                 bwd_is_last: bool, level: int):
+    """The plan for matrix ``m`` (not an output) whose last forward access is ``fwd``
+    and first backward access ``bwd``; None when it is not compressed."""
     cmd = c.commands[bwd]
-    if (level >= 1 and k == len(acc) - 1 and bwd_access == AccessType.READ
+    if (level >= 1 and bwd_is_last and bwd_access == AccessType.READ
             and cmd.type in _BACKPROPS and _relu_reads_only_output(c, nnet, cmd, m)):
         return fwd, bwd, m, UINT8, 0.0
     if level >= 2:

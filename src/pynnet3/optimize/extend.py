@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analysis.accesses import build_access_table, has_command_type
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
-from .merging import AccessIndex
 from .options import OptimizeOptions
 
 _MIN_PROPORTION = 0.8
@@ -32,20 +32,27 @@ def extend_matrices(c: NnetComputation, nnet, options: OptimizeOptions | None = 
     """Extend copy destinations so copies read whole source matrices."""
     if not any(cmd.type is CT.MATRIX_COPY and cmd.alpha == 1.0 for cmd in c.commands):
         return ""
-    if any(cmd.type in (CT.SWAP_MATRIX, CT.GOTO_LABEL) for cmd in c.commands):
+    if has_command_type(c, CT.SWAP_MATRIX, CT.GOTO_LABEL):
         return ""  # Kaldi runs this before such commands exist
-    index = AccessIndex(c, nnet)
-    mats = index.mats
+    table = build_access_table(c, nnet)
+    is_io = (table.is_input | table.is_output).tolist()
+    is_input = table.is_input.tolist()
+    # first access of each matrix (-1: none); the table is in command order
+    ent_m = table.matrix
+    first = np.full(len(c.matrices), -1, dtype=np.int64)
+    ms, pos = np.unique(ent_m, return_index=True)
+    first[ms] = table.cmd[pos]
+    first = first.tolist()
     orig_rows = [m.rows for m in c.matrices]
     extended = 0
+    MC = CT.MATRIX_COPY
     for i, cmd in enumerate(c.commands):
-        if cmd.type is not CT.MATRIX_COPY or cmd.alpha != 1.0:
+        if cmd.type is not MC or cmd.alpha != 1.0:
             continue
         d, s = c.submatrices[cmd.dst], c.submatrices[cmd.src]
         if d.matrix == s.matrix:
             continue
-        dm, sm = mats[d.matrix], mats[s.matrix]
-        if dm.is_input or dm.is_output:
+        if is_io[d.matrix]:
             continue
         src_rows = c.matrices[s.matrix].rows
         if s.num_rows < _MIN_PROPORTION * orig_rows[s.matrix]:
@@ -54,7 +61,8 @@ def extend_matrices(c: NnetComputation, nnet, options: OptimizeOptions | None = 
                 and s.row_offset == 0 and s.num_rows < src_rows
                 and d.row_offset + d.num_rows == orig_rows[d.matrix]):
             continue
-        if not _rows_defined(c, sm, s.matrix, orig_rows[s.matrix], i):
+        if not _rows_defined(c, is_input[s.matrix], first[s.matrix], s.matrix,
+                             orig_rows[s.matrix], i):
             continue
         info = c.matrices[d.matrix]
         new_rows = d.row_offset + src_rows
@@ -77,15 +85,16 @@ def _is_whole(c: NnetComputation, s: int) -> bool:
         and sm.num_cols == info.cols
 
 
-def _rows_defined(c: NnetComputation, m, matrix: int, orig_rows: int, i: int) -> bool:
+def _rows_defined(c: NnetComputation, is_input: bool, first: int, matrix: int,
+                  orig_rows: int, i: int) -> bool:
     """Whether every row of ``matrix`` holds defined data at command ``i``: it is a
-    user input, or its first access (before ``i``) sets all of it (the zeroing
-    after allocation; :func:`_fix` makes that cover rows the matrix grows by)."""
-    if m.is_input:
+    user input, or its first access ``first`` (before ``i``) sets all of it (the
+    zeroing after allocation; :func:`_fix` makes that cover rows the matrix grows by)."""
+    if is_input:
         return True
-    if not m.acc or m.acc[0][0] >= i:
+    if first == -1 or first >= i:
         return False
-    cmd = c.commands[m.acc[0][0]]
+    cmd = c.commands[first]
     if cmd.type is not CT.SET_CONST:
         return False
     sm = c.submatrices[cmd.dst]
@@ -95,7 +104,8 @@ def _rows_defined(c: NnetComputation, m, matrix: int, orig_rows: int, i: int) ->
 
 def _fix(c: NnetComputation, orig_rows: list[int]) -> None:
     """Whole-matrix submatrices, zeroings and debug indexes of grown matrices."""
-    grown = {m for m in range(1, len(c.matrices)) if c.matrices[m].rows != orig_rows[m]}
+    grown = {m for m, (info, rows) in enumerate(zip(c.matrices, orig_rows, strict=True))
+             if m and info.rows != rows}
     for m in grown:
         info = c.matrices[m]
         c._whole[m] = c.new_submatrix(m, 0, info.rows, 0, info.cols)
@@ -106,8 +116,9 @@ def _fix(c: NnetComputation, orig_rows: list[int]) -> None:
             new_rows = old[len(old) - extra:].copy()
             new_rows[:, 1] = NO_TIME
             info.indexes = np.concatenate([old, new_rows])
+    SC = CT.SET_CONST
     for cmd in c.commands:
-        if cmd.type is CT.SET_CONST and cmd.alpha == 0.0:
+        if cmd.type is SC and cmd.alpha == 0.0:
             sm = c.submatrices[cmd.dst]
             if sm.matrix in grown and sm.row_offset == 0 and sm.col_offset == 0 \
                     and sm.num_rows == orig_rows[sm.matrix] \

@@ -18,20 +18,27 @@ def consolidate_io_operations(c: NnetComputation, nnet=None, options=None) -> st
     seg: list = []
     moved = 0
 
+    ACCEPT, PROVIDE, MARKER = CT.ACCEPT_INPUT, CT.PROVIDE_OUTPUT, CT.NO_OPERATION_MARKER
+
     def flush():
         nonlocal moved
-        left = [x for x in seg if x.type is CT.ACCEPT_INPUT]
-        right = [x for x in seg if x.type is CT.PROVIDE_OUTPUT]
-        mid = [x for x in seg if x.type not in (CT.ACCEPT_INPUT, CT.PROVIDE_OUTPUT)]
-        new = left + mid + right
+        left = [x for x in seg if x.type is ACCEPT]
+        right = [x for x in seg if x.type is PROVIDE]
+        if not left and not right:
+            out.extend(seg)
+            seg.clear()
+            return
+        mid = [x for x in seg if x.type is not ACCEPT and x.type is not PROVIDE]
         # I/O commands that were not already in their block at the segment's ends
-        moved += sum(x.type is CT.ACCEPT_INPUT for x in seg[len(left):])
-        moved += sum(x.type is CT.PROVIDE_OUTPUT for x in seg[:len(seg) - len(right)])
-        out.extend(new)
+        moved += sum(x.type is ACCEPT for x in seg[len(left):])
+        moved += sum(x.type is PROVIDE for x in seg[:len(seg) - len(right)])
+        out.extend(left)
+        out.extend(mid)
+        out.extend(right)
         seg.clear()
 
     for cmd in c.commands:
-        if cmd.type is CT.NO_OPERATION_MARKER:
+        if cmd.type is MARKER:
             flush()
             out.append(cmd)
         else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analysis.accesses import has_command_type
 from ..analysis.analyzer import Analyzer
 from ..computation import Command, CommandType, NnetComputation
 from ..errors import ComputeError
@@ -82,14 +83,13 @@ def _active_matrices(c: NnetComputation, nnet, splice_points: list[int]) -> list
     """Matrices first written (other than zeroing) before and read after each
     splice point."""
     analyzer = Analyzer(c, nnet)
-    active: list[list[int]] = [[] for _ in splice_points]
-    points = np.asarray(splice_points)
-    for m in range(1, len(c.matrices)):
-        first = analyzer.first_nontrivial_matrix_access(m)
-        last = analyzer.last_matrix_access(m)
-        for k in np.flatnonzero((points > first) & (points < last)):
-            active[k].append(m)
-    return active
+    first = analyzer.first_nontrivial_matrix_accesses()
+    last = analyzer.matrix_arrays.last(-1)
+    points = np.asarray(splice_points, dtype=np.int64)
+    # inside[k, m]: splice point k lies strictly between m's first non-trivial
+    # access and its last access
+    inside = (points[:, None] > first[None, 1:]) & (points[:, None] < last[None, 1:])
+    return [(np.flatnonzero(row) + 1).tolist() for row in inside]
 
 
 def _lists_match(a: np.ndarray, b: np.ndarray, shift: int) -> bool:
@@ -131,7 +131,7 @@ def optimize_looped_computation(c: NnetComputation, nnet, options=None) -> str:
               if cmd.type is CT.NO_OPERATION_PERMANENT]
     if len(splice) < 2 or len(_segment_ends(c)) < 3:
         return ""
-    if any(cmd.type is CT.GOTO_LABEL for cmd in c.commands):
+    if has_command_type(c, CT.GOTO_LABEL):
         return ""  # already looped
     shift_per_segment = find_time_shift(c)
     active = _active_matrices(c, nnet, splice)

@@ -26,15 +26,30 @@ moved; a removed assignment becomes NO_OPERATION (the driver renumbers).
 
 from __future__ import annotations
 
-from ..analysis.accesses import AccessType, command_accesses
+from operator import attrgetter, itemgetter
+
+import numpy as np
+
+from ..analysis.accesses import (
+    AccessType,
+    PropertyCache,
+    build_access_table,
+    has_command_type,
+)
 from ..components.base import Flags
 from ..computation import Command, NnetComputation, SubMatrix
 from ..computation import CommandType as CT
 from .options import OptimizeOptions
 
 _MAX_SWEEPS = 20
+_TYPE = attrgetter("type")
+_FIRST = itemgetter(0)
 _W = int(AccessType.WRITE)
 _BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
+_INPUT_CONTIGUOUS = int(Flags.INPUT_CONTIGUOUS)
+_OUTPUT_CONTIGUOUS = int(Flags.OUTPUT_CONTIGUOUS)
+_PROPAGATE_IN_PLACE = int(Flags.PROPAGATE_IN_PLACE)
+_BACKPROP_IN_PLACE = int(Flags.BACKPROP_IN_PLACE)
 # entry of a matrix's access list: (command, row0, row1, col0, col1, access, is_zeroing)
 _CMD, _R0, _R1, _C0, _C1, _ACC, _ZERO = range(7)
 
@@ -53,15 +68,6 @@ class _Mat:
         self.subs: list[int] = []
 
 
-class _NodeLookup:
-    """The two Nnet members command_accesses uses, with the node map built once
-    (``Nnet.node_map`` builds a new dict on every access)."""
-
-    def __init__(self, nnet):
-        self.components = nnet.components
-        self.node_map = nnet.node_map
-
-
 def _overlaps(e: tuple, r: tuple) -> bool:
     return e[_R0] < r[1] and r[0] < e[_R1] and e[_C0] < r[3] and r[2] < e[_C1]
 
@@ -69,59 +75,67 @@ def _overlaps(e: tuple, r: tuple) -> bool:
 class AccessIndex:
     """Per-matrix access lists of a computation (rectangles in command order) and
     the ComputationAnalysis queries on them; cheaper to build than the Analyzer
-    and cheap to update, so passes that edit as they go can stay exact."""
+    and cheap to update, so passes that edit as they go can stay exact.
+
+    Built from the :class:`~pynnet3.analysis.accesses.AccessTable` with numpy;
+    ``alloc`` / ``dealloc`` come from ALLOC_MATRIX / DEALLOC_MATRIX commands only
+    (the passes using this run before swaps exist)."""
 
     def __init__(self, c: NnetComputation, nnet):
         self.c = c
-        self.nnet = _NodeLookup(nnet)
         self.n = len(c.commands)
-        self.props: dict[str, Flags] = {}
-        self.mats = [_Mat() for _ in c.matrices]
-        for s, sm in enumerate(c.submatrices[1:], 1):
-            self.mats[sm.matrix].subs.append(s)
-        for i, cmd in enumerate(c.commands):
-            self._record(i, cmd)
-
-    def _props(self, node: str) -> Flags:
-        p = self.props.get(node)
-        if p is None:
-            p = self.nnet.components[self.nnet.node_map[node].component].properties()
-            self.props[node] = p
-        return p
-
-    def _record(self, i: int, cmd: Command) -> None:
-        t = cmd.type
-        mats, subs = self.mats, self.c.submatrices
-        if t is CT.ALLOC_MATRIX:
-            mats[cmd.matrix].alloc = i
-            return
-        if t is CT.DEALLOC_MATRIX:
-            mats[cmd.matrix].dealloc = i
-            return
-        zero = t is CT.SET_CONST and cmd.alpha == 0.0
-        for s, a in command_accesses(self.c, self.nnet, cmd):
-            sm = subs[s]
-            mats[sm.matrix].acc.append((i, sm.row_offset, sm.row_offset + sm.num_rows,
-                                        sm.col_offset, sm.col_offset + sm.num_cols,
-                                        int(a), zero))
-        if t is CT.ACCEPT_INPUT:
-            m = mats[subs[cmd.dst].matrix]
-            if not m.is_input:
-                m.is_input, m.accept = True, i
-        elif t is CT.PROVIDE_OUTPUT:
-            mats[subs[cmd.src].matrix].is_output = True
-        elif t is CT.PROPAGATE or t in _BACKPROPS:
-            # Kaldi gives such matrices stride == num_cols; a merge must not make
-            # them a column range of a wider matrix (MayBeMerged, c6/c7).
-            p = self._props(cmd.node)
-            if p & Flags.INPUT_CONTIGUOUS:
+        self.props = PropertyCache(nnet)
+        t = build_access_table(c, nnet, self.props)
+        self.table = t
+        nm = len(c.matrices)
+        sa = t.sub_array
+        mats = self.mats = [_Mat() for _ in range(nm)]
+        # access entries grouped by matrix, in table (command) order
+        ent_m = t.sub_matrix[t.sub]
+        order = np.argsort(ent_m, kind="stable")
+        sub = t.sub[order]
+        cmd = t.cmd[order]
+        r0 = sa[sub, 1]
+        c0 = sa[sub, 3]
+        entries = list(zip(cmd.tolist(), r0.tolist(), (r0 + sa[sub, 2]).tolist(),
+                           c0.tolist(), (c0 + sa[sub, 4]).tolist(),
+                           t.acc[order].astype(np.int64).tolist(),
+                           t.zeroing[cmd].tolist(), strict=True))
+        eptr = np.zeros(nm + 1, dtype=np.int64)
+        np.cumsum(np.bincount(ent_m, minlength=nm), out=eptr[1:])
+        # submatrices grouped by matrix, ascending
+        sub_m = sa[1:, 0]
+        sorder = (np.argsort(sub_m, kind="stable") + 1).tolist()
+        sptr = np.zeros(nm + 1, dtype=np.int64)
+        np.cumsum(np.bincount(sub_m, minlength=nm), out=sptr[1:])
+        eptr, sptr = eptr.tolist(), sptr.tolist()
+        alloc, dealloc = t.alloc_only.tolist(), t.dealloc_only.tolist()
+        accept, is_out = t.accept.tolist(), t.is_output.tolist()
+        for m, x in enumerate(mats):
+            if eptr[m + 1] > eptr[m]:
+                x.acc = entries[eptr[m]:eptr[m + 1]]
+            if sptr[m + 1] > sptr[m]:
+                x.subs = sorder[sptr[m]:sptr[m + 1]]
+            x.alloc, x.dealloc, x.accept = alloc[m], dealloc[m], accept[m]
+            x.is_input, x.is_output = accept[m] != -1, is_out[m]
+        # Kaldi gives the matrices of contiguous-input/-output components stride ==
+        # num_cols; a merge must not make them a column range of a wider matrix
+        # (MayBeMerged, c6/c7).
+        subs = c.submatrices
+        for i in t.component_commands:
+            cmd = c.commands[i]
+            p = self.props(cmd.node)
+            if p & _INPUT_CONTIGUOUS:
                 for s in (cmd.in_value, cmd.in_deriv):
                     if s:
                         mats[subs[s].matrix].contiguous = True
-            if p & Flags.OUTPUT_CONTIGUOUS:
+            if p & _OUTPUT_CONTIGUOUS:
                 for s in (cmd.out_value, cmd.out_deriv):
                     if s:
                         mats[subs[s].matrix].contiguous = True
+
+    def _props(self, node: str) -> int:
+        return self.props(node)
 
     # -- geometry --------------------------------------------------------------------
     def rect(self, s: int) -> tuple[int, int, int, int]:
@@ -183,11 +197,11 @@ class _Merger(AccessIndex):
         # A component that may run in place overwrites its output when it aliases
         # the input, even if it otherwise adds (Kaldi's contract, e.g. Normalize).
         if t is CT.PROPAGATE and o.propagate_in_place and cmd.in_value \
-                and self._props(cmd.node) & Flags.PROPAGATE_IN_PLACE:
+                and self._props(cmd.node) & _PROPAGATE_IN_PLACE:
             return cmd.in_value, cmd.out_value
         if t in _BACKPROPS and o.backprop_in_place and cmd.out_deriv and cmd.in_deriv:
             p = self._props(cmd.node)
-            if p & Flags.BACKPROP_IN_PLACE:
+            if p & _BACKPROP_IN_PLACE:
                 r1, r2 = self.rect(cmd.out_deriv), self.rect(cmd.in_deriv)
                 for s in (cmd.in_value, cmd.out_value):
                     # never alias a derivative with a value the backprop reads
@@ -206,7 +220,15 @@ class _Merger(AccessIndex):
 
     def sweep(self) -> int:
         done = 0
-        for i, cmd in enumerate(self.c.commands):
+        MC, PR, BP, BN = CT.MATRIX_COPY, CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE
+        cmds = self.c.commands
+        # Only these types can be candidates, and a merge never turns a command
+        # into one of them (it writes sizing commands, zeroings and no-ops), so
+        # the list taken now covers the sweep; types are read again as it goes.
+        todo = [i for i, t in enumerate(map(_TYPE, cmds))
+                if t is MC or t is PR or t is BP or t is BN]
+        for i in todo:
+            cmd = cmds[i]
             s1, s2 = self.candidate(i, cmd)
             if s1 <= 0 or s2 <= 0:
                 continue
@@ -369,12 +391,15 @@ class _Merger(AccessIndex):
         dr, dc = ks.row_offset, ks.col_offset
         dead.discard(-1)
         # k's moved zeroing takes its new slot; d's entry for that slot is replaced
-        k_acc = [(moved[e[0]],) + e[1:] if e[0] in moved else e for e in k.acc]
-        gone = dead | set(moved.values())
+        if moved:
+            k_acc = [(moved[e[0]],) + e[1:] if e[0] in moved else e for e in k.acc]
+            gone = dead | set(moved.values())
+        else:
+            k_acc, gone = k.acc, dead
         merged = [e for e in k_acc if e[_CMD] not in dead]
         merged += [(e[0], e[1] + dr, e[2] + dr, e[3] + dc, e[4] + dc, e[5], e[6])
                    for e in d.acc if e[_CMD] not in gone]
-        merged.sort(key=lambda e: e[0])
+        merged.sort(key=_FIRST)
         k.acc = merged
         for j in dead:
             cmds[j] = Command(CT.NO_OPERATION)
@@ -388,8 +413,8 @@ def variable_merging(c: NnetComputation, nnet, options: OptimizeOptions) -> str:
     Leaves NO_OPERATION commands and unreferenced matrices for the renumberer."""
     if not (options.allow_left_merge or options.allow_right_merge):
         return ""
-    if any(cmd.type in (CT.SWAP_MATRIX, CT.GOTO_LABEL, CT.COMPRESS_MATRIX,
-                        CT.DECOMPRESS_MATRIX) for cmd in c.commands):
+    if has_command_type(c, CT.SWAP_MATRIX, CT.GOTO_LABEL, CT.COMPRESS_MATRIX,
+                        CT.DECOMPRESS_MATRIX):
         return ""  # runs before these exist; their lifetimes are not modelled here
     m = _Merger(c, nnet, options)
     for _ in range(_MAX_SWEEPS):

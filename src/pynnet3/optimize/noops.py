@@ -9,6 +9,7 @@ backprops. Each costs a dispatch per run, so they go.
 
 from __future__ import annotations
 
+from ..analysis.accesses import has_command_type
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
 
@@ -17,7 +18,7 @@ def remove_needless_noops(c: NnetComputation, nnet=None, options=None) -> str:
     """Drop permanent no-ops and a marker with nothing after it (not in looped
     computations, whose labels and segments rely on them)."""
     cmds = c.commands
-    if any(cmd.type in (CT.GOTO_LABEL, CT.NO_OPERATION_LABEL) for cmd in cmds):
+    if has_command_type(c, CT.GOTO_LABEL, CT.NO_OPERATION_LABEL):
         return ""
     removed = 0
     for cmd in cmds:

@@ -12,7 +12,7 @@ cost.
 
 from __future__ import annotations
 
-from ..analysis import Analyzer
+from ..analysis.accesses import command_accesses, command_types, has_command_type
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
 
@@ -20,19 +20,42 @@ from ..computation import NnetComputation
 def free_provided_outputs(c: NnetComputation, nnet, options=None) -> str:
     """Mark the final PROVIDE_OUTPUT of each whole output matrix as releasing it,
     when nothing later uses the matrix and nothing deallocates it."""
-    if any(cmd.type in (CT.GOTO_LABEL, CT.NO_OPERATION_LABEL) for cmd in c.commands):
+    if has_command_type(c, CT.GOTO_LABEL, CT.NO_OPERATION_LABEL):
         return ""  # a looped computation reuses its matrices on the next pass
-    a = Analyzer(c, nnet)
+    cmds, subs = c.commands, c.submatrices
+    PROVIDE, DEALLOC, SWAP = CT.PROVIDE_OUTPUT, CT.DEALLOC_MATRIX, CT.SWAP_MATRIX
+    outputs: set[int] = set()
+    ended: set[int] = set()  # deallocated, swapped away or already handed over
+    for i in [i for i, t in enumerate(command_types(c)) if t is PROVIDE or t is DEALLOC
+              or t is SWAP]:
+        cmd = cmds[i]
+        if cmd.type is PROVIDE:
+            m = subs[cmd.src].matrix
+            outputs.add(m)
+            if cmd.release:
+                ended.add(m)
+        elif cmd.type is DEALLOC:
+            ended.add(cmd.matrix)
+        else:
+            ended.add(cmd.src_matrix)
+    # the last command accessing each candidate: scan back from the end (outputs
+    # are provided at the end of their segment, so the scan is short)
+    todo = outputs - ended - {0}
+    last: dict[int, int] = {}
+    for i in range(len(cmds) - 1, -1, -1):
+        if not todo:
+            break
+        for sub, _ in command_accesses(c, nnet, cmds[i]):
+            m = subs[sub].matrix
+            if m in todo:
+                last[m] = i
+                todo.discard(m)
     released = 0
-    for m in range(1, len(c.matrices)):
-        ma = a.matrix_accesses[m]
-        if not ma.is_output or ma.deallocate_command != -1 or not ma.accesses:
+    for m in sorted(last):
+        cmd = cmds[last[m]]
+        if cmd.type is not PROVIDE:
             continue
-        last = ma.accesses[-1][0]
-        cmd = c.commands[last]
-        if cmd.type is not CT.PROVIDE_OUTPUT:
-            continue
-        sm, info = c.submatrices[cmd.src], c.matrices[m]
+        sm, info = subs[cmd.src], c.matrices[m]
         if (sm.num_rows, sm.num_cols) != (info.rows, info.cols):
             continue
         cmd.release = True

@@ -15,6 +15,7 @@ Users add passes with :func:`register_pass`; each pass names the predicate on
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,23 +98,71 @@ def _snapshot(name: str, c: NnetComputation, changed: str, seconds: float) -> Pa
                       len(c.submatrices) - 1, c.peak_memory_floats(), seconds)
 
 
+# Built-in passes, by their lazy wrappers' qualified names (optimize/__init__.py),
+# whose edits renumbering mostly need not look at. Renumbering depends on neither
+# command order nor command flags, and it is idempotent, so on a computation it
+# has already processed:
+# * after a pass that only reorders commands or sets flags (no command dropped, no
+#   matrix, submatrix, index table or precomputed index newly (un)referenced) it
+#   would change nothing;
+# * after a pass that also turns commands into NO_OPERATION, but leaves every
+#   object it referenced still referenced by a surviving command, it would only
+#   drop those commands.
+# tests/optimize/test_renumber.py checks both claims on real pipelines.
+KEEPS_REFERENCES = frozenset({"sizing.move_sizing_commands", "io_ops.consolidate_io_operations",
+                              "outputs.free_provided_outputs", "looped.fix_goto_label"})
+ONLY_DROPS_COMMANDS = frozenset({"sizing.remove_unnecessary_allocation",
+                                 "noops.remove_needless_noops"})
+
+
+def _builtin(p: OptimizationPass) -> str | None:
+    """The qualified name of a built-in pass's function, None for any other."""
+    fn = p.fn
+    if getattr(fn, "__module__", None) != __package__:
+        return None
+    return getattr(fn, "__qualname__", None)
+
+
 def run_pipeline(computation: NnetComputation, nnet, options: OptimizeOptions, *,
                  report: OptimizeReport | None = None, check: bool = False,
                  passes: list[OptimizationPass] | None = None) -> NnetComputation:
     """Run every enabled pass in order, in place. With ``check`` the checker runs
     after each pass and a failure names the pass. With ``report`` the per-pass
     table is filled (the sizes cost a scan per pass, so only then)."""
-    from .renumber import renumber
-
     if report is not None:
         report.initial = _snapshot("(unoptimized)", computation, "", 0.0)
-    for p in (PIPELINE if passes is None else passes):
+    # The passes allocate many small objects (access entries, commands, submatrices)
+    # and create no reference cycles worth collecting; cyclic GC runs triggered by
+    # those allocations would walk the whole heap (the network, the caches) several
+    # times per optimization, about 15% of its time. So it is paused meanwhile.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _run(computation, nnet, options, report, check,
+             PIPELINE if passes is None else passes)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return computation
+
+
+def _run(computation: NnetComputation, nnet, options: OptimizeOptions,
+         report: OptimizeReport | None, check: bool, passes: list[OptimizationPass]) -> None:
+    from .renumber import drop_noops, renumber
+
+    renumbered = False  # the computation is as renumber left it
+    for p in passes:
         if not p.enabled(options):
             continue
         t0 = time.perf_counter()
         changed = p.fn(computation, nnet, options) or ""
         if changed:
-            renumber(computation)
+            kind = _builtin(p) if renumbered else None
+            if kind in ONLY_DROPS_COMMANDS:
+                drop_noops(computation)
+            elif kind not in KEEPS_REFERENCES:
+                renumber(computation)
+                renumbered = True
         dt = time.perf_counter() - t0
         if check:
             from ..analysis.checker import check_computation
@@ -121,4 +170,3 @@ def run_pipeline(computation: NnetComputation, nnet, options: OptimizeOptions, *
             check_computation(computation, nnet, context=f"after pass {p.name!r}")
         if report is not None:
             report.passes.append(_snapshot(p.name, computation, changed, dt))
-    return computation

@@ -6,127 +6,208 @@ precomputed indexes, they are removed and the survivors renumbered in order.
 Identical submatrices are merged. Matrix 0 / submatrix 0 / precomputed 0 keep
 meaning "none". Input and output matrices named by I/O commands are referenced,
 so they are kept.
+
+The driver calls this after every pass that changed something, so it is written
+to cost one pass over the commands to read their ids and one to write back the
+ids that changed; everything in between is numpy over all ids at once.
 """
 
 from __future__ import annotations
 
+from itertools import chain
+from operator import attrgetter
+
 import numpy as np
 
+from ..analysis.variables import submatrix_array
 from ..computation import CommandType as CT
-from ..computation import NnetComputation
+from ..computation import NnetComputation, SubMatrix
 
 _SUB_FIELDS = ("dst", "src", "in_value", "out_value", "out_deriv", "in_deriv")
 _ROWS_TABLE = (CT.COPY_ROWS, CT.ADD_ROWS)
 _MULTI_TABLE = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI,
                 CT.ADD_TO_ROWS_MULTI)
+_PRE = (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
+_READ = attrgetter(*_SUB_FIELDS, "matrix", "src_matrix", "table", "precomputed")
+_NREAD = 10
+
+
+def _table_kind(t: CT) -> int:
+    """What kind of table a command type names: 0 none, 1 rows, 2 multi, 3 ranges."""
+    if t in _ROWS_TABLE:
+        return 1
+    if t in _MULTI_TABLE:
+        return 2
+    return 3 if t is CT.ADD_ROW_RANGES else 0
+
+
+def _with_matrix(sm: SubMatrix, m: int) -> SubMatrix:
+    """``sm`` on matrix ``m``."""
+    return SubMatrix(m, sm.row_offset, sm.num_rows, sm.col_offset, sm.num_cols)
+
+
+def _with_matrix_fast(sm: SubMatrix, m: int) -> SubMatrix:
+    # SubMatrix is a frozen dataclass: its __init__ sets each field through
+    # object.__setattr__, which costs more than the renumbering around it. A
+    # copy of the instance dict with one field changed gives an equal object.
+    new = _new_object(SubMatrix)
+    d = new.__dict__
+    d.update(sm.__dict__)
+    d["matrix"] = m
+    return new
+
+
+_new_object = object.__new__
+try:  # only when SubMatrix keeps its fields in an instance dict
+    _probe = SubMatrix(1, 2, 3, 4, 5)
+    if _with_matrix_fast(_probe, 7) == SubMatrix(7, 2, 3, 4, 5):
+        _with_matrix = _with_matrix_fast  # noqa: F811
+except (AttributeError, TypeError):
+    pass
+
+
+def _first_occurrences(arr: np.ndarray) -> np.ndarray:
+    """For each row of ``arr``, the index of the first row equal to it."""
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort(arr.T[::-1])  # stable: equal rows keep their order
+    srt = arr[order]
+    start = np.ones(n, dtype=bool)
+    start[1:] = (srt[1:] != srt[:-1]).any(axis=1)
+    group = np.cumsum(start) - 1
+    first = order[start][group]
+    out = np.empty(n, dtype=np.int64)
+    out[order] = first
+    return out
+
+
+def drop_noops(c: NnetComputation) -> None:
+    """In place: remove NO_OPERATION commands (and nothing else)."""
+    NOOP = CT.NO_OPERATION
+    c.commands = [cmd for cmd in c.commands if cmd.type is not NOOP]
 
 
 def renumber(c: NnetComputation) -> None:
     """In place: remove NO_OPERATION commands and unreferenced objects."""
-    c.commands = [cmd for cmd in c.commands if cmd.type is not CT.NO_OPERATION]
+    NOOP = CT.NO_OPERATION
+    c.commands = cmds = [cmd for cmd in c.commands if cmd.type is not NOOP]
+    n = len(cmds)
+    ids = np.fromiter(chain.from_iterable(map(_READ, cmds)), dtype=np.int64,
+                      count=_NREAD * n).reshape(n, _NREAD)
+    fields, mats_named = ids[:, :6], ids[:, 6:8]
+
+    # tables and precomputed indexes the commands name (only commands with a table
+    # / precomputed field set can name one)
+    used_tab: tuple[set, set, set, set] = (set(), set(), set(), set())  # -, rows, multi, ranges
+    used_pre: set[int] = set()
+    table_cmds: list[int] = []
+    for i in np.flatnonzero(ids[:, 8] != -1).tolist():
+        cmd = cmds[i]
+        k = _table_kind(cmd.type)
+        if k:
+            used_tab[k].add(cmd.table)
+            table_cmds.append(i)
+    pre_cmds = np.flatnonzero(ids[:, 9] != 0).tolist()
+    for i in pre_cmds:
+        cmd = cmds[i]
+        if cmd.type in _PRE:
+            used_pre.add(cmd.precomputed)
+    used_rows, used_multi, used_ranges = used_tab[1], used_tab[2], used_tab[3]
 
     # submatrices: those commands name, plus those named inside multi tables
-    used_sub = np.zeros(len(c.submatrices), dtype=bool)
-    used_multi = set()
-    used_rows = set()
-    used_ranges = set()
-    used_pre = set()
-    for cmd in c.commands:
-        for f in _SUB_FIELDS:
-            s = getattr(cmd, f)
-            if s:
-                used_sub[s] = True
-        t = cmd.type
-        if t in _ROWS_TABLE:
-            used_rows.add(cmd.table)
-        elif t in _MULTI_TABLE:
-            used_multi.add(cmd.table)
-        elif t is CT.ADD_ROW_RANGES:
-            used_ranges.add(cmd.table)
-        elif t is CT.PROPAGATE or t in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE):
-            if cmd.precomputed:
-                used_pre.add(cmd.precomputed)
+    ns = len(c.submatrices)
+    used_sub = np.zeros(ns, dtype=bool)
+    used_sub[fields.ravel()] = True
     for k in used_multi:
         subs = c.indexes_multi[k][:, 0]
         used_sub[subs[subs > 0]] = True
     used_sub[0] = True
 
     # merge identical submatrices (first occurrence wins)
-    sub_map = np.zeros(len(c.submatrices), dtype=np.int64)
-    new_subs = [c.submatrices[0]]
-    seen = {c.submatrices[0]: 0}
-    for s in range(1, len(c.submatrices)):
-        if not used_sub[s]:
-            continue
-        sm = c.submatrices[s]
-        if sm in seen:
-            sub_map[s] = seen[sm]
-        else:
-            seen[sm] = len(new_subs)
-            sub_map[s] = len(new_subs)
-            new_subs.append(sm)
+    sa = submatrix_array(c)
+    used_idx = np.flatnonzero(used_sub)
+    first = _first_occurrences(sa[used_idx])
+    is_first = first == np.arange(len(used_idx))
+    new_id = np.cumsum(is_first) - 1
+    sub_map = np.zeros(ns, dtype=np.int64)
+    sub_map[used_idx] = new_id[first]
+    kept = used_idx[is_first]  # old ids of the surviving submatrices, in order
 
     # matrices: those a kept submatrix or a sizing command names
     used_mat = np.zeros(len(c.matrices), dtype=bool)
-    for sm in new_subs[1:]:
-        used_mat[sm.matrix] = True
-    for cmd in c.commands:
-        if cmd.matrix:
-            used_mat[cmd.matrix] = True
-        if cmd.src_matrix:
-            used_mat[cmd.src_matrix] = True
+    used_mat[sa[kept, 0]] = True
+    used_mat[mats_named.ravel()] = True
     used_mat[0] = True
     mat_map = np.cumsum(used_mat) - 1
-    c.matrices = [m for m, u in zip(c.matrices, used_mat, strict=True) if u]
-    c.submatrices = [sm if i == 0 else type(sm)(int(mat_map[sm.matrix]), sm.row_offset,
-                                                 sm.num_rows, sm.col_offset, sm.num_cols)
-                     for i, sm in enumerate(new_subs)]
-    c._whole = {}
-    for i, sm in enumerate(c.submatrices):
-        if i == 0:
-            continue
-        info = c.matrices[sm.matrix]
-        if sm.row_offset == 0 and sm.col_offset == 0 and sm.num_rows == info.rows \
-                and sm.num_cols == info.cols and sm.matrix not in c._whole:
-            c._whole[sm.matrix] = i
-    for m in range(1, len(c.matrices)):
-        if m not in c._whole:
-            c._whole[m] = c.new_submatrix(m, 0, c.matrices[m].rows, 0, c.matrices[m].cols)
+    if not used_mat.all():
+        c.matrices = [m for m, u in zip(c.matrices, used_mat.tolist(), strict=True) if u]
+    old_subs = c.submatrices
+    new_mat = mat_map[sa[kept, 0]]
+    moved = new_mat != sa[kept, 0]
+    new_subs = [old_subs[s] for s in kept.tolist()]
+    if moved.any():
+        for j, m in zip(np.flatnonzero(moved).tolist(), new_mat[moved].tolist(), strict=True):
+            new_subs[j] = _with_matrix(new_subs[j], m)
+    c.submatrices = new_subs
+
+    # the whole-matrix submatrix of each matrix: the first such one, else a new one
+    nsa = sa[kept]
+    nsa[:, 0] = new_mat
+    rows = np.array([m.rows for m in c.matrices], dtype=np.int64)
+    cols = np.array([m.cols for m in c.matrices], dtype=np.int64)
+    whole = (nsa[:, 1] == 0) & (nsa[:, 3] == 0) & (nsa[:, 2] == rows[nsa[:, 0]]) \
+        & (nsa[:, 4] == cols[nsa[:, 0]])
+    whole[0] = False
+    w_idx = np.flatnonzero(whole)
+    w_mat = nsa[w_idx, 0]
+    _, first_w = np.unique(w_mat, return_index=True)
+    first_w = np.sort(first_w)
+    c._whole = dict(zip(w_mat[first_w].tolist(), w_idx[first_w].tolist(), strict=True))
+    if len(c._whole) < len(c.matrices) - 1:
+        for m in range(1, len(c.matrices)):
+            if m not in c._whole:
+                c._whole[m] = c.new_submatrix(m, 0, c.matrices[m].rows, 0, c.matrices[m].cols)
 
     def remap(tables, used):
         order = sorted(used)
         new = {old: i for i, old in enumerate(order)}
+        if len(order) == len(tables):  # all used: keep the list
+            return tables, new
         return [tables[k] for k in order], new
 
     c.indexes, rows_map = remap(c.indexes, used_rows)
     c.indexes_multi, multi_map = remap(c.indexes_multi, used_multi)
     c.indexes_ranges, ranges_map = remap(c.indexes_ranges, used_ranges)
-    for k, tab in enumerate(c.indexes_multi):
-        subs = tab[:, 0]
-        if np.any(subs > 0):
-            tab = tab.copy()
+    identity_subs = len(kept) == ns
+    if not identity_subs:
+        c.indexes_multi = list(c.indexes_multi)
+        for k, tab in enumerate(c.indexes_multi):
+            subs = tab[:, 0]
             pos = subs > 0
-            tab[pos, 0] = sub_map[subs[pos]]
-            c.indexes_multi[k] = tab
+            if pos.any():
+                tab = tab.copy()
+                tab[pos, 0] = sub_map[subs[pos]]
+                c.indexes_multi[k] = tab
     pre_order = sorted(used_pre)
     pre_map = {old: i + 1 for i, old in enumerate(pre_order)}
     c.precomputed = [None] + [c.precomputed[k] for k in pre_order]
 
-    for cmd in c.commands:
-        for f in _SUB_FIELDS:
-            s = getattr(cmd, f)
-            if s:
-                setattr(cmd, f, int(sub_map[s]))
-        if cmd.matrix:
-            cmd.matrix = int(mat_map[cmd.matrix])
-        if cmd.src_matrix:
-            cmd.src_matrix = int(mat_map[cmd.src_matrix])
-        t = cmd.type
-        if t in _ROWS_TABLE:
-            cmd.table = rows_map[cmd.table]
-        elif t in _MULTI_TABLE:
-            cmd.table = multi_map[cmd.table]
-        elif t is CT.ADD_ROW_RANGES:
-            cmd.table = ranges_map[cmd.table]
-        if cmd.precomputed:
-            cmd.precomputed = pre_map[cmd.precomputed]
+    # write back the ids that changed
+    new_fields = sub_map[fields]
+    rows_, cols_ = np.nonzero(new_fields != fields)
+    for i, f, v in zip(rows_.tolist(), cols_.tolist(), new_fields[rows_, cols_].tolist(),
+                       strict=True):
+        setattr(cmds[i], _SUB_FIELDS[f], v)
+    new_named = mat_map[mats_named]
+    rows_, cols_ = np.nonzero(new_named != mats_named)
+    for i, f, v in zip(rows_.tolist(), cols_.tolist(), new_named[rows_, cols_].tolist(),
+                       strict=True):
+        setattr(cmds[i], "src_matrix" if f else "matrix", v)
+    maps = (None, rows_map, multi_map, ranges_map)
+    for i in table_cmds:
+        cmd = cmds[i]
+        cmd.table = maps[_table_kind(cmd.type)][cmd.table]
+    for i in pre_cmds:
+        cmd = cmds[i]
+        cmd.precomputed = pre_map[cmd.precomputed]

@@ -154,6 +154,8 @@ def snip_row_ops(c: NnetComputation, nnet, options: OptimizeOptions) -> str:
     rows are not known zero becomes ``SET_CONST 0``)."""
     snipped = removed = 0
     for k, cmd in enumerate(c.commands):
+        if cmd.table < 0:
+            continue  # no index table (every row op of a valid computation has one)
         found = _table_and_empty(c, cmd)
         if found is None:
             continue
@@ -250,7 +252,7 @@ def split_row_ops(c: NnetComputation, nnet, options: OptimizeOptions) -> str:
     new_commands: list[Command] = []
     split = added = 0
     for cmd in c.commands:
-        parts = _split_multi(c, cmd) if cmd.type in _MULTI else None
+        parts = _split_multi(c, cmd) if cmd.table >= 0 and cmd.type in _MULTI else None
         if parts is None:
             new_commands.append(cmd)
             continue
@@ -282,8 +284,11 @@ def replace_row_with_matrix_ops(c: NnetComputation, nnet, options: OptimizeOptio
     ``ADD_ROWS`` (kept as such when not consecutive: a gather is cheaper than range
     sums). Copies with -1 ends are converted only when those rows are known zero."""
     to_matrix = to_rows = 0
+    RANGES = CT.ADD_ROW_RANGES
     for k, cmd in enumerate(c.commands):
-        from_ranges = cmd.type is CT.ADD_ROW_RANGES
+        if cmd.table < 0:
+            continue  # no index table (every row op of a valid computation has one)
+        from_ranges = cmd.type is RANGES
         if from_ranges:
             tab = _ranges_as_rows(c.indexes_ranges[cmd.table])
             if tab is None or not (tab >= 0).any():

@@ -20,23 +20,29 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
+
 from ..analysis import Analyzer
-from ..analysis.memory import memory_profile
+from ..analysis.accesses import has_command_type
+from ..analysis.memory import live_floats
 from ..computation import Command, NnetComputation, SubMatrix
 from ..computation import CommandType as CT
 
 
 def _looped(c: NnetComputation) -> bool:
-    return any(cmd.type is CT.GOTO_LABEL for cmd in c.commands)
+    return has_command_type(c, CT.GOTO_LABEL)
 
 
 def _alloc_zero_pairs(c: NnetComputation) -> list[bool]:
     """``pair[i]``: command ``i`` allocates a matrix and ``i + 1`` zeroes all of it."""
     cmds = c.commands
     pair = [False] * len(cmds)
-    for i in range(len(cmds) - 1):
-        x, y = cmds[i], cmds[i + 1]
-        if x.type is CT.ALLOC_MATRIX and y.type is CT.SET_CONST and y.alpha == 0.0:
+    last = len(cmds) - 1
+    for i, x in enumerate(cmds):
+        if x.type is not CT.ALLOC_MATRIX or i == last:
+            continue
+        y = cmds[i + 1]
+        if y.type is CT.SET_CONST and y.alpha == 0.0:
             info = c.matrices[x.matrix]
             pair[i] = c.submatrices[y.dst] == SubMatrix(x.matrix, 0, info.rows, 0, info.cols)
     return pair
@@ -51,21 +57,30 @@ def move_sizing_commands(c: NnetComputation, nnet, options=None) -> str:
     cmds = c.commands
     n = len(cmds)
     pair = _alloc_zero_pairs(c)
+    ma = a.matrix_arrays
+    ptr, acc = ma.ptr, ma.command
     # Sort keys: 3 * position, so that "just before command k" is 3k - 1 and
     # "just after command k" is 3k + 1; ties keep the original order.
-    key = [3 * i for i in range(n)]
+    key = np.arange(0, 3 * n, 3, dtype=np.int64)
+    num = np.diff(ptr)
+    first = ma.first(-1)
+    last = ma.last(-1)
+    second = np.full(len(num), -1, dtype=np.int64)
+    two = num >= 2
+    second[two] = acc[ptr[:-1][two] + 1]
+    alloc, dealloc = a.table.alloc.tolist(), a.table.dealloc.tolist()
+    first, second, last, num = first.tolist(), second.tolist(), last.tolist(), num.tolist()
     for m in range(1, len(c.matrices)):
-        ma = a.matrix_accesses[m]
-        acc = [i for i, _ in ma.accesses]
-        al = ma.allocate_command
+        al = alloc[m]
         if al != -1 and cmds[al].type is CT.ALLOC_MATRIX:
-            uses = acc[1:] if (pair[al] and acc and acc[0] == al + 1) else acc
-            if uses:
-                key[al] = 3 * uses[0] - 1
-        de = ma.deallocate_command
-        if de != -1 and acc and cmds[de].type is CT.DEALLOC_MATRIX:
-            key[de] = 3 * acc[-1] + 1
-    order = sorted(range(n), key=lambda i: (key[i], i))
+            # the zeroing that travels with the allocation is not a use
+            use = second[m] if (pair[al] and num[m] and first[m] == al + 1) else first[m]
+            if use != -1:
+                key[al] = 3 * use - 1
+        de = dealloc[m]
+        if de != -1 and num[m] and cmds[de].type is CT.DEALLOC_MATRIX:
+            key[de] = 3 * last[m] + 1
+    order = np.argsort(key, kind="stable").tolist()
     out: list[Command] = []
     for i in order:
         if i > 0 and pair[i - 1]:
@@ -91,18 +106,19 @@ def remove_unnecessary_allocation(c: NnetComputation, nnet, options=None) -> str
         return ""
     # Matrices filled by ACCEPT_INPUT count their memory at the accept; keep their
     # (unusual) allocations as they are so the accounting stays right.
-    inputs = {c.submatrices[cmd.dst].matrix for cmd in c.commands
-              if cmd.type is CT.ACCEPT_INPUT}
+    ACCEPT, ALLOC, DEALLOC = CT.ACCEPT_INPUT, CT.ALLOC_MATRIX, CT.DEALLOC_MATRIX
+    inputs = {c.submatrices[cmd.dst].matrix for cmd in c.commands if cmd.type is ACCEPT}
     lists: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+    mats = c.matrices
     for i, cmd in enumerate(c.commands):
-        if cmd.type is CT.DEALLOC_MATRIX or (cmd.type is CT.ALLOC_MATRIX
-                                             and cmd.matrix not in inputs):
-            info = c.matrices[cmd.matrix]
+        t = cmd.type
+        if t is DEALLOC or (t is ALLOC and cmd.matrix not in inputs):
+            info = mats[cmd.matrix]
             d, al = lists.setdefault((info.rows, info.cols), ([], []))
-            (d if cmd.type is CT.DEALLOC_MATRIX else al).append(i)
+            (d if t is DEALLOC else al).append(i)
     peak_aware = getattr(options, "allocate_from_other_peak_aware", False)
     if peak_aware:
-        live = memory_profile(c).live_floats
+        live = live_floats(c)[0]
         peak = live.max() if len(live) else 0.0
     swaps = rejected = 0
     for (rows, cols), (deallocs, allocs) in lists.items():

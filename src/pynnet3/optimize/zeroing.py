@@ -9,7 +9,10 @@ proves that no variable is read before its first full write.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..analysis import AccessType, Analyzer
+from ..analysis.accesses import has_command_type
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
 
@@ -19,37 +22,39 @@ def remove_unnecessary_zeroing(c: NnetComputation, nnet, options=None) -> str:
     when, for every variable the zeroing covers, the next access (if any) is a
     plain WRITE. Kept for an output matrix with a variable nothing but the
     zeroing writes (the user sees those zeros)."""
-    if any(cmd.type is CT.GOTO_LABEL for cmd in c.commands):
+    if has_command_type(c, CT.GOTO_LABEL):
         return ""  # straight-line access order does not hold across a loop
     a = Analyzer(c, nnet)
+    ma = a.matrix_arrays
+    nm = len(c.matrices)
+    # z[m]: the matrix's first access when it is a zeroing, else -1
+    z = ma.first(-1)
+    z[0] = -1
+    has = z >= 0
+    has[has] = a.table.zeroing[z[has]]
+    z[~has] = -1
+    if not has.any():
+        return ""
+    # A variable that the zeroing covers has it as its first access (it is the
+    # matrix's first access); one it does not cover is unaffected by removing it.
     va = a.variable_accesses
+    variables = a.variables
+    count = np.diff(va.ptr)
+    nz = count > 0
+    first_cmd = np.full(variables.num_variables, -2, dtype=np.int64)
+    first_cmd[nz] = va.command[va.ptr[:-1][nz]]
+    m_of = variables.matrix_of
+    covered = nz & (first_cmd == z[m_of])
+    second = np.zeros(variables.num_variables, dtype=np.int8)
+    two = count >= 2
+    second[two] = va.access[va.ptr[:-1][two] + 1]
+    is_output = a.table.is_output
+    needed_v = covered & (((count == 1) & is_output[m_of])  # the zeros reach the user
+                          | (two & (second != int(AccessType.WRITE))))  # read while zero
+    needed = np.zeros(nm, dtype=bool)
+    needed[m_of[needed_v]] = True
     removed = 0
-    for m in range(1, len(c.matrices)):
-        ma = a.matrix_accesses[m]
-        if not ma.accesses:
-            continue
-        z = ma.accesses[0][0]
-        cmd = c.commands[z]
-        if not (cmd.type is CT.SET_CONST and cmd.alpha == 0.0):
-            continue
-        if _zeroing_needed(a, va, m, z, ma.is_output):
-            continue
-        c.commands[z] = Command(CT.NO_OPERATION)
+    for m in np.flatnonzero(has & ~needed).tolist():
+        c.commands[int(z[m])] = Command(CT.NO_OPERATION)
         removed += 1
     return f"removed {removed} zeroing commands" if removed else ""
-
-
-def _zeroing_needed(a: Analyzer, va, m: int, z: int, is_output: bool) -> bool:
-    for v in a.variables.matrix_variables(m):
-        cmds, acc = va.of(int(v))
-        # The zeroing is the matrix's first access, so a variable it covers has it
-        # first; a variable it does not cover is unaffected by removing it.
-        if len(cmds) == 0 or cmds[0] != z:
-            continue
-        if len(cmds) == 1:
-            if is_output:
-                return True  # the zeros themselves reach the user
-            continue
-        if acc[1] != int(AccessType.WRITE):
-            return True  # read (or added to) while still holding the zeros
-    return False
