@@ -57,7 +57,7 @@ def _stack(c: NnetComputation, subs: list[int], before: list[int],
 def consolidate_model_update(c: NnetComputation, nnet, options: OptimizeOptions) -> str:
     """For each eligible component with several ``BACKPROP`` commands, split them into
     derivative-only backprops plus one model-update backprop (see module doc). The
-    stacked matrices are allocated just before the first of those commands; the
+    stacked matrices are allocated and zeroed at the start of the backward pass; the
     update runs right after the last, and the matrices are freed after it."""
     if not c.need_model_derivative:
         return ""
@@ -70,6 +70,7 @@ def consolidate_model_update(c: NnetComputation, nnet, options: OptimizeOptions)
             groups.setdefault(name, []).append(k)
 
     before: dict[int, list[Command]] = {}  # commands to put just before command k
+    head: list[Command] = []  # allocations, at the start of the backward pass
     after: dict[int, list[Command]] = {}  # ... and just after it
     done = []
     for name, ks in groups.items():
@@ -87,8 +88,12 @@ def consolidate_model_update(c: NnetComputation, nnet, options: OptimizeOptions)
                               ("out_deriv", True)):
             if wanted:
                 stacked[field] = _stack(c, [getattr(cmd, field) for cmd in cmds], ks, before)
-        # allocations go before the first piece's copy
-        before[ks[0]][:0] = [Command(CT.ALLOC_MATRIX, matrix=m) for m, _ in stacked.values()]
+        # As Kaldi: allocated and zeroed as a whole up front (sizing moves them to
+        # their first use later). A whole zeroing lets variable merging fold each
+        # piece's own zeroed matrix into the stack without leaving partial zeroings.
+        for m, whole in stacked.values():
+            head.extend([Command(CT.ALLOC_MATRIX, matrix=m),
+                         Command(CT.SET_CONST, dst=whole, alpha=0.0)])
         update = Command(CT.BACKPROP, node=cmds[-1].node,
                          **{f: s for f, (_, s) in stacked.items()})
         after.setdefault(ks[-1], []).extend(
@@ -99,6 +104,9 @@ def consolidate_model_update(c: NnetComputation, nnet, options: OptimizeOptions)
         done.append(f"{name} ({len(ks)})")
     if not done:
         return ""
+    marker = next(k for k, cmd in enumerate(c.commands)
+                  if cmd.type is CT.NO_OPERATION_MARKER)
+    after.setdefault(marker, [])[:0] = head
     out: list[Command] = []
     for k, cmd in enumerate(c.commands):
         out.extend(before.get(k, ()))
