@@ -6,7 +6,9 @@
   the empty submatrix, meaning "none".
 * index tables referenced by commands: ``indexes`` (int row lists, -1 = none),
   ``indexes_multi`` ((k, 2) arrays of (submatrix, row), (-1, -1) = none),
-  ``indexes_ranges`` ((k, 2) arrays of [begin, end) row ranges).
+  ``indexes_ranges`` ((k, 2) arrays of [begin, end) row ranges), ``indexes_blocks``
+  (int64 arrays of submatrix ids: the column blocks a propagate or backprop reads as
+  its input value).
 * ``precomputed``: per-propagate objects from components (index 0 = None).
 * ``commands``: a flat list of :class:`Command`. Commands before the first
   ``NO_OPERATION_MARKER`` are the forward pass; the rest the backward pass.
@@ -30,8 +32,12 @@ class CommandType(enum.Enum):
     DEALLOC_MATRIX = "kDeallocMatrix"
     SWAP_MATRIX = "kSwapMatrix"  # matrix takes over src_matrix's data (sizes equal)
     SET_CONST = "kSetConst"  # dst = alpha
-    PROPAGATE = "kPropagate"
-    BACKPROP = "kBackprop"  # with model update (gradient accumulation)
+    PROPAGATE = "kPropagate"  # with in_value == 0 and table >= 0 (beyond Kaldi): the
+    # input is the column-wise concatenation of the submatrices indexes_blocks[table]
+    # (in column order, each with out_value's rows, widths summing to the input dim),
+    # passed to the component's ``propagate_blocks`` (optimize/splice.py)
+    BACKPROP = "kBackprop"  # with model update (gradient accumulation); in_value == 0
+    # and table >= 0: the input value as blocks, as for PROPAGATE (``backprop_blocks``)
     BACKPROP_NO_MODEL_UPDATE = "kBackpropNoModelUpdate"
     MATRIX_COPY = "kMatrixCopy"  # dst = alpha * src
     MATRIX_ADD = "kMatrixAdd"  # dst += alpha * src
@@ -63,7 +69,9 @@ class Command:
     command's kind; ``matrix``/``src_matrix``: matrix ids (sizing commands);
     propagate/backprop use ``node`` (component-node name), ``precomputed``,
     ``in_value``, ``out_value``, ``out_deriv``, ``in_deriv`` (submatrix ids, 0 = none)
-    and ``memo`` (0 = none).
+    and ``memo`` (0 = none). A propagate/backprop whose ``in_value`` is 0 and whose
+    ``table`` is an id into ``indexes_blocks`` reads its input value as those
+    column blocks.
     """
 
     type: CommandType
@@ -111,6 +119,7 @@ class NnetComputation:
     indexes: list[np.ndarray] = field(default_factory=list)
     indexes_multi: list[np.ndarray] = field(default_factory=list)
     indexes_ranges: list[np.ndarray] = field(default_factory=list)
+    indexes_blocks: list[np.ndarray] = field(default_factory=list)
     precomputed: list[object] = field(default_factory=lambda: [None])
     commands: list[Command] = field(default_factory=list)
     need_model_derivative: bool = False
@@ -145,7 +154,9 @@ class NnetComputation:
     def peak_memory_floats(self) -> int:
         """Kaldi's GetMaxMemoryUse / 4: allocations and accepted inputs add,
         deallocations subtract; between COMPRESS_MATRIX and DECOMPRESS_MATRIX a
-        matrix takes ``bytes_per_element(kind)`` bytes an element instead of 4."""
+        matrix takes ``bytes_per_element(kind)`` bytes an element instead of 4. A
+        propagate/backprop reading its input as blocks gathers them into a
+        temporary for that command; it counts while the command runs."""
         from .runtime.compression import bytes_per_element
 
         cur = peak = 0  # bytes
@@ -173,8 +184,18 @@ class NnetComputation:
                     cur += packed[c.dst] - 4 * n
                 else:
                     cur += 4 * n - packed.pop(c.dst)
+            elif c.in_value == 0 and c.table >= 0 and c.type in (
+                    CommandType.PROPAGATE, CommandType.BACKPROP,
+                    CommandType.BACKPROP_NO_MODEL_UPDATE):
+                peak = max(peak, cur + 4 * self.gathered_floats(c))
             peak = max(peak, cur)
         return peak // 4
+
+    def gathered_floats(self, c: Command) -> int:
+        """Size of the temporary a block-reading command gathers its input into."""
+        blocks = self.indexes_blocks[c.table]
+        subs = [self.submatrices[int(s)] for s in blocks]
+        return subs[0].num_rows * sum(sm.num_cols for sm in subs)
 
     def stats(self) -> dict:
         hist = Counter(c.type.value for c in self.commands)
@@ -186,6 +207,7 @@ class NnetComputation:
             "num_indexes": len(self.indexes),
             "num_indexes_multi": len(self.indexes_multi),
             "num_indexes_ranges": len(self.indexes_ranges),
+            "num_indexes_blocks": len(self.indexes_blocks),
             "num_component_precomputed_indexes": sum(p is not None for p in self.precomputed),
             "total_matrix_floats": sum(m.rows * m.cols for m in self.matrices[1:]),
             "peak_memory_floats": self.peak_memory_floats(),

@@ -34,7 +34,7 @@ def reference_renumber(c) -> None:
     one, else a new one at the end."""
     c.commands = [x for x in c.commands if x.type is not CT.NO_OPERATION]
     used_sub = {0}
-    tables = {"rows": set(), "multi": set(), "ranges": set()}
+    tables = {"rows": set(), "multi": set(), "ranges": set(), "blocks": set()}
     pre = set()
     for x in c.commands:
         used_sub |= {getattr(x, f) for f in _SUB if getattr(x, f)}
@@ -45,9 +45,12 @@ def reference_renumber(c) -> None:
             used_sub |= {int(s) for s in c.indexes_multi[x.table][:, 0] if s > 0}
         elif x.type is CT.ADD_ROW_RANGES:
             tables["ranges"].add(x.table)
-        elif x.type in (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE) \
-                and x.precomputed:
-            pre.add(x.precomputed)
+        elif x.type in (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE):
+            if x.precomputed:
+                pre.add(x.precomputed)
+            if x.table >= 0:  # input value as column blocks
+                tables["blocks"].add(x.table)
+                used_sub |= {int(s) for s in c.indexes_blocks[x.table]}
     sub_map, kept, first = {}, [], {}
     for s in sorted(used_sub):
         sm = c.submatrices[s]
@@ -73,12 +76,14 @@ def reference_renumber(c) -> None:
             c._whole[m] = c.new_submatrix(m, 0, c.matrices[m].rows, 0, c.matrices[m].cols)
     maps = {}
     for kind, attr in (("rows", "indexes"), ("multi", "indexes_multi"),
-                       ("ranges", "indexes_ranges")):
+                       ("ranges", "indexes_ranges"), ("blocks", "indexes_blocks")):
         order = sorted(tables[kind])
         maps[kind] = {old: i for i, old in enumerate(order)}
         setattr(c, attr, [getattr(c, attr)[k] for k in order])
     c.indexes_multi = [np.array([[sub_map[int(s)] if s > 0 else s, r] for s, r in t],
                                 dtype=np.int64).reshape(-1, 2) for t in c.indexes_multi]
+    c.indexes_blocks = [np.array([sub_map[int(s)] for s in t], dtype=np.int64)
+                        for t in c.indexes_blocks]
     pre_order = sorted(pre)
     pre_map = {old: i + 1 for i, old in enumerate(pre_order)}
     c.precomputed = [None] + [c.precomputed[k] for k in pre_order]
@@ -94,6 +99,8 @@ def reference_renumber(c) -> None:
             x.table = maps["multi"][x.table]
         elif x.type is CT.ADD_ROW_RANGES:
             x.table = maps["ranges"][x.table]
+        elif x.table >= 0:
+            x.table = maps["blocks"][x.table]
         if x.precomputed:
             x.precomputed = pre_map[x.precomputed]
 
@@ -107,7 +114,7 @@ def dump(c) -> tuple:
         [(m.rows, m.cols, m.node, m.is_deriv, arr(m.indexes)) for m in c.matrices],
         [dataclasses.astuple(s) for s in c.submatrices],
         [arr(t) for t in c.indexes], [arr(t) for t in c.indexes_multi],
-        [arr(t) for t in c.indexes_ranges],
+        [arr(t) for t in c.indexes_ranges], [arr(t) for t in c.indexes_blocks],
         [id(p) for p in c.precomputed],
         [dataclasses.astuple(x) for x in c.commands],
         sorted(c._whole.items()),

@@ -131,8 +131,9 @@ def test_pipeline_peak_memory():
     """Through the default pipeline, moving sizing commands is the big memory win
     (Kaldi's ablation on this case: 553680 floats without it, 164160 with)."""
     nnet, req, inputs, derivs, _ = mc.reference_case("realistic/tdnn_relu_bn/decode")
-    full = pynnet3.compile(nnet, req, optimize=True, check=True)
-    without = pynnet3.compile(nnet, req, check=True, optimize=pynnet3.OptimizeOptions().without(
+    kaldi = pynnet3.OptimizeOptions(splice_free_affine=False)  # Kaldi's ablation setting
+    full = pynnet3.compile(nnet, req, optimize=kaldi, check=True)
+    without = pynnet3.compile(nnet, req, check=True, optimize=kaldi.without(
         "move_sizing_commands"))
     assert full.peak_memory_floats() * 3 < without.peak_memory_floats()
     assert full.peak_memory_floats() <= 164160

@@ -100,12 +100,16 @@ def command_accesses(c: NnetComputation, nnet, cmd: Command) -> list[tuple[int, 
         props = _component(nnet, cmd).properties()
         if cmd.in_value:
             out.append((cmd.in_value, R))
+        elif cmd.table >= 0:  # input read as column blocks
+            out += [(s, R) for s in block_submatrices(c, cmd.table)]
         out.append((cmd.out_value, RW if props & Flags.PROPAGATE_ADDS else W))
     elif t in _BACKPROPS:
         props = _component(nnet, cmd).properties()
         for s in (cmd.in_value, cmd.out_value, cmd.out_deriv):
             if s:
                 out.append((s, R))
+        if not cmd.in_value and cmd.table >= 0:  # input value read as column blocks
+            out += [(s, R) for s in block_submatrices(c, cmd.table)]
         if cmd.in_deriv:
             out.append((cmd.in_deriv, RW if props & Flags.BACKPROP_ADDS else W))
     elif t is CT.MATRIX_COPY:
@@ -134,6 +138,12 @@ def command_accesses(c: NnetComputation, nnet, cmd: Command) -> list[tuple[int, 
     elif t in (CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX):
         out.append((cmd.dst if cmd.dst else c.whole(cmd.matrix), RW))
     return out
+
+
+def block_submatrices(c: NnetComputation, table: int) -> list[int]:
+    """The distinct submatrices of block table ``table`` (of a propagate or
+    backprop whose input value is read as column blocks), in first-use order."""
+    return list(dict.fromkeys(c.indexes_blocks[table].tolist()))
 
 
 def _gather_multi(tab: np.ndarray, adds: bool) -> tuple[list[int], bool]:
@@ -248,6 +258,9 @@ def build_access_table(c: NnetComputation, nnet, props: PropertyCache | None = N
         elif t is _PROPAGATE:
             if cmd.in_value:
                 ca(i), sa(cmd.in_value), aa(R)
+            elif cmd.table >= 0:  # input read as column blocks
+                for s in block_submatrices(c, cmd.table):
+                    ca(i), sa(s), aa(R)
             ca(i), sa(cmd.out_value), aa(RW if props(cmd.node) & PA else W)
             if cmd.alpha == 2.0:
                 side_l.append(i)  # stored stats
@@ -258,6 +271,9 @@ def build_access_table(c: NnetComputation, nnet, props: PropertyCache | None = N
         elif t is _BACKPROP or t is _BACKPROP_NO_MODEL_UPDATE:
             for s in (cmd.in_value, cmd.out_value, cmd.out_deriv):
                 if s:
+                    ca(i), sa(s), aa(R)
+            if not cmd.in_value and cmd.table >= 0:  # input value read as column blocks
+                for s in block_submatrices(c, cmd.table):
                     ca(i), sa(s), aa(R)
             if cmd.in_deriv:
                 ca(i), sa(cmd.in_deriv), aa(RW if props(cmd.node) & BA else W)

@@ -168,6 +168,12 @@ class _Checker:
             self.fail("memo given to a component that uses none", i)
         if cmd.type is CT.PROPAGATE:
             ov = self.sub_ok(cmd.out_value, i, "out_value")
+            if cmd.table != -1:  # input read as column blocks
+                if ov.num_cols != comp.output_dim:
+                    self.fail(f"out_value has {ov.num_cols} columns, the component's "
+                              f"output dim is {comp.output_dim}", i)
+                self.check_blocks(i, cmd, comp, ov)
+                return
             if cmd.in_value == 0 and not props & Flags.SIMPLE:
                 iv = None  # a non-simple component whose outputs need no input rows
             else:
@@ -179,10 +185,13 @@ class _Checker:
             if props & Flags.SIMPLE and iv is not None and iv.num_rows != ov.num_rows:
                 self.fail("simple component with different input and output rows", i)
             return
+        c = self.c
         od = self.sub_ok(cmd.out_deriv, i, "out_deriv")
         if od.num_cols != comp.output_dim:
             self.fail("out_deriv dim differs from the component's output dim", i)
-        if props & Flags.BACKPROP_NEEDS_INPUT:
+        if cmd.table != -1:  # input value read as column blocks
+            self.check_blocks(i, cmd, comp, od)
+        elif props & Flags.BACKPROP_NEEDS_INPUT:
             iv = self.sub_ok(cmd.in_value, i, "in_value (component needs its input)")
             if iv.num_cols != comp.input_dim:
                 self.fail("in_value dim differs from the component's input dim", i)
@@ -196,6 +205,40 @@ class _Checker:
                 self.fail("in_deriv dim differs from the component's input dim", i)
             if props & Flags.SIMPLE and idr.num_rows != od.num_rows:
                 self.fail("simple component with different in_deriv and out_deriv rows", i)
+            for s in c.indexes_blocks[cmd.table].tolist() if cmd.table != -1 else ():
+                sm = c.submatrices[s]
+                if sm.matrix == idr.matrix and _overlap(sm, idr):
+                    self.fail(f"input block {s} overlaps in_deriv", i)
+
+    def check_blocks(self, i: int, cmd, comp, ov):
+        """A propagate or backprop reading its input value as column blocks
+        (``indexes_blocks``); ``ov`` is its out_value (out_deriv for a backprop),
+        whose rows the blocks must have and which they must not overlap."""
+        c = self.c
+        if cmd.in_value:
+            self.fail("a command with an input block table must have no in_value", i)
+        if not (0 <= cmd.table < len(c.indexes_blocks)):
+            self.fail(f"block table {cmd.table} out of range", i)
+        method = "propagate_blocks" if cmd.type is CT.PROPAGATE else "backprop_blocks"
+        if not hasattr(comp, method):
+            self.fail(f"the component has no {method}: it cannot read its input as blocks", i)
+        if cmd.type is CT.PROPAGATE and cmd.alpha == 2.0:
+            self.fail("stored stats need the input as one matrix, not blocks", i)
+        tab = c.indexes_blocks[cmd.table]
+        if tab.ndim != 1 or not len(tab):
+            self.fail(f"block table {cmd.table} is empty or not a list", i)
+        width = 0
+        for s in tab.tolist():
+            sm = self.sub_ok(s, i, "input block")
+            if sm.num_rows != ov.num_rows:
+                self.fail(f"input block {s} has {sm.num_rows} rows, the output "
+                          f"{ov.num_rows}", i)
+            if sm.matrix == ov.matrix and _overlap(sm, ov):
+                self.fail(f"input block {s} overlaps the output (value or derivative)", i)
+            width += sm.num_cols
+        if width != comp.input_dim:
+            self.fail(f"input blocks have {width} columns, the component's input dim is "
+                      f"{comp.input_dim}", i)
 
     # -- order ---------------------------------------------------------------------------
     def check_order(self):
@@ -293,8 +336,12 @@ class _Checker:
                 if compressed.pop(m, None) is None:
                     self.fail(f"matrix m{m} decompressed but not compressed", i)
             elif compressed:
-                for f in ("dst", "src", "in_value", "out_value", "out_deriv", "in_deriv"):
-                    s = getattr(cmd, f)
+                subs = [getattr(cmd, f) for f in ("dst", "src", "in_value", "out_value",
+                                                  "out_deriv", "in_deriv")]
+                if cmd.type in (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE) \
+                        and cmd.table >= 0:
+                    subs += self.c.indexes_blocks[cmd.table].tolist()
+                for s in subs:
                     if s and self.c.submatrices[s].matrix in compressed:
                         self.fail(f"matrix m{self.c.submatrices[s].matrix} accessed while "
                                   f"compressed", i)

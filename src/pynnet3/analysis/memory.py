@@ -31,8 +31,12 @@ class MemoryProfile:
         return "\n".join(lines)
 
 
+_BLOCK_READERS = (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
+
+
 def live_floats(c: NnetComputation, upto: int | None = None) -> tuple[np.ndarray, dict]:
-    """Live floats after each command (the accounting of :func:`memory_profile`), and
+    """Live floats after each command (the accounting of :func:`memory_profile`; a
+    command gathering block inputs counts its temporary at its own position), and
     the matrices live (matrix -> floats) after command ``upto`` (after the last one
     when None)."""
     live: dict[int, float] = {}
@@ -58,6 +62,8 @@ def live_floats(c: NnetComputation, upto: int | None = None) -> tuple[np.ndarray
             if cmd.src_matrix in live:
                 live[cmd.matrix] = live.pop(cmd.src_matrix)
         out[i] = cur
+        if cmd.in_value == 0 and cmd.table >= 0 and t in _BLOCK_READERS:
+            out[i] = cur + c.gathered_floats(cmd)  # the temporary it gathers into
         if i == upto:
             snap = dict(live)
     if upto is None:

@@ -386,6 +386,12 @@ class ExpansionPlan:
                 same(cmd.out_value, cmd.out_deriv, t)
                 if simple.get(cmd.node, False):
                     same(cmd.in_value or cmd.in_deriv, cmd.out_value or cmd.out_deriv, t)
+                if cmd.table >= 0:
+                    # input read as column blocks: row i of every block goes with row
+                    # i of the output (derivative). Submatrix ids keep their meaning
+                    # under expansion, so the block table itself is shared unchanged.
+                    for s in c.indexes_blocks[cmd.table].tolist():
+                        same(s, cmd.out_value or cmd.out_deriv, t)
             elif t in _ROWS or t is RR or t in _MULTI:
                 if t in _MULTI:
                     # The table runs over the command's own submatrix: dst for the

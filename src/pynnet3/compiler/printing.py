@@ -43,6 +43,14 @@ def sub_name(c: NnetComputation, s: int) -> str:
             f"{sm.col_offset}:{sm.col_offset + sm.num_cols - 1})")
 
 
+def _input(c: NnetComputation, cmd) -> str:
+    """A component command's input value: a submatrix, or its column blocks."""
+    if cmd.in_value == 0 and 0 <= cmd.table < len(c.indexes_blocks):
+        blocks = ", ".join(sub_name(c, s) for s in c.indexes_blocks[cmd.table].tolist())
+        return f"blocks[{blocks}]"
+    return sub_name(c, cmd.in_value)
+
+
 def command_text(c: NnetComputation, cmd) -> str:
     t = cmd.type
     a = "" if cmd.alpha == 1.0 else f"{cmd.alpha:g} * "
@@ -59,11 +67,11 @@ def command_text(c: NnetComputation, cmd) -> str:
     if t in (CT.PROPAGATE,):
         stats = " [store-stats]" if cmd.alpha == 2.0 else ""
         memo = f" [memo {cmd.memo}]" if cmd.memo else ""
-        return (f"{cmd.node}.Propagate(pre{cmd.precomputed}, {sub_name(c, cmd.in_value)}, "
+        return (f"{cmd.node}.Propagate(pre{cmd.precomputed}, {_input(c, cmd)}, "
                 f"&{sub_name(c, cmd.out_value)}){memo}{stats}")
     if t in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE):
         upd = "" if t is CT.BACKPROP else " [no model update]"
-        return (f"{cmd.node}.Backprop(pre{cmd.precomputed}, {sub_name(c, cmd.in_value)}, "
+        return (f"{cmd.node}.Backprop(pre{cmd.precomputed}, {_input(c, cmd)}, "
                 f"{sub_name(c, cmd.out_value)}, {sub_name(c, cmd.out_deriv)}, "
                 f"&{sub_name(c, cmd.in_deriv)}){upd}")
     if t is CT.MATRIX_COPY:

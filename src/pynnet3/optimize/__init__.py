@@ -50,6 +50,10 @@ _DEFAULT = [
     ("split_row_ops", "row_ops:split_row_ops", lambda o: o.split_row_ops),
     ("replace_row_with_matrix_ops", "row_ops:replace_row_with_matrix_ops",
      lambda o: o.optimize_row_ops),
+    # beyond Kaldi: before extension/merging, while spliced inputs are still plain
+    # matrices filled by copies
+    ("splice_free_affine", "splice:splice_free_affine",
+     lambda o: o.splice_free_affine and not o.optimize_looped_computation),
     # extension makes more merges possible, so it comes first
     ("extend_matrices", "extend:extend_matrices",
      lambda o: o.extend_matrices and not o.optimize_looped_computation),

@@ -40,6 +40,10 @@ class OptimizeOptions:
     #: deallocate an output matrix once it has been handed over (the runtime copies
     #: it out), instead of keeping it to the end as Kaldi does
     free_provided_outputs: bool = True
+    #: an affine-like propagate (and backprop) reads the column blocks of its spliced
+    #: input where they are, instead of from a matrix they are first copied into
+    #: (bit-identical results; optimize/splice.py)
+    splice_free_affine: bool = True
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -33,11 +33,14 @@ _NREAD = 10
 
 
 def _table_kind(t: CT) -> int:
-    """What kind of table a command type names: 0 none, 1 rows, 2 multi, 3 ranges."""
+    """What kind of table a command type names when its ``table`` is set: 0 none,
+    1 rows, 2 multi, 3 ranges, 4 input blocks (a propagate or backprop)."""
     if t in _ROWS_TABLE:
         return 1
     if t in _MULTI_TABLE:
         return 2
+    if t in _PRE:  # a component command's table: its input blocks
+        return 4
     return 3 if t is CT.ADD_ROW_RANGES else 0
 
 
@@ -99,7 +102,8 @@ def renumber(c: NnetComputation) -> None:
 
     # tables and precomputed indexes the commands name (only commands with a table
     # / precomputed field set can name one)
-    used_tab: tuple[set, set, set, set] = (set(), set(), set(), set())  # -, rows, multi, ranges
+    # -, rows, multi, ranges, blocks
+    used_tab: tuple[set, ...] = (set(), set(), set(), set(), set())
     used_pre: set[int] = set()
     table_cmds: list[int] = []
     for i in np.flatnonzero(ids[:, 8] != -1).tolist():
@@ -113,7 +117,7 @@ def renumber(c: NnetComputation) -> None:
         cmd = cmds[i]
         if cmd.type in _PRE:
             used_pre.add(cmd.precomputed)
-    used_rows, used_multi, used_ranges = used_tab[1], used_tab[2], used_tab[3]
+    used_rows, used_multi, used_ranges, used_blocks = used_tab[1:]
 
     # submatrices: those commands name, plus those named inside multi tables
     ns = len(c.submatrices)
@@ -122,6 +126,8 @@ def renumber(c: NnetComputation) -> None:
     for k in used_multi:
         subs = c.indexes_multi[k][:, 0]
         used_sub[subs[subs > 0]] = True
+    for k in used_blocks:
+        used_sub[c.indexes_blocks[k]] = True
     used_sub[0] = True
 
     # merge identical submatrices (first occurrence wins)
@@ -179,8 +185,10 @@ def renumber(c: NnetComputation) -> None:
     c.indexes, rows_map = remap(c.indexes, used_rows)
     c.indexes_multi, multi_map = remap(c.indexes_multi, used_multi)
     c.indexes_ranges, ranges_map = remap(c.indexes_ranges, used_ranges)
+    c.indexes_blocks, blocks_map = remap(c.indexes_blocks, used_blocks)
     identity_subs = len(kept) == ns
     if not identity_subs:
+        c.indexes_blocks = [sub_map[tab] for tab in c.indexes_blocks]
         c.indexes_multi = list(c.indexes_multi)
         for k, tab in enumerate(c.indexes_multi):
             subs = tab[:, 0]
@@ -204,7 +212,7 @@ def renumber(c: NnetComputation) -> None:
     for i, f, v in zip(rows_.tolist(), cols_.tolist(), new_named[rows_, cols_].tolist(),
                        strict=True):
         setattr(cmds[i], "src_matrix" if f else "matrix", v)
-    maps = (None, rows_map, multi_map, ranges_map)
+    maps = (None, rows_map, multi_map, ranges_map, blocks_map)
     for i in table_cmds:
         cmd = cmds[i]
         cmd.table = maps[_table_kind(cmd.type)][cmd.table]

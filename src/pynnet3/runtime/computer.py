@@ -146,7 +146,11 @@ class NnetComputer:
             comp = self._components[cmd.node]
             pre = self.c.precomputed[cmd.precomputed]
             iv, ov = self._sub(cmd.in_value), self._sub(cmd.out_value)
-            memo = comp.propagate(pre, iv, ov)
+            if cmd.in_value == 0 and cmd.table >= 0:  # input read as column blocks
+                blocks = [self._sub(s) for s in self.c.indexes_blocks[cmd.table].tolist()]
+                memo = comp.propagate_blocks(pre, blocks, ov)
+            else:
+                memo = comp.propagate(pre, iv, ov)
             if cmd.memo:
                 self.memos[cmd.memo] = memo
             if cmd.alpha == 2.0:  # store-stats flag
@@ -177,10 +181,15 @@ class NnetComputer:
                     grad = {k: np.zeros(v.shape, dtype=self.dtype)
                             for k, v in comp.params().items()}
                     self.grads[name] = grad
-            comp.backprop(self.c.precomputed[cmd.precomputed], self._sub(cmd.in_value),
-                          self._sub(cmd.out_value), self._sub(cmd.out_deriv),
-                          self.memos.pop(cmd.memo, None) if cmd.memo else None, grad,
-                          self._sub(cmd.in_deriv))
+            args = (self.c.precomputed[cmd.precomputed], self._sub(cmd.in_value),
+                    self._sub(cmd.out_value), self._sub(cmd.out_deriv),
+                    self.memos.pop(cmd.memo, None) if cmd.memo else None, grad,
+                    self._sub(cmd.in_deriv))
+            if cmd.in_value == 0 and cmd.table >= 0:  # input value read as column blocks
+                blocks = [self._sub(s) for s in self.c.indexes_blocks[cmd.table].tolist()]
+                comp.backprop_blocks(args[0], blocks, *args[2:])
+            else:
+                comp.backprop(*args)
         elif t is CT.MATRIX_COPY:
             be.copy(self._sub(cmd.dst), self._sub(cmd.src), cmd.alpha)
         elif t is CT.MATRIX_ADD:
