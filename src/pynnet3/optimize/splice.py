@@ -79,6 +79,17 @@ def splice_free_affine(c: NnetComputation, nnet, options: OptimizeOptions | None
     candidates = [i for i, cmd in enumerate(cmds)
                   if cmd.type is CT.PROPAGATE and cmd.in_value and cmd.node in comps
                   and cmd.table == -1 and cmd.alpha != 2.0 and not cmd.memo]
+    if not any(cmd.type in _BACKPROPS for cmd in cmds):
+        # forward only: a multi-block splice is never worth it (see the module doc),
+        # so only inputs filled by a single copy qualify; skip the analysis if none
+        subs = c.submatrices
+        copies: dict[int, int] = {}
+        for cmd in cmds:
+            if cmd.type is CT.MATRIX_COPY:
+                m = subs[cmd.dst].matrix
+                copies[m] = copies.get(m, 0) + 1
+        candidates = [p for p in candidates
+                      if copies.get(subs[cmds[p].in_value].matrix, 0) == 1]
     if not candidates:
         return ""
     a = Analyzer(c, nnet)
