@@ -18,8 +18,9 @@ enough to flip near-zero ReLU inputs against Kaldi's reference). The temporary
 counts in the peak memory (``NnetComputation.peak_memory_floats``), so what goes
 is ``S`` living from its copies to its last reader: the pass rewrites an ``S``
 with several blocks only when a backprop also reads it (training: ``S`` no longer
-lives from the forward pass to the backprop); a single-block ``S`` (a plain copy)
-is always read in place. Commands always drop; the peak drops on real networks
+lives from the forward pass to the backprop); there a single-block ``S`` (a plain
+copy) is read in place too. Forward-only computations are left to variable merging,
+which removes single copies itself. Commands always drop; the peak drops on real networks
 (tdnn_relu_bn train 1041920 -> 545920 floats), while on toy networks the sources
 living on next to the temporary can cost a few floats more than ``S`` did.
 
@@ -80,16 +81,9 @@ def splice_free_affine(c: NnetComputation, nnet, options: OptimizeOptions | None
                   if cmd.type is CT.PROPAGATE and cmd.in_value and cmd.node in comps
                   and cmd.table == -1 and cmd.alpha != 2.0 and not cmd.memo]
     if not any(cmd.type in _BACKPROPS for cmd in cmds):
-        # forward only: a multi-block splice is never worth it (see the module doc),
-        # so only inputs filled by a single copy qualify; skip the analysis if none
-        subs = c.submatrices
-        copies: dict[int, int] = {}
-        for cmd in cmds:
-            if cmd.type is CT.MATRIX_COPY:
-                m = subs[cmd.dst].matrix
-                copies[m] = copies.get(m, 0) + 1
-        candidates = [p for p in candidates
-                      if copies.get(subs[cmds[p].in_value].matrix, 0) == 1]
+        # forward only: a multi-block splice is never worth it (see the module doc)
+        # and a single copy is what variable merging removes anyway
+        return ""
     if not candidates:
         return ""
     a = Analyzer(c, nnet)
