@@ -23,3 +23,17 @@ def test_peak_memory_counts_compression_and_swaps():
     c.commands.insert(4, Command(CT.ALLOC_MATRIX, matrix=b))  # 25 + 20 = 45 while packed
     c.commands.insert(6, Command(CT.DEALLOC_MATRIX, matrix=b))  # after decompress: 120
     assert c.peak_memory_floats() == 120
+
+
+def test_copy_is_independent():
+    c = NnetComputation()
+    a = c.new_matrix(3, 2)
+    c.add(Command(CT.ALLOC_MATRIX, matrix=a))
+    c.add(Command(CT.SET_CONST, dst=c.whole(a), alpha=0.0))
+    c.add(Command(CT.DEALLOC_MATRIX, matrix=a))
+    d = c.copy()
+    d.commands[1].alpha = 5.0
+    d.commands.pop()
+    d.matrices[a].rows = 7
+    assert c.commands[1].alpha == 0.0 and len(c.commands) == 3 and c.matrices[a].rows == 3
+    assert d.whole(a) == c.whole(a)

@@ -147,49 +147,29 @@ class NnetComputation:
         self.commands.append(cmd)
         return cmd
 
+    def copy(self) -> NnetComputation:
+        """An independent copy (commands, matrices, tables) that passes may rewrite
+        in place; computations handed out by a CachingCompiler share their command
+        objects with the cache, so copy them before optimizing them further."""
+        import copy as _copy
+
+        return _copy.deepcopy(self)
+
     # -- inspection ------------------------------------------------------------
     def num_matrices(self) -> int:
         return len(self.matrices) - 1
 
     def peak_memory_floats(self) -> int:
         """Kaldi's GetMaxMemoryUse / 4: allocations and accepted inputs add,
-        deallocations subtract; between COMPRESS_MATRIX and DECOMPRESS_MATRIX a
-        matrix takes ``bytes_per_element(kind)`` bytes an element instead of 4. A
-        propagate/backprop reading its input as blocks gathers them into a
-        temporary for that command; it counts while the command runs."""
-        from .runtime.compression import bytes_per_element
+        deallocations (and releasing provides) subtract; between COMPRESS_MATRIX and
+        DECOMPRESS_MATRIX a matrix takes ``bytes_per_element(kind)`` bytes an element
+        instead of 4; a propagate/backprop reading its input as blocks counts the
+        temporary it gathers them into while it runs. The accounting lives in
+        :func:`pynnet3.analysis.memory.live_floats`."""
+        from .analysis.memory import live_floats
 
-        cur = peak = 0  # bytes
-        live = set()
-        packed: dict[int, int] = {}  # compressed submatrix -> its bytes
-        for c in self.commands:
-            if c.type is CommandType.ALLOC_MATRIX or (
-                    c.type is CommandType.ACCEPT_INPUT
-                    and self.submatrices[c.dst].matrix not in live):
-                m = c.matrix if c.type is CommandType.ALLOC_MATRIX else \
-                    self.submatrices[c.dst].matrix
-                live.add(m)
-                cur += 4 * self.matrices[m].rows * self.matrices[m].cols
-            elif c.type is CommandType.DEALLOC_MATRIX or (
-                    c.type is CommandType.PROVIDE_OUTPUT and c.release):
-                m = c.matrix if c.type is CommandType.DEALLOC_MATRIX else \
-                    self.submatrices[c.src].matrix
-                live.discard(m)
-                cur -= 4 * self.matrices[m].rows * self.matrices[m].cols
-            elif c.type in (CommandType.COMPRESS_MATRIX, CommandType.DECOMPRESS_MATRIX):
-                sm = self.submatrices[c.dst]
-                n = sm.num_rows * sm.num_cols
-                if c.type is CommandType.COMPRESS_MATRIX:
-                    packed[c.dst] = n * bytes_per_element(c.compress_kind)
-                    cur += packed[c.dst] - 4 * n
-                else:
-                    cur += 4 * n - packed.pop(c.dst)
-            elif c.in_value == 0 and c.table >= 0 and c.type in (
-                    CommandType.PROPAGATE, CommandType.BACKPROP,
-                    CommandType.BACKPROP_NO_MODEL_UPDATE):
-                peak = max(peak, cur + 4 * self.gathered_floats(c))
-            peak = max(peak, cur)
-        return peak // 4
+        live, _ = live_floats(self)
+        return int(live.max()) if len(live) else 0
 
     def gathered_floats(self, c: Command) -> int:
         """Size of the temporary a block-reading command gathers its input into."""

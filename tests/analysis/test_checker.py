@@ -169,3 +169,22 @@ def test_every_pass_keeps_the_checker_happy():
     pynnet3.optimize.optimize(c, nnet, pynnet3.OptimizeOptions(), report=report, check=True)
     assert report.passes
     assert np.all([p.num_commands > 0 for p in report.passes])
+
+
+def test_compressed_matrix_read_through_a_multi_table(tdnn):
+    """A row table naming a compressed matrix is an access to it too."""
+    nnet, c = tdnn
+    i = _first(c, CT.PROPAGATE)
+    m = c.submatrices[c.commands[i].out_value].matrix
+    rows, cols = c.matrices[m].rows, c.matrices[m].cols
+    n = c.new_matrix(rows, cols)
+    c.indexes_multi.append(np.array([[c.whole(m), r] for r in range(rows)], dtype=np.int64))
+    c.commands[i + 1:i + 1] = [
+        Command(CT.COMPRESS_MATRIX, dst=c.whole(m), compress_kind=3, alpha=10.0),
+        Command(CT.ALLOC_MATRIX, matrix=n),
+        Command(CT.SET_CONST, dst=c.whole(n), alpha=0.0),
+        Command(CT.ADD_ROWS_MULTI, dst=c.whole(n), table=len(c.indexes_multi) - 1),
+        Command(CT.DEALLOC_MATRIX, matrix=n),
+        Command(CT.DECOMPRESS_MATRIX, dst=c.whole(m), compress_kind=3, alpha=10.0)]
+    with pytest.raises(CheckError, match=f"command {i + 4} .*accessed while compressed"):
+        check_computation(c, nnet)

@@ -24,7 +24,7 @@ from ..components.base import Flags
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
 from ..errors import CheckError
-from .accesses import AccessType
+from .accesses import AccessType, has_command_type
 from .analyzer import Analyzer
 
 
@@ -325,7 +325,7 @@ class _Checker:
                 self.fail(f"matrix m{m} ({c.matrices[m].node}) is never deallocated and "
                           f"not an output")
 
-    def check_compression(self):
+    def check_compression(self, a: Analyzer):
         compressed: dict[int, int] = {}
         for i, cmd in enumerate(self.c.commands):
             if cmd.type is CT.COMPRESS_MATRIX:
@@ -336,12 +336,8 @@ class _Checker:
                 if compressed.pop(m, None) is None:
                     self.fail(f"matrix m{m} decompressed but not compressed", i)
             elif compressed:
-                subs = [getattr(cmd, f) for f in ("dst", "src", "in_value", "out_value",
-                                                  "out_deriv", "in_deriv")]
-                if cmd.type in (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE) \
-                        and cmd.table >= 0:
-                    subs += self.c.indexes_blocks[cmd.table].tolist()
-                for s in subs:
+                # every submatrix the command touches, through index tables too
+                for s, _ in a.raw_accesses[i]:
                     if s and self.c.submatrices[s].matrix in compressed:
                         self.fail(f"matrix m{self.c.submatrices[s].matrix} accessed while "
                                   f"compressed", i)
@@ -363,10 +359,10 @@ def check_computation(computation: NnetComputation, nnet, context: str = "",
     ch = _Checker(computation, nnet, context)
     ch.check_indexes()
     ch.check_order()
-    looped = any(c.type is CT.GOTO_LABEL for c in computation.commands)
+    looped = has_command_type(computation, CT.GOTO_LABEL)
     a = analyzer or Analyzer(computation, nnet)
     if not looped:  # straight-line reasoning does not hold across a goto
         ch.check_undefined(a)
         ch.check_matrix_accesses(a)
-    ch.check_compression()
+    ch.check_compression(a)
     return a

@@ -1,6 +1,6 @@
 """Memory profile of a computation: live floats after every command and what is
-live at the peak (the same accounting as :meth:`NnetComputation.peak_memory_floats`,
-Kaldi's GetMaxMemoryUse)."""
+live at the peak. This is THE accounting (Kaldi's GetMaxMemoryUse, in floats):
+:meth:`NnetComputation.peak_memory_floats` is the maximum of :func:`live_floats`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
+from ..runtime.compression import bytes_per_element
 
 
 @dataclass
@@ -47,6 +48,8 @@ def live_floats(c: NnetComputation, upto: int | None = None) -> tuple[np.ndarray
     subs, mats = c.submatrices, c.matrices
     ALLOC, ACCEPT, DEALLOC = CT.ALLOC_MATRIX, CT.ACCEPT_INPUT, CT.DEALLOC_MATRIX
     PROVIDE, SWAP = CT.PROVIDE_OUTPUT, CT.SWAP_MATRIX
+    COMPRESS, DECOMPRESS = CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX
+    packed: dict[int, float] = {}  # compressed submatrix -> its size in floats
     for i, cmd in enumerate(c.commands):
         t = cmd.type
         if t is ALLOC or (t is ACCEPT and subs[cmd.dst].matrix not in live):
@@ -61,6 +64,14 @@ def live_floats(c: NnetComputation, upto: int | None = None) -> tuple[np.ndarray
         elif t is SWAP:
             if cmd.src_matrix in live:
                 live[cmd.matrix] = live.pop(cmd.src_matrix)
+        elif t is COMPRESS or t is DECOMPRESS:
+            sm = subs[cmd.dst]
+            n_el = sm.num_rows * sm.num_cols
+            if t is COMPRESS:  # the matrix shrinks to its compressed bytes
+                packed[cmd.dst] = n_el * bytes_per_element(cmd.compress_kind) / 4
+                cur += packed[cmd.dst] - n_el
+            else:
+                cur += n_el - packed.pop(cmd.dst, n_el)  # unmatched: no change
         out[i] = cur
         if cmd.in_value == 0 and cmd.table >= 0 and t in _BLOCK_READERS:
             out[i] = cur + c.gathered_floats(cmd)  # the temporary it gathers into

@@ -9,8 +9,10 @@ computation is cached too, so other N reuse it. A request without that
 structure, or whose mini computation cannot be expanded, is compiled in full.
 
 Invariants: a cached computation is never mutated after it is stored, and callers
-get the stored object itself, so they must treat it as read-only (copy before
-optimizing it further). The cache belongs to one network; if that network's
+get the stored object itself (expanded computations also share command objects
+with their cached two-sequence computation), so they must treat it as read-only:
+``computation.copy()`` before optimizing it further. The runtime never writes to
+a computation. The cache belongs to one network; if that network's
 nodes or components are replaced, or a component's property flags change (e.g.
 BatchNorm test mode), the cache empties itself on the next call.
 All public methods are safe to call from several threads; two threads asking for

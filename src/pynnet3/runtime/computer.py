@@ -58,6 +58,7 @@ class NnetComputer:
         self.grads: dict[str, dict] = {}
         self.pc = 0
         self.pending: list[int] = []
+        self._goto_target: int | None = None
         self._components = {n.name: nnet.components[n.component]
                             for n in nnet.nodes if n.kind == "component-node"}
 
@@ -228,16 +229,18 @@ class NnetComputer:
 
     def _label_of(self, cmd: Command) -> int:
         """Index of the goto's NO_OPERATION_LABEL (its ``label`` field, or the only
-        label in the computation when passes have moved commands since)."""
+        label in the computation when passes have moved commands since). The
+        computation is not written to: cached computations share their commands."""
         cmds = self.c.commands
         if 0 <= cmd.label < len(cmds) and cmds[cmd.label].type is CT.NO_OPERATION_LABEL:
             return cmd.label
-        labels = [i for i, x in enumerate(cmds) if x.type is CT.NO_OPERATION_LABEL]
-        if len(labels) != 1:
-            raise RuntimeInputError(f"GOTO_LABEL needs exactly one NO_OPERATION_LABEL, the "
-                                    f"computation has {len(labels)}")
-        cmd.label = labels[0]
-        return labels[0]
+        if self._goto_target is None:
+            labels = [i for i, x in enumerate(cmds) if x.type is CT.NO_OPERATION_LABEL]
+            if len(labels) != 1:
+                raise RuntimeInputError(f"GOTO_LABEL needs exactly one NO_OPERATION_LABEL, "
+                                        f"the computation has {len(labels)}")
+            self._goto_target = labels[0]
+        return self._goto_target
 
     # -- whole run ------------------------------------------------------------------
     def run(self, inputs: dict, output_derivs: dict | None = None) -> RunResult:
