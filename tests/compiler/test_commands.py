@@ -281,17 +281,3 @@ def test_unoptimized_memory_vs_kaldi(case):
     print(f"{case}: num_matrices ratio {mats:.3f}, peak_memory_floats ratio {peak:.3f}")
     assert peak <= 1.05
     assert 0.5 <= mats <= 1.2
-
-
-def test_input_derivative_only_where_it_reaches_something():
-    """Kaldi decides per step: the first step of a recurrence whose input rows
-    come only from nodes without derivatives computes no input derivative."""
-    nnet = pynnet3.Nnet.from_config(N.RNN, seed=1)
-    req = N.request({"input": N.frames(0, 6)}, {"output": N.frames(0, 4)},
-                    input_deriv=False, output_deriv=True, model=True)
-    c = pynnet3.compile(nnet, req, optimize=False)
-    bps = [cmd for cmd in c.commands if cmd.type is CT.BACKPROP and cmd.node == "affine1"]
-    assert len(bps) > 1
-    # the t=0 step reads only `input` (no derivative) and a non-existent rec(t-1)
-    assert sum(cmd.in_deriv == 0 for cmd in bps) == 1
-    pynnet3.check(c, nnet)

@@ -244,22 +244,12 @@ class CommandCompiler:
             n.name: any(self.need_deriv[s] for s in n.inputs()) for n in nodes}
         self.node_map = node_map
 
-    def _backprop_needed(self, step: Step, i: int) -> bool:
+    def _backprop_needed(self, step: Step) -> bool:
         if step.kind != "component" or not self.need_deriv[step.node]:
             return False
         model = (self.request.need_model_derivative
                  and self._properties(step.node).updatable)
-        return model or self._input_deriv_needed(i)
-
-    def _input_deriv_needed(self, i: int) -> bool:
-        """Whether step ``i``'s input derivative reaches anything: some term of its
-        descriptor has rows from a node that needs a derivative (per step, as
-        Kaldi decides it: the first step of a recurrence may have none)."""
-        name = self.steps[i].node
-        if not self.input_side_deriv[name] or not self.input_matrix[i]:
-            return False
-        return any(t.node is not None and self.need_deriv.get(t.node) and len(t.rows)
-                   for part in self._step_sources(i) for t in part)
+        return model or self.input_side_deriv[step.node]
 
     # -- helpers ------------------------------------------------------------------
     def _alloc(self, m: int, zero: bool = True) -> None:
@@ -521,7 +511,7 @@ class CommandCompiler:
         mo = c.new_matrix(len(step.indexes), info.output_dim, step.node, False, step.indexes)
         self.value_sub[i] = c.whole(mo)
         self._alloc(mo)
-        need_bp = self._backprop_needed(step, i)
+        need_bp = self._backprop_needed(step)
         pre = info.comp.precompute_indexes(in_idx, step.indexes, need_bp)
         if pre is not None:
             c.precomputed.append(pre)
@@ -657,10 +647,10 @@ class CommandCompiler:
                 return
             self._scatter(self.deriv_sub[i], self._source_rows(i), 1.0,
                           col_range=(node.dim_offset, node.dim))
-        elif self._backprop_needed(step, i):
+        elif self._backprop_needed(step):
             info = self._properties(step.node)
             in_deriv = 0
-            if self._input_deriv_needed(i):
+            if self.input_side_deriv[step.node] and self.input_matrix[i]:
                 mat = c.matrices[self.input_matrix[i]]
                 md = c.new_matrix(mat.rows, mat.cols, step.node + "_input", True,
                                   self.input_indexes[i])
