@@ -31,7 +31,8 @@ from pynnet3.cache import CachingCompiler  # noqa: E402
 from pynnet3.optimize import OptimizeOptions  # noqa: E402
 
 KALDI_ONLY = OptimizeOptions(allocate_from_other_peak_aware=False, remove_needless_noops=False,
-                             free_provided_outputs=False, splice_free_affine=False)
+                             free_provided_outputs=False, splice_free_affine=False,
+                             remove_dead_input_derivatives=False)
 
 
 def scaling_table(nets, ref: Path, max_n: int):

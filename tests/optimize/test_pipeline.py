@@ -32,7 +32,8 @@ def test_every_default_pass_is_present():
                  "split_row_ops", "replace_row_with_matrix_ops", "extend_matrices",
                  "variable_merging", "remove_unnecessary_zeroing", "move_sizing_commands",
                  "optimize_looped_computation", "allocate_from_other", "consolidate_io",
-                 "memory_compression", "limit_derivative_times", "remove_needless_noops"):
+                 "memory_compression", "limit_derivative_times", "remove_needless_noops",
+                 "remove_dead_input_derivatives", "splice_free_affine", "free_provided_outputs"):
         assert want in names, want
 
 

@@ -42,6 +42,8 @@ _ALWAYS = "not gated on options.optimize"
 
 _DEFAULT = [
     ("limit_derivative_times", "deriv_time:limit_derivative_times", _deriv_limited),
+    ("remove_dead_input_derivatives", "dead_derivs:remove_dead_input_derivatives",
+     lambda o: o.remove_dead_input_derivatives),
     ("consolidate_model_update", "model_update:consolidate_model_update",
      lambda o: o.consolidate_model_update),
     ("convert_addition", "addition:convert_addition_to_assignment",

@@ -40,6 +40,9 @@ class OptimizeOptions:
     #: deallocate an output matrix once it has been handed over (the runtime copies
     #: it out), instead of keeping it to the end as Kaldi does
     free_provided_outputs: bool = True
+    #: drop input-derivative matrices that nothing reads (the first step of a
+    #: recurrence fed by derivative-free inputs), and backprops left with nothing to do
+    remove_dead_input_derivatives: bool = True
     #: an affine-like propagate (and backprop) reads the column blocks of its spliced
     #: input where they are, instead of from a matrix they are first copied into
     #: (bit-identical results; optimize/splice.py)
