@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pynnet3.computation import Command, NnetComputation
+import numpy as np
+
+from pynnet3.computation import Command, NnetComputation, command_submatrices
 from pynnet3.computation import CommandType as CT
 from pynnet3.runtime.compression import UINT8
 
@@ -37,3 +39,14 @@ def test_copy_is_independent():
     d.matrices[a].rows = 7
     assert c.commands[1].alpha == 0.0 and len(c.commands) == 3 and c.matrices[a].rows == 3
     assert d.whole(a) == c.whole(a)
+
+
+def test_command_submatrices_includes_tables():
+    c = NnetComputation()
+    a, b = c.new_matrix(4, 2), c.new_matrix(4, 2)
+    c.indexes_multi.append(np.array([[c.whole(b), 0], [-1, -1], [c.whole(b), 3], [-1, -1]]))
+    cmd = Command(CT.ADD_ROWS_MULTI, dst=c.whole(a), table=0)
+    assert command_submatrices(c, cmd) == [c.whole(a), c.whole(b)]
+    c.indexes_blocks.append(np.array([c.whole(a), c.whole(b)]))
+    prop = Command(CT.PROPAGATE, out_value=c.whole(b), table=0)
+    assert command_submatrices(c, prop) == [c.whole(b), c.whole(a), c.whole(b)]

@@ -94,6 +94,27 @@ class Command:
     release: bool = False  # PROVIDE_OUTPUT: the matrix is handed over (deallocated)
 
 
+#: the Command fields that hold submatrix ids
+SUBMATRIX_FIELDS = ("dst", "src", "in_value", "out_value", "out_deriv", "in_deriv")
+
+_MULTI_TYPES = (CommandType.COPY_ROWS_MULTI, CommandType.ADD_ROWS_MULTI,
+                CommandType.COPY_TO_ROWS_MULTI, CommandType.ADD_TO_ROWS_MULTI)
+_BLOCK_TYPES = (CommandType.PROPAGATE, CommandType.BACKPROP,
+                CommandType.BACKPROP_NO_MODEL_UPDATE)
+
+
+def command_submatrices(c: NnetComputation, cmd: Command) -> list[int]:
+    """Every submatrix id ``cmd`` names: its fields, then those inside its row
+    table (``*_MULTI``) or block table (a block-reading propagate/backprop)."""
+    out = [s for s in map(cmd.__getattribute__, SUBMATRIX_FIELDS) if s]
+    if cmd.type in _MULTI_TYPES:
+        subs = c.indexes_multi[cmd.table][:, 0]
+        out += np.unique(subs[subs > 0]).tolist()
+    elif cmd.type in _BLOCK_TYPES and cmd.table >= 0:
+        out += c.indexes_blocks[cmd.table].tolist()
+    return out
+
+
 @dataclass
 class MatrixInfo:
     rows: int

@@ -28,12 +28,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..components.base import Flags
-from ..computation import Command, NnetComputation, SubMatrix
+from ..computation import Command, NnetComputation, SubMatrix, command_submatrices
 from ..computation import CommandType as CT
 from ..errors import ComputeError
 from .options import OptimizeOptions
 
-_SUB_FIELDS = ("dst", "src", "in_value", "out_value", "out_deriv", "in_deriv")
 _MULTI = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
 _TO_MULTI = (CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
 _BIG = np.iinfo(np.int64).max
@@ -299,14 +298,8 @@ class _Limiter:
             for m in (cmd.matrix, cmd.src_matrix):
                 if m:
                     uses[m].append((k, 0))  # swap / compression: whole-matrix use
-            for f in _SUB_FIELDS:
-                s = getattr(cmd, f)
-                if s:
-                    uses[c.submatrices[s].matrix].append((k, s))
-            if t in _MULTI:
-                subs = c.indexes_multi[cmd.table][:, 0]
-                for s in np.unique(subs[subs > 0]).tolist():
-                    uses[c.submatrices[s].matrix].append((k, s))
+            for s in command_submatrices(c, cmd):
+                uses[c.submatrices[s].matrix].append((k, s))
         changed = 0
         limit: list[int] = []
         for m in range(1, nm):

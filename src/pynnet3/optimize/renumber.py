@@ -20,10 +20,10 @@ from operator import attrgetter
 import numpy as np
 
 from ..analysis.variables import submatrix_array
+from ..computation import SUBMATRIX_FIELDS, NnetComputation, SubMatrix
 from ..computation import CommandType as CT
-from ..computation import NnetComputation, SubMatrix
 
-_SUB_FIELDS = ("dst", "src", "in_value", "out_value", "out_deriv", "in_deriv")
+_SUB_FIELDS = SUBMATRIX_FIELDS
 _ROWS_TABLE = (CT.COPY_ROWS, CT.ADD_ROWS)
 _MULTI_TABLE = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI,
                 CT.ADD_TO_ROWS_MULTI)

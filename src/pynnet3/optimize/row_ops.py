@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..computation import Command, NnetComputation
+from ..computation import SUBMATRIX_FIELDS, Command, NnetComputation
 from ..computation import CommandType as CT
 from .options import OptimizeOptions
 
@@ -29,7 +29,6 @@ _DST_WRITERS = (CT.SET_CONST, CT.MATRIX_COPY, CT.MATRIX_ADD, CT.COPY_ROWS, CT.AD
                 CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.ADD_ROW_RANGES, CT.ACCEPT_INPUT)
 _HARMLESS = (CT.PROVIDE_OUTPUT, CT.NO_OPERATION, CT.NO_OPERATION_PERMANENT,
              CT.NO_OPERATION_MARKER)
-_SUB_FIELDS = ("dst", "src", "in_value", "out_value", "out_deriv", "in_deriv")
 
 # Kaldi's RowOpsSplitter refuses a split whose source rows span more than this
 # many times the rows moved (it would touch mostly unused memory).
@@ -96,7 +95,7 @@ def _rows_known_zero(c: NnetComputation, k: int, s: int, row0: int, row1: int) -
             continue
         written = _written_subs(c, cmd)
         if written is None:
-            written = [getattr(cmd, f) for f in _SUB_FIELDS if getattr(cmd, f)]
+            written = [getattr(cmd, f) for f in SUBMATRIX_FIELDS if getattr(cmd, f)]
         for w in written:
             ws = c.submatrices[w]
             if ws.matrix != m:
