@@ -283,3 +283,75 @@ def test_compiler_phase_timings_are_recorded(monkeypatch):
     cc.compile(_req(n_seqs=3))  # the mini request is compiled once
     sec = cc.info()["seconds"]
     assert (sec["graph"], sec["schedule"], sec["commands"]) == (0.5, 0.25, 0.125)
+
+
+def test_another_n_reuses_the_mini_computation(monkeypatch):
+    """N = 8 then N = 4 of one pattern: the two-sequence computation is compiled and
+    its expansion plan made once; the second request costs only an expansion."""
+    from pynnet3.cache import caching_compiler as cc_mod
+
+    compiled, plans = [], []
+    real_compile, real_plan = cc_mod.compile_computation, cc_mod.ExpansionPlan
+
+    def counting_compile(nnet, request, timings=None):
+        compiled.append(request)
+        return real_compile(nnet, request, timings=timings)
+
+    def counting_plan(*args):
+        plans.append(args)
+        return real_plan(*args)
+
+    monkeypatch.setattr(cc_mod, "compile_computation", counting_compile)
+    monkeypatch.setattr(cc_mod, "ExpansionPlan", counting_plan)
+    cc = CachingCompiler(_tdnn())
+    big = cc.compile(_req(n_seqs=8, deriv=True))
+    small = cc.compile(_req(n_seqs=4, deriv=True))
+    assert len(compiled) == 1 and len(plans) == 1
+    info = cc.info()
+    # misses: the two requests and the mini request; the second finds the mini cached
+    assert (info["misses"], info["hits"], info["shortcut"]) == (3, 1, 2)
+    for n_seqs, comp in ((8, big), (4, small)):
+        full = pynnet3.compile(cc.nnet, _req(n_seqs=n_seqs, deriv=True))
+        assert comp.stats() == full.stats()
+
+
+def test_garbage_collector_is_paused_during_a_miss(monkeypatch):
+    """A miss runs with the cyclic GC paused and restores its state afterwards, also
+    when compiling fails; a caller's own gc.disable() is left alone."""
+    import gc
+
+    from pynnet3.cache import caching_compiler as cc_mod
+
+    seen = []
+    real_compile = cc_mod.compile_computation
+
+    def watching_compile(nnet, request, timings=None):
+        seen.append(gc.isenabled())
+        if request.outputs[0].indexes[-1, 1] > 6:
+            raise PynnetError("boom")
+        return real_compile(nnet, request, timings=timings)
+
+    monkeypatch.setattr(cc_mod, "compile_computation", watching_compile)
+    cc = CachingCompiler(_tdnn())
+    assert gc.isenabled()
+    cc.compile(_req(n_seqs=3))
+    with pytest.raises(PynnetError):
+        cc.compile(_req(t1=8))
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        cc.compile(_req(n_seqs=1))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_replaced_component_empties_the_cache():
+    nnet = _tdnn()
+    cc = CachingCompiler(nnet)
+    a = cc.compile(_req())
+    name = next(iter(nnet.components))
+    nnet.components[name] = copy.deepcopy(nnet.components[name])
+    b = cc.compile(_req())
+    assert b is not a and cc.info()["invalidations"] == 1
+    assert cc.compile(_req()) is b

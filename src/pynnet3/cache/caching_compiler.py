@@ -22,12 +22,15 @@ the same missing key compile it once.
 from __future__ import annotations
 
 import copy
+import gc
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import repeat
 
 from ..compiler import compile_computation
+from ..components.base import Component
 from ..computation import NnetComputation
 from ..errors import PynnetError
 from ..optimize import OptimizeOptions
@@ -179,28 +182,42 @@ class CachingCompiler:
             self._seconds[phase] += seconds
 
     def network_stamp(self) -> tuple:
-        """Identity of the network's nodes and components plus the components'
-        test-mode flags (which change property flags, e.g. BatchNorm's): a few
-        microseconds. Other in-place changes to a component's configuration are
-        not seen; call :meth:`clear` after such surgery."""
+        """The network's nodes and components (the objects) plus the test-mode
+        flags of the components that have one (which change property flags, e.g.
+        BatchNorm's). Other in-place changes to a component's configuration are not
+        seen; call :meth:`clear` after such surgery."""
         nnet = self.nnet
-        comps = nnet.components.values()
-        return (tuple(map(id, nnet.nodes)), tuple(map(id, comps)),
-                tuple(c.__dict__.get("test_mode") for c in comps))
+        comps = tuple(nnet.components.values())
+        modal = tuple(c for c in comps if "test_mode" in c.__dict__
+                      or type(c).set_test_mode is not Component.set_test_mode)
+        return (tuple(nnet.nodes), comps, modal, _test_modes(modal))
+
+    def _network_changed(self) -> bool:
+        """Whether the network differs from the last stamp, in about a microsecond
+        (this runs on every compile). Tuple equality looks at identity first, so
+        unchanged nodes and components cost a pointer comparison each (a node
+        replaced by an equal one counts as unchanged)."""
+        stamp = self._stamp
+        if stamp is None:
+            return True
+        nodes, comps, modal, modes = stamp
+        nnet = self.nnet
+        return not (tuple(nnet.nodes) == nodes
+                    and tuple(nnet.components.values()) == comps
+                    and _test_modes(modal) == modes)
 
     def _check_network(self) -> None:
-        stamp = self.network_stamp()
-        if stamp == self._stamp:
+        if not self._network_changed():
             return
         with self._lock:
-            if stamp == self._stamp:
+            if not self._network_changed():
                 return
             if self._stamp is not None:
                 self._entries.clear()
                 self._buckets.clear()
                 self._counts["invalidations"] += 1
             self._policy = shift_policy(self.nnet)
-            self._stamp = stamp
+            self._stamp = self.network_stamp()
 
     def _lookup(self, rk: RequestKey):
         """The cached value for ``rk`` (exact match within its bucket), or None.
@@ -252,6 +269,22 @@ class CachingCompiler:
                 self._counts["evictions"] += 1
 
     def _build(self, request) -> NnetComputation:
+        # Compiling allocates many small objects (cindexes' steps, commands,
+        # submatrices, access records) and makes no garbage cycles worth collecting;
+        # the cyclic collector's runs that those allocations trigger would walk the
+        # whole heap (the network, every cached computation) several times per
+        # compile, which grows with what the process holds. So it is paused for
+        # the whole miss (compile, optimize, expand), as the optimizer does for its
+        # passes.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._build_unpaused(request)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _build_unpaused(self, request) -> NnetComputation:
         if self.use_shortcut:
             layouts = request_layouts(request)
             mini = mini_request(request, layouts)
@@ -329,6 +362,10 @@ class CachingCompiler:
         """The offsets this compiler's keys ignore (see :mod:`pynnet3.cache.key`)."""
         self._check_network()
         return self._policy
+
+
+def _test_modes(components: tuple) -> tuple:
+    return tuple(map(getattr, components, repeat("test_mode"), repeat(None)))
 
 
 _DTYPE_NAMES: dict = {}

@@ -25,30 +25,34 @@ precomputed object), because optimization may merge a component's input matrix
 into another one whose ``MatrixInfo.indexes`` describe a different node.
 
 Everything that does not depend on N (layouts, the checks, where each table entry
-goes) is worked out once per mini computation in an :class:`ExpansionPlan`; an
-expansion to a given N is then a few vectorized numpy expressions per matrix,
-table and component, with no Python loop over rows.
+goes) is worked out once per mini computation in an :class:`ExpansionPlan`, with
+whole-array operations over all matrices, submatrices and tables at once; an
+expansion to a given N is then a few numpy expressions per distinct index array
+layout (:mod:`pynnet3.cache.stretch`; equal index arrays are expanded once and
+shared), per table and per component, with no Python loop over rows.
 """
 
 from __future__ import annotations
 
 import copy
+import operator
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
 from ..computation import CommandType, MatrixInfo, NnetComputation, SubMatrix
+from .stretch import ExpansionError, Stretcher, distinct_arrays, n_strides
+from .stretch import require as _check
 
 CT = CommandType
-_ROWS = (CT.COPY_ROWS, CT.ADD_ROWS)
 _MULTI = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
 _TO_MULTI = (CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
 _BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
-
-
-class ExpansionError(Exception):
-    """The mini computation does not have the structure expansion needs (internal:
-    the caching compiler then compiles the full request)."""
+_ROW_FIELDS = operator.attrgetter("matrix", "row_offset", "num_rows")
+_COPIES = (CT.MATRIX_COPY, CT.MATRIX_ADD)
+_COMPONENT = (CT.PROPAGATE, *_BACKPROPS)
+_TABLED = (CT.COPY_ROWS, CT.ADD_ROWS, CT.ADD_ROW_RANGES, *_MULTI)
 
 
 @dataclass
@@ -101,64 +105,6 @@ def _sub_indexes(c: NnetComputation, s: int) -> np.ndarray:
     return idx[sm.row_offset:sm.row_offset + sm.num_rows]
 
 
-def _check(cond, message: str) -> None:
-    if not cond:
-        raise ExpansionError(message)
-
-
-def _segments(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Layouts of many small index arrays at once: for each, its n stride S, with
-    the check that it reads ``(O, 2, S)`` with n = 0 then 1 and equal (t, x) in
-    both halves. Returns ``(stride, outer)``; raises ExpansionError otherwise."""
-    lens = np.array([len(a) for a in arrays], dtype=np.int64)
-    _check(bool((lens > 0).all()), "an empty matrix")
-    big = np.concatenate(arrays) if arrays else np.zeros((0, 3), dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
-    ncol = big[:, 0]
-    _check(bool(((ncol == 0) | (ncol == 1)).all()), "n outside {0, 1}")
-    ones = np.flatnonzero(ncol == 1)
-    first_one = np.searchsorted(ones, starts)
-    _check(bool((first_one < len(ones)).all()), "a matrix without n = 1 rows")
-    stride = ones[first_one] - starts
-    _check(bool((stride > 0).all() and (lens % (2 * stride) == 0).all()),
-           "rows are not (O, 2, S) blocks")
-    seg = np.repeat(np.arange(len(arrays)), lens)
-    s_row = stride[seg]
-    local = np.arange(len(big), dtype=np.int64) - starts[seg]
-    _check(np.array_equal((local // s_row) % 2, ncol), "n is not in (O, 2, S) blocks")
-    one_rows = np.flatnonzero(ncol == 1)
-    _check(np.array_equal(big[one_rows, 1:], big[one_rows - s_row[one_rows], 1:]),
-           "the two sequences differ in (t, x)")
-    return stride, lens // (2 * stride)
-
-
-def _expand_many(arrays: list[np.ndarray], stride: np.ndarray, num_n: int) -> list[np.ndarray]:
-    """Each ``(O*2*S, 3)`` array (n in {0, 1}) as its ``(O*N*S, 3)`` expansion.
-
-    Arrays of one shape ``(O, S)`` are expanded together: stacked, then one
-    broadcast copy for the whole group, each result a contiguous view of its
-    group's block. A network with many small matrices of one shape (an LSTM's
-    per-frame matrices) then costs a few numpy calls, not a few per matrix."""
-    out: list = [None] * len(arrays)
-    groups: dict[tuple[int, int], list[int]] = {}
-    for k, (idx, s) in enumerate(zip(arrays, stride.tolist(), strict=True)):
-        groups.setdefault((len(idx) // (2 * s), s), []).append(k)
-    for (outer, s), ks in groups.items():
-        g = len(ks)
-        src = arrays[ks[0]][None] if g == 1 else np.stack([arrays[k] for k in ks])
-        # the n = 0 block of each outer step, repeated N times (contiguous chunks
-        # of S rows: much faster than a broadcast copy with 3-wide inner loops),
-        # then the n column written as one (N * S)-long pattern per outer step
-        new = np.repeat(src.reshape(g, outer, 2, s, 3)[:, :, :1].astype(np.int64, copy=False),
-                        num_n, axis=2)
-        new.reshape(g * outer, num_n * s, 3)[:, :, 0] = np.repeat(
-            np.arange(num_n, dtype=np.int64), s)
-        flat = new.reshape(g, outer * num_n * s, 3)
-        for j, k in enumerate(ks):
-            out[k] = flat[j]
-    return out
-
-
 @dataclass
 class _TablePlan:
     """Where the n = 0 entries of a table go, independent of N: destination row
@@ -175,6 +121,19 @@ class _TablePlan:
     val_s: np.ndarray | int
     val_sub: np.ndarray | None = None
     size: np.ndarray | None = None
+    # Whether entry e is row w of block o with (o, w) = divmod(e, S): the n = 0
+    # entries cover the (O, 2, S) blocks row by row. When the expanded submatrix then
+    # has O * N * S rows, every row gets a value, in (O, N, S) order: the table is
+    # the values reordered, with no scatter.
+    grid: bool = False
+
+
+def _on_grid(pos_o: np.ndarray, pos_w: np.ndarray, rank: np.ndarray,
+             stride: np.ndarray | int) -> np.ndarray:
+    """Per table entry: whether it is row w of block o with (o, w) = divmod(its
+    rank in the table, S) (see :attr:`_TablePlan.grid`)."""
+    o, w = np.divmod(rank, stride)
+    return (pos_o == o) & (pos_w == w)
 
 
 class ExpansionPlan:
@@ -184,25 +143,41 @@ class ExpansionPlan:
     def __init__(self, mini: NnetComputation, snapshot: dict[int, PrecomputedInfo], nnet):
         self.mini = mini
         self.nnet = nnet
-        self._matrices()
-        self._submatrices()
+        self.component_of = {n.name: nnet.components[n.component]
+                             for n in nnet.nodes if n.kind == "component-node"}
+        self._scan_commands()
         self._precomputed(snapshot)
-        self._commands()
+        self._index_arrays()
+        self._submatrices()
+        self._check_row_pairs()
+        self._table_plans()
 
-    # -- matrices and submatrices ----------------------------------------------------------
-    def _matrices(self) -> None:
+    # -- index arrays: matrices' and components' -----------------------------------------
+    def _index_arrays(self) -> None:
+        """Layouts of the matrices' indexes and of the precomputed objects' input /
+        output indexes, checked and expanded once per distinct array."""
         infos = self.mini.matrices[1:]
         _check(all(m.indexes is not None for m in infos), "a matrix has no indexes")
-        stride, _ = _segments([m.indexes for m in infos])
-        self.stride = np.concatenate([[1], stride])
+        arrays = [m.indexes for m in infos]
+        for _, _, info in self.pre:
+            arrays.append(info.output_indexes)
+            if len(info.input_indexes):
+                arrays.append(info.input_indexes)
+        unique, which = distinct_arrays(arrays)
+        stride, outer = n_strides(unique)
+        self.array_stride, self.array_rows = stride, outer * 2 * stride
+        self.stride = np.concatenate([[1], stride[which[:len(infos)]]]).astype(np.int64)
+        self.matrix_array = which[:len(infos)]  # matrix m + 1 -> distinct array
+        self.pre_array = which[len(infos):]  # per precomputed object: output (, input)
+        self.stretcher = Stretcher(unique, stride)
 
     def _submatrices(self) -> None:
         """Each submatrix must start on an n = 0 row and end on an n = 1 row of its
         matrix (Kaldi's rule); it then runs from the new place of its first row
         (n = 0) to the new place of its last row taken at n = N - 1."""
         subs = self.mini.submatrices
-        arr = np.array([(s.matrix, s.row_offset, s.num_rows) for s in subs],
-                       dtype=np.int64).reshape(-1, 3)
+        arr = np.fromiter(chain.from_iterable(map(_ROW_FIELDS, subs)), np.int64,
+                          3 * len(subs)).reshape(-1, 3)
         arr[0] = (0, 0, 2)  # the empty submatrix: a harmless stand-in
         stride = self.stride[arr[:, 0]]
         first, last = arr[:, 1], arr[:, 1] + arr[:, 2] - 1
@@ -210,9 +185,9 @@ class ExpansionPlan:
         o_l, rem_l = np.divmod(last, 2 * stride)
         _check(bool((phase < stride).all() and (rem_l >= stride).all()),
                "a submatrix does not start at n = 0 and end at n = 1")
+        self.sub_matrix, self.sub_offset = arr[:, 0], arr[:, 1]
         self.sub_stride, self.sub_phase, self.sub_rows = stride, phase, arr[:, 2]
         self.sub_o_a, self.sub_span, self.sub_tail = o_a, o_l - o_a, rem_l - stride - phase
-        self.stride_list, self.phase_list = stride.tolist(), phase.tolist()
 
     def sub_new_rows(self, num_n: int, sub=slice(None)) -> np.ndarray:
         s = self.sub_stride[sub]
@@ -250,37 +225,77 @@ class ExpansionPlan:
         return zero, one, one - int(self.sub_stride[sub])
 
     # -- index tables ---------------------------------------------------------------------------
-    def _rows_plan(self, tab: np.ndarray, dst: int, src: int) -> _TablePlan:
-        zero, one, partner = self._split(dst)
-        inside = partner >= 0
-        want = np.full(len(one), -1, dtype=np.int64)
-        pv = tab[partner[inside]]
-        want[inside] = np.where(pv >= 0, pv + int(self.sub_stride[src]), -1)
-        _check(np.array_equal(tab[one], want), "a row table is not regular in n")
-        valid = tab[zero] >= 0
-        po, pw = self._zero_rows(dst, zero[valid], "a row table")
-        vo, vw = self._zero_rows(src, tab[zero][valid], "a row table")
-        return _TablePlan("rows", dst, po, pw, int(self.sub_stride[dst]), vo, vw,
-                          int(self.sub_stride[src]))
+    def _table_plans(self) -> None:
+        """``self.tables``: the plan of each requested table, in request order."""
+        requests = self.requests
+        self.tables: list[_TablePlan] = [None] * len(requests)
+        rows = [k for k, r in enumerate(requests) if r[0] != "ranges"]
+        if rows:
+            for k, plan in zip(rows, self._row_plans([requests[k] for k in rows]), strict=True):
+                self.tables[k] = plan
+        for k, (kind, tab, dst, src) in enumerate(requests):
+            if kind == "ranges":
+                self.tables[k] = self._ranges_plan(tab, dst, src)
 
-    def _multi_plan(self, tab: np.ndarray, own: int) -> _TablePlan:
-        zero, one, partner = self._split(own)
-        inside = partner >= 0
-        subs, rows = tab[:, 0], tab[:, 1]
-        psub, prow = subs[partner[inside]], rows[partner[inside]]
-        ok = psub >= 0
-        want_sub = np.full(len(one), -1, dtype=np.int64)
-        want_row = np.full(len(one), -1, dtype=np.int64)
-        want_sub[inside] = np.where(ok, psub, -1)
-        want_row[inside] = np.where(ok, prow + self.sub_stride[np.maximum(psub, 0)], -1)
-        _check(np.array_equal(subs[one], want_sub) and np.array_equal(rows[one], want_row),
-               "a multi-row table is not regular in n")
-        valid = subs[zero] >= 0
-        s0, r0 = subs[zero][valid], rows[zero][valid]
-        po, pw = self._zero_rows(own, zero[valid], "a multi-row table")
-        vo, vw = self._zero_rows(s0, r0, "a multi-row table")
-        return _TablePlan("multi", own, po, pw, int(self.sub_stride[own]), vo, vw,
-                          self.sub_stride[s0], s0)
+    def _row_plans(self, requests: list[tuple[str, np.ndarray, int, int]]) -> list[_TablePlan]:
+        """Plans of the row tables (``("rows", table, dst, src)``) and multi-row
+        tables (``("multi", table, own, 0)``), all checked at once: an n = 1 entry
+        must read like its n = 0 partner, one source stride further (or nothing
+        when that partner reads nothing or lies outside the submatrix), and n = 0
+        entries, and the rows they read, must expand inside their submatrices. A
+        row table is taken as a multi-row table with one source submatrix."""
+        subs_of, rows_of = [], []
+        for kind, tab, _, src in requests:
+            if kind == "rows":
+                subs_of.append(np.where(tab >= 0, src, -1))
+                rows_of.append(tab)
+            else:
+                subs_of.append(tab[:, 0])
+                rows_of.append(tab[:, 1])
+        own = np.array([r[2] for r in requests], dtype=np.int64)
+        lens = np.array([len(r) for r in rows_of], dtype=np.int64)
+        _check(np.array_equal(lens, self.sub_rows[own]),
+               "an index table's length is not its submatrix's")
+        subs, rows = np.concatenate(subs_of), np.concatenate(rows_of)
+        starts = np.cumsum(lens) - lens
+        owner = np.repeat(own, lens)  # per entry: the submatrix the table runs over
+        local = np.arange(len(rows), dtype=np.int64) - np.repeat(starts, lens)
+        n, o, w = self._local(owner, local)
+        one = np.flatnonzero(n)
+        stride = self.sub_stride[owner[one]]
+        inside = local[one] >= stride  # the n = 0 partner (stride rows back) exists
+        partner = np.where(inside, one - stride, 0)
+        psub, prow = subs[partner], rows[partner]
+        ok = inside & (psub >= 0)
+        _check(np.array_equal(subs[one], np.where(ok, psub, -1))
+               and np.array_equal(rows[one],
+                                  np.where(ok, prow + self.sub_stride[np.maximum(psub, 0)], -1)),
+               "an index table is not regular in n")
+        sel = np.flatnonzero(~n & (subs >= 0))
+        po, pw, s_own = o[sel], w[sel], self.sub_stride[owner[sel]]
+        _check(bool((po * 2 * s_own + pw + s_own < self.sub_rows[owner[sel]]).all()),
+               "an index table: a row falls outside its expanded submatrix")
+        vsub = subs[sel]
+        vo, vw = self._zero_rows(vsub, rows[sel], "an index table")
+        vs = self.sub_stride[vsub]
+        bounds = np.searchsorted(sel, np.append(starts, len(rows)))
+        counts = np.diff(bounds)
+        rank = np.arange(len(sel), dtype=np.int64) - np.repeat(bounds[:-1], counts)
+        off_grid = np.bincount(np.repeat(np.arange(len(requests)), counts)[
+            ~_on_grid(po, pw, rank, s_own)], minlength=len(requests))
+        grid = ((off_grid == 0) & (counts % self.sub_stride[own] == 0)).tolist()
+        bounds = bounds.tolist()
+        plans = []
+        for j, (kind, _, own_j, src) in enumerate(requests):
+            k = slice(bounds[j], bounds[j + 1])
+            if kind == "rows":
+                plans.append(_TablePlan("rows", own_j, po[k], pw[k], int(self.sub_stride[own_j]),
+                                        vo[k], vw[k], int(self.sub_stride[src]), grid=grid[j]))
+            else:
+                plans.append(_TablePlan("multi", own_j, po[k], pw[k],
+                                        int(self.sub_stride[own_j]), vo[k], vw[k], vs[k],
+                                        vsub[k], grid=grid[j]))
+        return plans
 
     def _ranges_plan(self, tab: np.ndarray, dst: int, src: int) -> _TablePlan:
         zero, one, partner = self._split(dst)
@@ -299,15 +314,30 @@ class ExpansionPlan:
         # The range must stay contiguous: its first and last rows in one n = 0 block.
         _check(np.array_equal(lo, vo) and np.array_equal(lw - vw, size[sel] - 1),
                "a row range spans n blocks")
-        return _TablePlan("ranges", dst, po, pw, int(self.sub_stride[dst]), vo, vw, ss,
-                          size=size[sel])
+        s = int(self.sub_stride[dst])
+        grid = len(po) % s == 0 and bool(_on_grid(po, pw, np.arange(len(po)), s).all())
+        return _TablePlan("ranges", dst, po, pw, s, vo, vw, ss, size=size[sel], grid=grid)
 
     @staticmethod
     def _table(plan: _TablePlan, new_rows: int, num_n: int) -> np.ndarray:
         n = np.arange(num_n, dtype=np.int64)[None, :]
-        pos = (plan.pos_o * (num_n * plan.pos_s) + plan.pos_w)[:, None] + n * plan.pos_s
         vs = np.reshape(plan.val_s, (-1, 1)) if plan.kind == "multi" else plan.val_s
         val = (plan.val_o[:, None] * (num_n * vs) + plan.val_w[:, None]) + n * vs
+        if plan.grid and new_rows == len(val) * num_n:
+            s = plan.pos_s
+            val = val.reshape(-1, s, num_n).transpose(0, 2, 1)  # (O, N, S): row order
+            if plan.kind == "rows":
+                return val.reshape(-1)
+            new = np.empty((new_rows, 2), dtype=np.int64)
+            blocks = new.reshape(-1, num_n, s, 2)
+            if plan.kind == "multi":
+                blocks[..., 0] = plan.val_sub.reshape(-1, 1, s)
+                blocks[..., 1] = val
+            else:
+                blocks[..., 0] = val
+                blocks[..., 1] = val + plan.size.reshape(-1, 1, s)
+            return new
+        pos = (plan.pos_o * (num_n * plan.pos_s) + plan.pos_w)[:, None] + n * plan.pos_s
         if plan.kind == "rows":
             new = np.full(new_rows, -1, dtype=np.int64)
             new[pos] = val
@@ -323,76 +353,85 @@ class ExpansionPlan:
 
     # -- precomputed indexes -----------------------------------------------------------------
     def _precomputed(self, snapshot: dict[int, PrecomputedInfo]) -> None:
-        c = self.mini
-        props = {}
-        for cmd in c.commands:
-            if cmd.type is CT.PROPAGATE and cmd.precomputed:
-                props.setdefault(cmd.precomputed, cmd)
-        self.pre: list[tuple[int, PrecomputedInfo]] = []
-        arrays = []
-        ours: list[np.ndarray] = []  # n of the rows the optimized computation reads ...
-        theirs: list[np.ndarray] = []  # ... and of the rows the snapshot describes
-        for p, obj in enumerate(c.precomputed):
+        """``self.pre``: (position, component, snapshot) of every precomputed object,
+        and ``self.component_reads``: (submatrix, k) pairs, each a submatrix the
+        optimized computation's Propagate reads or writes and the k-th snapshot
+        array (each object's output indexes, then its input indexes when it has
+        any) it must agree with in n (checked in :meth:`_check_row_pairs`)."""
+        props = self._propagates
+        self.pre: list[tuple[int, object, PrecomputedInfo]] = []
+        self.component_reads: list[tuple[int, int]] = []
+        k = 0
+        for p, obj in enumerate(self.mini.precomputed):
             if obj is None:
                 continue
             info = snapshot.get(p)
             _check(info is not None and p in props,
                    f"precomputed indexes {p} were made by an optimization pass")
             cmd = props[p]
-            if cmd.in_value:
-                ours.append(_sub_indexes(c, cmd.in_value)[:, 0])
-                theirs.append(info.input_indexes[:, 0])
-            ours.append(_sub_indexes(c, cmd.out_value)[:, 0])
-            theirs.append(info.output_indexes[:, 0])
-            self.pre.append((p, info))
-            arrays.append(info.output_indexes)
+            self.pre.append((p, self.component_of[info.node], info))
+            self.component_reads.append((cmd.out_value, k))
+            k += 1
             if len(info.input_indexes):
-                arrays.append(info.input_indexes)
-        # The optimized computation must still read the components' rows with the
-        # snapshot's n pattern (so both expand to the same row order): one
-        # comparison for all of them.
-        _check(all(len(a) == len(b) for a, b in zip(ours, theirs, strict=True))
-               and (not ours or np.array_equal(np.concatenate(ours), np.concatenate(theirs))),
-               "a component's input or output rows were reordered")
-        self.pre_arrays = arrays
-        self.pre_stride = _segments(arrays)[0] if arrays else np.zeros(0, dtype=np.int64)
+                if cmd.in_value:
+                    self.component_reads.append((cmd.in_value, k))
+                k += 1
+            else:
+                _check(not cmd.in_value, "a component's input rows were reordered")
 
     # -- commands ---------------------------------------------------------------------------
-    def _same_layout(self, a: int, b: int, t: CT) -> None:
-        """Row i of submatrix a goes with row i of b: their local n structure
-        (stride, phase) must agree so both stretch the same way."""
-        if a and b and (self.stride_list[a] != self.stride_list[b]
-                        or self.phase_list[a] != self.phase_list[b]):
-            raise ExpansionError(f"{t.value} mixes n layouts")
-
-    def _commands(self) -> None:
+    def _scan_commands(self) -> None:
+        """One pass over the commands: the index tables to plan (``self.table_of``:
+        (command, plan), ``self.requests``), the first Propagate of each precomputed
+        object, and the pairs of submatrices whose rows go one to one (row i of a
+        with row i of b), checked later by :meth:`_check_row_pairs`."""
         c = self.mini
-        simple = {n.name: self.nnet.components[n.component].is_simple()
-                  for n in self.nnet.nodes if n.kind == "component-node"}
+        simple: dict[str, bool] = {}  # (only the nodes commands name: properties() is slow)
         memo: dict[tuple, int] = {}
-        self.tables: list[_TablePlan] = []
+        requests: list[tuple[str, np.ndarray, int, int]] = []  # (kind, table, dst/own, src)
+        self.requests = requests
         self.table_of: list[tuple[int, int]] = []  # (command index, plan index)
-        stride, phase = self.stride_list, self.phase_list
-        same = self._same_layout
-        MC, MA, PR, RR = CT.MATRIX_COPY, CT.MATRIX_ADD, CT.PROPAGATE, CT.ADD_ROW_RANGES
+        left: list[int] = []  # pairs (left[i], right[i]) of one-to-one submatrices,
+        right: list[int] = []  # ... made by command owner[i]
+        owner: list[int] = []
+        self.row_pairs = (left, right, owner)
+        self._propagates: dict[int, object] = {}  # precomputed index -> first Propagate
+        propagate = CT.PROPAGATE
         for k, cmd in enumerate(c.commands):
+            # (tuple membership, not a dict: hashing an Enum member runs Python code)
             t = cmd.type
-            if t is MC or t is MA:
-                a, b = cmd.dst, cmd.src
-                if a and b and (stride[a] != stride[b] or phase[a] != phase[b]):
-                    same(a, b, t)  # raises
-            elif t is PR or t in _BACKPROPS:
-                same(cmd.in_value, cmd.in_deriv, t)
-                same(cmd.out_value, cmd.out_deriv, t)
-                if simple.get(cmd.node, False):
-                    same(cmd.in_value or cmd.in_deriv, cmd.out_value or cmd.out_deriv, t)
+            if t in _COPIES:
+                left.append(cmd.dst)
+                right.append(cmd.src)
+                owner.append(k)
+            elif t in _COMPONENT:
+                if t is propagate and cmd.precomputed:
+                    self._propagates.setdefault(cmd.precomputed, cmd)
+                value_in, deriv_in = cmd.in_value, cmd.in_deriv
+                value_out, deriv_out = cmd.out_value, cmd.out_deriv
+                some_out = value_out or deriv_out
+                left += (value_in, value_out)
+                right += (deriv_in, deriv_out)
+                owner += (k, k)
+                is_simple = simple.get(cmd.node)
+                if is_simple is None:
+                    comp = self.component_of.get(cmd.node)
+                    is_simple = simple[cmd.node] = comp is not None and comp.is_simple()
+                if is_simple:
+                    left.append(value_in or deriv_in)
+                    right.append(some_out)
+                    owner.append(k)
                 if cmd.table >= 0:
                     # input read as column blocks: row i of every block goes with row
                     # i of the output (derivative). Submatrix ids keep their meaning
                     # under expansion, so the block table itself is shared unchanged.
-                    for s in c.indexes_blocks[cmd.table].tolist():
-                        same(s, cmd.out_value or cmd.out_deriv, t)
-            elif t in _ROWS or t is RR or t in _MULTI:
+                    blocks = c.indexes_blocks[cmd.table].tolist()
+                    left += blocks
+                    right += [some_out] * len(blocks)
+                    owner += [k] * len(blocks)
+            elif t is CT.GOTO_LABEL:
+                raise ExpansionError("looped computations are not expanded")
+            elif t in _TABLED:
                 if t in _MULTI:
                     # The table runs over the command's own submatrix: dst for the
                     # gathers, src for the scatters (kCopyToRowsMulti's one argument).
@@ -402,19 +441,46 @@ class ExpansionPlan:
                     key = (t.value, cmd.table, cmd.dst, cmd.src)
                 plan_id = memo.get(key)
                 if plan_id is None:
+                    plan_id = memo[key] = len(requests)
                     if t in _MULTI:
-                        plan = self._multi_plan(c.indexes_multi[cmd.table], own)
-                    elif t is RR:
-                        plan = self._ranges_plan(c.indexes_ranges[cmd.table], cmd.dst, cmd.src)
+                        requests.append(("multi", c.indexes_multi[cmd.table], own, 0))
+                    elif t is CT.ADD_ROW_RANGES:
+                        requests.append(("ranges", c.indexes_ranges[cmd.table], cmd.dst,
+                                         cmd.src))
                     else:
-                        plan = self._rows_plan(c.indexes[cmd.table], cmd.dst, cmd.src)
-                    self.tables.append(plan)
-                    plan_id = memo[key] = len(self.tables) - 1
+                        requests.append(("rows", c.indexes[cmd.table], cmd.dst, cmd.src))
                 self.table_of.append((k, plan_id))
-            elif t is CT.GOTO_LABEL:
-                raise ExpansionError("looped computations are not expanded")
             # SWAP_MATRIX needs only equal sizes, which expansion keeps (rows * N / 2);
             # the swapped-in contents are undefined (allocate-from-other).
+
+    def _check_row_pairs(self) -> None:
+        """Submatrices whose rows go one to one must have one local n structure
+        (stride, phase), so both stretch the same way; and the optimized
+        computation must still read each component's rows with the n pattern of
+        the snapshot's indexes (so both expand to the same row order). Each a few
+        whole-array operations."""
+        left, right, owner = self.row_pairs
+        a = np.array(left, dtype=np.int64)
+        b = np.array(right, dtype=np.int64)
+        bad = (a != 0) & (b != 0) & ((self.sub_stride[a] != self.sub_stride[b])
+                                     | (self.sub_phase[a] != self.sub_phase[b]))
+        if bad.any():
+            cmd = self.mini.commands[owner[int(np.argmax(bad))]]
+            raise ExpansionError(f"{cmd.type.value} mixes n layouts")
+        if not self.component_reads:
+            return
+        # The n of matrix row R is (R // S) % 2 and of snapshot row r (r // S') % 2
+        # (n_strides checked both), so the n patterns compare without the indexes.
+        sub, k = np.array(self.component_reads, dtype=np.int64).T
+        arr = np.asarray(self.pre_array, dtype=np.int64)[k]
+        rows = self.array_rows[arr]
+        _check(np.array_equal(self.sub_rows[sub], rows),
+               "a component's input or output rows were reordered")
+        r = np.arange(rows.sum(), dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
+        ours = (np.repeat(self.sub_offset[sub], rows) + r) \
+            // np.repeat(self.stride[self.sub_matrix[sub]], rows) % 2
+        theirs = r // np.repeat(self.array_stride[arr], rows) % 2
+        _check(np.array_equal(ours, theirs), "a component's input or output rows were reordered")
 
     # -- expansion -------------------------------------------------------------------------
     def expand(self, num_n: int, request=None, debug_info: bool = True) -> NnetComputation:
@@ -425,16 +491,15 @@ class ExpansionPlan:
             raise ExpansionError("expansion needs at least 2 sequences")
         c, N = self.mini, num_n
         new = copy.copy(c)
+        expanded = self.stretcher.expand(N)
         infos = c.matrices[1:]
-        idx = (_expand_many([m.indexes for m in infos], self.stride[1:], N)
-               if debug_info else [None] * len(infos))
+        idx = ([expanded[u] for u in self.matrix_array] if debug_info
+               else [None] * len(infos))
         new.matrices = [c.matrices[0]] + [
             MatrixInfo(m.rows // 2 * N, m.cols, m.node, m.is_deriv, ix)
             for m, ix in zip(infos, idx, strict=True)]
         offs, rows = self.sub_new_offsets(N).tolist(), self.sub_new_rows(N).tolist()
-        new.submatrices = [c.submatrices[0]] + [
-            SubMatrix(s.matrix, offs[k], rows[k], s.col_offset, s.num_cols)
-            for k, s in enumerate(c.submatrices[1:], start=1)]
+        new.submatrices = [c.submatrices[0]] + _with_rows(c.submatrices[1:], offs[1:], rows[1:])
         tables = [self._table(p, rows[p.sub], N) for p in self.tables]
         new.indexes, new.indexes_multi, new.indexes_ranges = [], [], []
         lists = {"rows": new.indexes, "multi": new.indexes_multi,
@@ -450,22 +515,54 @@ class ExpansionPlan:
             cmd.table = slot[plan_id]
             cmds[k] = cmd
         new.commands = cmds
-        new.precomputed = self._expand_precomputed(N)
+        new.precomputed = self._expand_precomputed(expanded)
         new._whole = dict(c._whole)
         if request is not None:
             new.request = request
         return new
 
-    def _expand_precomputed(self, num_n: int) -> list:
+    def _expand_precomputed(self, expanded: list[np.ndarray]) -> list:
         out = [None] * len(self.mini.precomputed)
-        expanded = iter(_expand_many(self.pre_arrays, self.pre_stride, num_n))
+        which = iter(self.pre_array)
         empty = np.zeros((0, 3), dtype=np.int64)
-        for p, info in self.pre:
-            new_out = next(expanded)
-            new_in = next(expanded) if len(info.input_indexes) else empty
-            comp = self.nnet.components[self.nnet.node(info.node).component]
+        for p, comp, info in self.pre:
+            new_out = expanded[next(which)]
+            new_in = expanded[next(which)] if len(info.input_indexes) else empty
             out[p] = comp.precompute_indexes(new_in, new_out, info.need_backprop)
         return out
+
+
+def _with_rows_plain(subs: list[SubMatrix], offsets: list[int],
+                     rows: list[int]) -> list[SubMatrix]:
+    """``subs`` with new row offsets and row counts."""
+    return [SubMatrix(s.matrix, o, r, s.col_offset, s.num_cols)
+            for s, o, r in zip(subs, offsets, rows, strict=True)]
+
+
+def _with_rows_fast(subs: list[SubMatrix], offsets: list[int],
+                    rows: list[int]) -> list[SubMatrix]:
+    # SubMatrix is a frozen dataclass: its __init__ sets each field through
+    # object.__setattr__, and an expansion makes thousands. A copy of the instance
+    # dict with the row fields changed gives an equal object in half the time (as
+    # optimize/renumber.py does).
+    out: list[SubMatrix] = []
+    new_object, append = object.__new__, out.append
+    for s, o, r in zip(subs, offsets, rows, strict=True):
+        sm = new_object(SubMatrix)
+        d = sm.__dict__
+        d.update(s.__dict__)
+        d["row_offset"] = o
+        d["num_rows"] = r
+        append(sm)
+    return out
+
+
+_with_rows = _with_rows_plain
+try:  # only when SubMatrix keeps its fields in an instance dict
+    if _with_rows_fast([SubMatrix(1, 2, 3, 4, 5)], [6], [7]) == [SubMatrix(1, 6, 7, 4, 5)]:
+        _with_rows = _with_rows_fast
+except (AttributeError, TypeError):
+    pass
 
 
 def expand_computation(mini: NnetComputation, snapshot: dict[int, PrecomputedInfo],
