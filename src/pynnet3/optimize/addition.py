@@ -12,80 +12,77 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis.accesses import (
-    AccessType,
-    build_access_table,
-    command_accesses,
-    command_types,
-    has_command_type,
-)
+from ..analysis.accesses import AccessTable, AccessType, build_access_table, command_types
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
 from .options import OptimizeOptions
 
 _TO_COPY = {CT.MATRIX_ADD: CT.MATRIX_COPY, CT.ADD_ROWS: CT.COPY_ROWS,
             CT.ADD_ROWS_MULTI: CT.COPY_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI: CT.COPY_TO_ROWS_MULTI}
-_ADDS = tuple(_TO_COPY)
+_W = int(AccessType.WRITE)
 
 
-class _FirstUse:
-    """First non-zeroing access overlapping a submatrix, from the access table; a
-    matrix's entries (command order) are listed only when one of its submatrices
-    is asked about."""
+def _first_used_there(t: AccessTable, cmd: np.ndarray, sub: np.ndarray) -> np.ndarray:
+    """For each pair (command ``cmd[p]``, submatrix ``sub[p]``): whether the first
+    access overlapping the submatrix that is not a zeroing is that command.
 
-    def __init__(self, c: NnetComputation, nnet):
-        t = build_access_table(c, nnet)
-        self.c, self.t = c, t
-        ent_m = t.matrix
-        self.order = np.argsort(ent_m, kind="stable")
-        ptr = np.zeros(len(c.matrices) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(ent_m, minlength=len(c.matrices)), out=ptr[1:])
-        self.ptr = ptr.tolist()
-        self.lists: dict[int, list] = {}
-        self.n = len(c.commands)
-
-    def _entries(self, m: int) -> list:
-        got = self.lists.get(m)
-        if got is None:
-            t, sa = self.t, self.t.sub_array
-            k = self.order[self.ptr[m]:self.ptr[m + 1]]
-            sub, cmd = t.sub[k], t.cmd[k]
-            keep = ~t.zeroing[cmd]
-            sub, cmd = sub[keep], cmd[keep]
-            r0, c0 = sa[sub, 1], sa[sub, 3]
-            got = self.lists[m] = list(zip(cmd.tolist(), r0.tolist(), (r0 + sa[sub, 2]).tolist(),
-                                           c0.tolist(), (c0 + sa[sub, 4]).tolist(),
-                                           strict=True))
-        return got
-
-    def first_nontrivial_sub(self, s: int) -> int:
-        """First command touching submatrix ``s`` other than a zeroing (n if none)."""
-        sm = self.c.submatrices[s]
-        r0, r1 = sm.row_offset, sm.row_offset + sm.num_rows
-        c0, c1 = sm.col_offset, sm.col_offset + sm.num_cols
-        for i, e0, e1, f0, f1 in self._entries(sm.matrix):
-            if e0 < r1 and r0 < e1 and f0 < c1 and c0 < f1:
-                return i
-        return self.n
+    Vectorized over the pairs: for each pair, the non-zeroing table entries of its
+    matrix up to its command (entries sorted by matrix, then command) are tested
+    for overlap with its rectangle, and the first overlapping one must be it."""
+    sa = t.sub_array
+    keep = ~t.zeroing[t.cmd]
+    em, ec, es = t.matrix[keep], t.cmd[keep], t.sub[keep]
+    n = t.num_commands + 1
+    key = em * n + ec
+    order = np.argsort(key, kind="stable")
+    key, ec, es = key[order], ec[order], es[order]
+    pm = sa[sub, 0]
+    lo = np.searchsorted(key, pm * n)
+    hi = np.searchsorted(key, pm * n + cmd, side="right")
+    lens = hi - lo
+    total = int(lens.sum())
+    if not total:
+        return np.zeros(len(cmd), dtype=bool)
+    pair = np.repeat(np.arange(len(cmd)), lens)
+    ends = np.cumsum(lens)
+    idx = np.arange(total) + np.repeat(lo - (ends - lens), lens)
+    r0, c0 = sa[sub, 1], sa[sub, 3]
+    r1, c1 = r0 + sa[sub, 2], c0 + sa[sub, 4]
+    e = sa[es[idx]]
+    e0, f0 = e[:, 1], e[:, 3]
+    over = (e0 < r1[pair]) & (r0[pair] < e0 + e[:, 2]) & (f0 < c1[pair]) & (c0[pair] < f0 + e[:, 4])
+    first = np.full(len(cmd), -1, dtype=np.int64)
+    some = lens > 0
+    # entries come in command order within a pair: the least overlapping command
+    first[some] = np.minimum.reduceat(np.where(over, ec[idx], n), (ends - lens)[some])
+    return first == cmd
 
 
 def convert_addition_to_assignment(c: NnetComputation, nnet, options: OptimizeOptions) -> str:
     """Turn additions into a region that only zeroing touched before into copies."""
-    if not has_command_type(c, *_TO_COPY):
-        return ""
-    first = _FirstUse(c, nnet)
-    converted = 0
     types = command_types(c)
-    adds = [i for i, t in enumerate(types) if t in _ADDS]
+    present = [t for t in _TO_COPY if t in types]  # scans in C
+    if not present:
+        return ""
+    adds = [i for i, t in enumerate(types) if t in present]
+    t = build_access_table(c, nnet)
+    is_add = np.zeros(len(types), dtype=bool)
+    is_add[adds] = True
+    # (addition, submatrix it writes) pairs
+    w = np.flatnonzero(is_add[t.cmd] & ((t.acc & _W) != 0))
+    wc = t.cmd[w]
+    ok = _first_used_there(t, wc, t.sub[w])
+    writes = np.bincount(wc, minlength=len(types))
+    fails = np.bincount(wc[~ok], minlength=len(types))
+    converted = 0
     for i in adds:
+        if not writes[i] or fails[i]:
+            continue
         cmd = c.commands[i]
-        new = _TO_COPY[cmd.type]
         if cmd.type is CT.ADD_TO_ROWS_MULTI and not _scatter_targets_unique(c, cmd):
             continue  # a copy would keep one of several sums into one row
-        written = [s for s, a in command_accesses(c, nnet, cmd) if a & AccessType.WRITE]
-        if written and all(first.first_nontrivial_sub(s) == i for s in written):
-            cmd.type = new
-            converted += 1
+        cmd.type = _TO_COPY[cmd.type]
+        converted += 1
     return f"converted {converted} additions to copies" if converted else ""
 
 

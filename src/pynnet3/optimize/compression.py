@@ -50,7 +50,8 @@ def optimize_memory_compression(c: NnetComputation, nnet, options=None) -> str:
     level = 1 if options is None else options.memory_compression_level
     if level <= 0 or not c.commands or has_command_type(c, CT.GOTO_LABEL):
         return ""
-    markers = [i for i, x in enumerate(c.commands) if x.type is CT.NO_OPERATION_MARKER]
+    MARKER = CT.NO_OPERATION_MARKER
+    markers = [i for i, x in enumerate(c.commands) if x.type is MARKER]
     if len(markers) != 1:
         return ""  # no backward pass (or an unexpected layout)
     middle = markers[0]

@@ -14,43 +14,56 @@ may keep statistics (self-repair).
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..analysis import Analyzer
-from ..analysis.accesses import has_command_type
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
-
-_BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
 
 
 def remove_dead_input_derivatives(c: NnetComputation, nnet, options=None) -> str:
     """Drop input-derivative matrices that only their backprop writes."""
-    if not has_command_type(c, *_BACKPROPS) or has_command_type(c, CT.GOTO_LABEL):
+    cmds = c.commands
+    backprops = []  # with an input derivative
+    BACKPROP, NO_UPDATE, GOTO = CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE, CT.GOTO_LABEL
+    for i, cmd in enumerate(cmds):
+        t = cmd.type
+        if t is BACKPROP or t is NO_UPDATE:
+            if cmd.in_deriv:
+                backprops.append(i)
+        elif t is GOTO:
+            return ""
+    if not backprops:
         return ""
     a = Analyzer(c, nnet)
-    subs, cmds = c.submatrices, c.commands
+    t, ma = a.table, a.matrix_arrays
+    # per matrix: how many commands other than zeroings access it
+    busy = ~t.zeroing[ma.command]
+    m_of = np.repeat(np.arange(len(c.matrices)), np.diff(ma.ptr))
+    others = np.bincount(m_of[busy], minlength=len(c.matrices))
+    # a candidate's matrix: no user input or output, allocated and freed, and
+    # nothing but zeroings besides the backprop writing it
+    ok = ((others == 1) & ~t.is_input & ~t.is_output & (t.alloc >= 0)
+          & (t.dealloc >= 0)).tolist()
+    subs = c.submatrices
+    node_map = nnet.node_map
     dropped = removed = 0
-    for i, cmd in enumerate(cmds):
-        if cmd.type not in _BACKPROPS or not cmd.in_deriv:
-            continue
+    for i in backprops:
+        cmd = cmds[i]
         m = subs[cmd.in_deriv].matrix
+        if not ok[m]:
+            continue
         if any(s and subs[s].matrix == m for s in (cmd.in_value, cmd.out_value, cmd.out_deriv)):
             continue
-        ma = a.matrix_accesses[m]
-        if ma.is_input or ma.is_output or ma.allocate_command < 0 \
-                or ma.deallocate_command < 0:
-            continue
-        zeroings = [j for j, _ in ma.accesses if j != i]
-        if not all(cmds[j].type is CT.SET_CONST and cmds[j].alpha == 0.0 for j in zeroings):
-            continue  # someone else reads or writes it
         if cmd.type is CT.BACKPROP:
-            comp = nnet.components[nnet.node_map[cmd.node].component]
-            if not comp.is_updatable():
+            if not nnet.components[node_map[cmd.node].component].is_updatable():
                 continue
             cmd.in_deriv = 0
         else:
             cmds[i] = Command(CT.NO_OPERATION)
             removed += 1
-        for j in zeroings + [ma.allocate_command, ma.deallocate_command]:
+        zeroings = [j for j in ma.command[ma.ptr[m]:ma.ptr[m + 1]].tolist() if j != i]
+        for j in zeroings + [int(t.alloc[m]), int(t.dealloc[m])]:
             cmds[j] = Command(CT.NO_OPERATION)
         dropped += 1
     if not dropped:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis.accesses import build_access_table, has_command_type
+from ..analysis.accesses import AccessTable, build_access_table
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
 from .options import OptimizeOptions
@@ -30,51 +30,57 @@ NO_TIME = int(np.iinfo(np.int32).min)
 
 def extend_matrices(c: NnetComputation, nnet, options: OptimizeOptions | None = None) -> str:
     """Extend copy destinations so copies read whole source matrices."""
-    if not any(cmd.type is CT.MATRIX_COPY and cmd.alpha == 1.0 for cmd in c.commands):
+    cmds, subs, mats = c.commands, c.submatrices, c.matrices
+    copies = []
+    MC, SWAP, GOTO = CT.MATRIX_COPY, CT.SWAP_MATRIX, CT.GOTO_LABEL
+    for i, cmd in enumerate(cmds):
+        t = cmd.type
+        if t is MC:
+            if cmd.alpha == 1.0:
+                copies.append(i)
+        elif t is SWAP or t is GOTO:
+            return ""  # Kaldi runs this before such commands exist
+    if not copies:
         return ""
-    if has_command_type(c, CT.SWAP_MATRIX, CT.GOTO_LABEL):
-        return ""  # Kaldi runs this before such commands exist
-    table = build_access_table(c, nnet)
-    is_io = (table.is_input | table.is_output).tolist()
-    is_input = table.is_input.tolist()
-    # first access of each matrix (-1: none); the table is in command order
-    ent_m = table.matrix
-    first = np.full(len(c.matrices), -1, dtype=np.int64)
-    ms, pos = np.unique(ent_m, return_index=True)
-    first[ms] = table.cmd[pos]
-    first = first.tolist()
-    orig_rows = [m.rows for m in c.matrices]
+    orig_rows = [m.rows for m in mats]
+    table = None  # built for the first copy that passes the cheap tests
     extended = 0
-    MC = CT.MATRIX_COPY
-    for i, cmd in enumerate(c.commands):
-        if cmd.type is not MC or cmd.alpha != 1.0:
-            continue
-        d, s = c.submatrices[cmd.dst], c.submatrices[cmd.src]
-        if d.matrix == s.matrix:
-            continue
-        if is_io[d.matrix]:
-            continue
-        src_rows = c.matrices[s.matrix].rows
+    for i in copies:
+        cmd = cmds[i]
+        d, s = subs[cmd.dst], subs[cmd.src]
+        src_rows = mats[s.matrix].rows
+        if not (s.row_offset == 0 and s.num_rows < src_rows) or d.matrix == s.matrix:
+            continue  # most copies read a whole matrix
         if s.num_rows < _MIN_PROPORTION * orig_rows[s.matrix]:
             continue
-        if not (s.col_offset == 0 and s.num_cols == c.matrices[s.matrix].cols
-                and s.row_offset == 0 and s.num_rows < src_rows
+        if not (s.col_offset == 0 and s.num_cols == mats[s.matrix].cols
                 and d.row_offset + d.num_rows == orig_rows[d.matrix]):
+            continue
+        if table is None:
+            table = build_access_table(c, nnet)
+            is_io = (table.is_input | table.is_output).tolist()
+            is_input = table.is_input.tolist()
+            # first access of each matrix (-1: none); the table is in command order
+            first = np.full(len(mats), -1, dtype=np.int64)
+            ms, pos = np.unique(table.matrix, return_index=True)
+            first[ms] = table.cmd[pos]
+            first = first.tolist()
+        if is_io[d.matrix]:
             continue
         if not _rows_defined(c, is_input[s.matrix], first[s.matrix], s.matrix,
                              orig_rows[s.matrix], i):
             continue
-        info = c.matrices[d.matrix]
+        info = mats[d.matrix]
         new_rows = d.row_offset + src_rows
         if new_rows > info.rows:
             info.rows = new_rows
         cmd.dst = c.new_submatrix(d.matrix, d.row_offset, src_rows, d.col_offset, d.num_cols)
         cmd.src = c.whole(s.matrix) if _is_whole(c, c.whole(s.matrix)) else \
-            c.new_submatrix(s.matrix, 0, src_rows, 0, c.matrices[s.matrix].cols)
+            c.new_submatrix(s.matrix, 0, src_rows, 0, mats[s.matrix].cols)
         extended += 1
     if not extended:
         return ""
-    _fix(c, orig_rows)
+    _fix(c, orig_rows, table)
     return f"extended {extended} copies to whole source matrices"
 
 
@@ -102,11 +108,12 @@ def _rows_defined(c: NnetComputation, is_input: bool, first: int, matrix: int,
         and sm.num_cols == c.matrices[matrix].cols
 
 
-def _fix(c: NnetComputation, orig_rows: list[int]) -> None:
-    """Whole-matrix submatrices, zeroings and debug indexes of grown matrices."""
+def _fix(c: NnetComputation, orig_rows: list[int], table: AccessTable) -> None:
+    """Whole-matrix submatrices, zeroings and debug indexes of grown matrices
+    (``table``: the access table from before they grew)."""
     grown = {m for m, (info, rows) in enumerate(zip(c.matrices, orig_rows, strict=True))
              if m and info.rows != rows}
-    for m in grown:
+    for m in grown:  # (in set order: it numbers the new submatrices)
         info = c.matrices[m]
         c._whole[m] = c.new_submatrix(m, 0, info.rows, 0, info.cols)
         if info.indexes is not None:
@@ -116,11 +123,12 @@ def _fix(c: NnetComputation, orig_rows: list[int]) -> None:
             new_rows = old[len(old) - extra:].copy()
             new_rows[:, 1] = NO_TIME
             info.indexes = np.concatenate([old, new_rows])
-    SC = CT.SET_CONST
-    for cmd in c.commands:
-        if cmd.type is SC and cmd.alpha == 0.0:
-            sm = c.submatrices[cmd.dst]
-            if sm.matrix in grown and sm.row_offset == 0 and sm.col_offset == 0 \
-                    and sm.num_rows == orig_rows[sm.matrix] \
-                    and sm.num_cols == c.matrices[sm.matrix].cols:
-                cmd.dst = c._whole[sm.matrix]
+    # zeroings (SET_CONST 0, one table entry each) of all of a grown matrix as it was
+    zi = np.flatnonzero(table.zeroing)
+    sa = table.sub_array[table.sub[np.searchsorted(table.cmd, zi)]]
+    whole_before = np.full((len(orig_rows), 5), -1, dtype=np.int64)
+    for m in grown:
+        whole_before[m] = (m, 0, orig_rows[m], 0, c.matrices[m].cols)
+    sel = (sa == whole_before[sa[:, 0]]).all(axis=1)
+    for i, m in zip(zi[sel].tolist(), sa[sel, 0].tolist(), strict=True):
+        c.commands[i].dst = c._whole[m]

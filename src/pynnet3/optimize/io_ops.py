@@ -8,41 +8,48 @@ may have moved them; the runtime's contract with the user needs them there.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
 
 
 def consolidate_io_operations(c: NnetComputation, nnet=None, options=None) -> str:
     """Accept-input first and provide-output last within each segment."""
-    out = []
-    seg: list = []
-    moved = 0
-
+    accepts, provides, markers = [], [], []
     ACCEPT, PROVIDE, MARKER = CT.ACCEPT_INPUT, CT.PROVIDE_OUTPUT, CT.NO_OPERATION_MARKER
-
-    def flush():
-        nonlocal moved
-        left = [x for x in seg if x.type is ACCEPT]
-        right = [x for x in seg if x.type is PROVIDE]
-        if not left and not right:
-            out.extend(seg)
-            seg.clear()
-            return
-        mid = [x for x in seg if x.type is not ACCEPT and x.type is not PROVIDE]
+    for i, cmd in enumerate(c.commands):
+        t = cmd.type
+        if t is ACCEPT:
+            accepts.append(i)
+        elif t is PROVIDE:
+            provides.append(i)
+        elif t is MARKER:
+            markers.append(i)
+    if not accepts and not provides:
+        return ""
+    cmds = c.commands
+    out: list = []
+    moved = 0
+    begin = 0  # of the segment
+    for end in markers + [len(cmds)]:
+        # the segment's I/O commands (positions ascending)
+        left = accepts[bisect_left(accepts, begin):bisect_left(accepts, end)]
+        right = provides[bisect_left(provides, begin):bisect_left(provides, end)]
         # I/O commands that were not already in their block at the segment's ends
-        moved += sum(x.type is ACCEPT for x in seg[len(left):])
-        moved += sum(x.type is PROVIDE for x in seg[:len(seg) - len(right)])
-        out.extend(left)
-        out.extend(mid)
-        out.extend(right)
-        seg.clear()
-
-    for cmd in c.commands:
-        if cmd.type is MARKER:
-            flush()
-            out.append(cmd)
+        seg_moved = sum(p >= begin + len(left) for p in left) + \
+            sum(p < end - len(right) for p in right)
+        if seg_moved:
+            io = set(left) | set(right)
+            out += [cmds[p] for p in left]
+            out += [cmds[p] for p in range(begin, end) if p not in io]
+            out += [cmds[p] for p in right]
+            moved += seg_moved
         else:
-            seg.append(cmd)
-    flush()
-    c.commands = out
+            out += cmds[begin:end]
+        if end < len(cmds):
+            out.append(cmds[end])  # the marker
+        begin = end + 1
+    if moved:
+        c.commands = out
     return f"moved {moved} commands" if moved else ""

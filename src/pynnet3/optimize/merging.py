@@ -17,6 +17,13 @@ Analyzer after each merge, the pass keeps its own exact per-matrix access lists
 sees the current computation. Two rectangles of one matrix overlap exactly when
 they share an analysis variable, so the queries agree with the Analyzer's.
 
+Like Kaldi, the pass sweeps over the candidate commands until a sweep merges
+nothing. A candidate's verdict depends only on the state of the matrices its
+command names, and only a merge changes that state (of the two matrices it
+joins), so a later sweep re-examines only candidates one of whose matrices a
+merge has touched since they were last examined: the others would get the same
+"no" again.
+
 Invariants kept after each merge: the kept matrix is allocated before the first
 access to either matrix and deallocated after the last (by moving its
 allocation / deallocation command into the discarded matrix's slot when that is
@@ -26,50 +33,34 @@ moved; a removed assignment becomes NO_OPERATION (the driver renumbers).
 
 from __future__ import annotations
 
+from itertools import pairwise
 from operator import attrgetter, itemgetter
 
 import numpy as np
 
-from ..analysis.accesses import (
-    AccessType,
-    PropertyCache,
-    build_access_table,
-    has_command_type,
-)
+from ..analysis.accesses import AccessType, PropertyCache, build_access_table
 from ..components.base import Flags
 from ..computation import Command, NnetComputation, SubMatrix
 from ..computation import CommandType as CT
 from .options import OptimizeOptions
 
 _MAX_SWEEPS = 20
-_TYPE = attrgetter("type")
+# command types as module constants: an Enum class attribute lookup costs more
+_MATRIX_COPY, _PROPAGATE_T, _NO_OPERATION = CT.MATRIX_COPY, CT.PROPAGATE, CT.NO_OPERATION
+_UNMODELLED = (CT.SWAP_MATRIX, CT.GOTO_LABEL, CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX)
 _FIRST = itemgetter(0)
+_NODE = attrgetter("node")
+_ROWS, _COLS = attrgetter("rows"), attrgetter("cols")
 _W = int(AccessType.WRITE)
-_BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
 _INPUT_CONTIGUOUS = int(Flags.INPUT_CONTIGUOUS)
 _OUTPUT_CONTIGUOUS = int(Flags.OUTPUT_CONTIGUOUS)
 _PROPAGATE_IN_PLACE = int(Flags.PROPAGATE_IN_PLACE)
 _BACKPROP_IN_PLACE = int(Flags.BACKPROP_IN_PLACE)
 # entry of a matrix's access list: (command, row0, row1, col0, col1, access, is_zeroing)
 _CMD, _R0, _R1, _C0, _C1, _ACC, _ZERO = range(7)
-
-
-class _Mat:
-    """What the pass tracks about one matrix (alloc/dealloc are command indexes or -1;
-    ``accept`` is the first ACCEPT_INPUT of an input matrix)."""
-
-    __slots__ = ("acc", "alloc", "dealloc", "accept", "is_input", "is_output", "subs",
-                 "contiguous")
-
-    def __init__(self):
-        self.acc: list[tuple] = []
-        self.alloc = self.dealloc = self.accept = -1
-        self.is_input = self.is_output = self.contiguous = False
-        self.subs: list[int] = []
-
-
-def _overlaps(e: tuple, r: tuple) -> bool:
-    return e[_R0] < r[1] and r[0] < e[_R1] and e[_C0] < r[3] and r[2] < e[_C1]
+_EVERYWHERE = (0, 1 << 62, 0, 1 << 62)
+# candidate kinds
+_ASSIGN, _PROPAGATE, _BACKPROP = range(3)
 
 
 class AccessIndex:
@@ -77,7 +68,11 @@ class AccessIndex:
     the ComputationAnalysis queries on them; cheaper to build than the Analyzer
     and cheap to update, so passes that edit as they go can stay exact.
 
-    Built from the :class:`~pynnet3.analysis.accesses.AccessTable` with numpy;
+    Everything is kept in plain lists indexed by matrix (``acc``, ``alloc``,
+    ``dealloc``, ``accept`` — the first ACCEPT_INPUT of an input matrix —,
+    ``is_input``, ``is_output``, ``contiguous``, ``subs``: its submatrices) or by
+    submatrix (``sub_mat``, ``rects``: (row0, row1, col0, col1), ``whole``), built
+    from the :class:`~pynnet3.analysis.accesses.AccessTable` with numpy;
     ``alloc`` / ``dealloc`` come from ALLOC_MATRIX / DEALLOC_MATRIX commands only
     (the passes using this run before swaps exist)."""
 
@@ -89,211 +84,258 @@ class AccessIndex:
         self.table = t
         nm = len(c.matrices)
         sa = t.sub_array
-        mats = self.mats = [_Mat() for _ in range(nm)]
+        # per submatrix
+        sub_m = sa[:, 0]
+        r0, c0 = sa[:, 1], sa[:, 3]
+        r1, c1 = r0 + sa[:, 2], c0 + sa[:, 4]
+        rows = np.fromiter(map(_ROWS, c.matrices), dtype=np.int64, count=nm)
+        cols = np.fromiter(map(_COLS, c.matrices), dtype=np.int64, count=nm)
+        self.sub_mat: list[int] = sub_m.tolist()
+        self.rects: list[tuple] = list(zip(r0.tolist(), r1.tolist(), c0.tolist(), c1.tolist(),
+                                           strict=True))
+        self.whole: list[bool] = ((r0 == 0) & (c0 == 0) & (r1 == rows[sub_m])
+                                  & (c1 == cols[sub_m])).tolist()
         # access entries grouped by matrix, in table (command) order
         ent_m = t.sub_matrix[t.sub]
         order = np.argsort(ent_m, kind="stable")
         sub = t.sub[order]
         cmd = t.cmd[order]
-        r0 = sa[sub, 1]
-        c0 = sa[sub, 3]
-        entries = list(zip(cmd.tolist(), r0.tolist(), (r0 + sa[sub, 2]).tolist(),
-                           c0.tolist(), (c0 + sa[sub, 4]).tolist(),
-                           t.acc[order].astype(np.int64).tolist(),
-                           t.zeroing[cmd].tolist(), strict=True))
+        entries = list(zip(cmd.tolist(), r0[sub].tolist(), r1[sub].tolist(), c0[sub].tolist(),
+                           c1[sub].tolist(), t.acc[order].tolist(), t.zeroing[cmd].tolist(),
+                           strict=True))
         eptr = np.zeros(nm + 1, dtype=np.int64)
         np.cumsum(np.bincount(ent_m, minlength=nm), out=eptr[1:])
+        self.acc: list[list[tuple]] = [entries[a:b] for a, b in pairwise(eptr.tolist())]
         # submatrices grouped by matrix, ascending
-        sub_m = sa[1:, 0]
-        sorder = (np.argsort(sub_m, kind="stable") + 1).tolist()
+        sorder = (np.argsort(sub_m[1:], kind="stable") + 1).tolist()
         sptr = np.zeros(nm + 1, dtype=np.int64)
-        np.cumsum(np.bincount(sub_m, minlength=nm), out=sptr[1:])
-        eptr, sptr = eptr.tolist(), sptr.tolist()
-        alloc, dealloc = t.alloc_only.tolist(), t.dealloc_only.tolist()
-        accept, is_out = t.accept.tolist(), t.is_output.tolist()
-        for m, x in enumerate(mats):
-            if eptr[m + 1] > eptr[m]:
-                x.acc = entries[eptr[m]:eptr[m + 1]]
-            if sptr[m + 1] > sptr[m]:
-                x.subs = sorder[sptr[m]:sptr[m + 1]]
-            x.alloc, x.dealloc, x.accept = alloc[m], dealloc[m], accept[m]
-            x.is_input, x.is_output = accept[m] != -1, is_out[m]
+        np.cumsum(np.bincount(sub_m[1:], minlength=nm), out=sptr[1:])
+        self.subs: list[list[int]] = [sorder[a:b] for a, b in pairwise(sptr.tolist())]
+        self.alloc: list[int] = t.alloc_only.tolist()
+        self.dealloc: list[int] = t.dealloc_only.tolist()
+        self.accept: list[int] = t.accept.tolist()
+        self.is_input: list[bool] = (t.accept != -1).tolist()
+        self.is_output: list[bool] = t.is_output.tolist()
         # Kaldi gives the matrices of contiguous-input/-output components stride ==
         # num_cols; a merge must not make them a column range of a wider matrix
         # (MayBeMerged, c6/c7).
-        subs = c.submatrices
-        for i in t.component_commands:
-            cmd = c.commands[i]
-            p = self.props(cmd.node)
+        self.contiguous = [False] * nm
+        cmds, subs = c.commands, c.submatrices
+        comp = [cmds[i] for i in t.component_commands]
+        props = {node: self.props(node) for node in set(map(_NODE, comp))}
+        for cmd in comp:
+            p = props[cmd.node]
             if p & _INPUT_CONTIGUOUS:
                 for s in (cmd.in_value, cmd.in_deriv):
                     if s:
-                        mats[subs[s].matrix].contiguous = True
+                        self.contiguous[subs[s].matrix] = True
             if p & _OUTPUT_CONTIGUOUS:
                 for s in (cmd.out_value, cmd.out_deriv):
                     if s:
-                        mats[subs[s].matrix].contiguous = True
-
-    def _props(self, node: str) -> int:
-        return self.props(node)
-
-    # -- geometry --------------------------------------------------------------------
-    def rect(self, s: int) -> tuple[int, int, int, int]:
-        sm = self.c.submatrices[s]
-        return (sm.row_offset, sm.row_offset + sm.num_rows,
-                sm.col_offset, sm.col_offset + sm.num_cols)
-
-    def whole(self, s: int) -> bool:
-        sm = self.c.submatrices[s]
-        info = self.c.matrices[sm.matrix]
-        return sm.row_offset == 0 and sm.col_offset == 0 and sm.num_rows == info.rows \
-            and sm.num_cols == info.cols
+                        self.contiguous[subs[s].matrix] = True
 
     # -- queries (Kaldi's ComputationAnalysis, on the current state) -----------------
-    def first_nontrivial_sub(self, s: int) -> int:
-        """First command touching submatrix ``s`` other than a zeroing (n if none)."""
-        return self.first_nontrivial(self.mats[self.c.submatrices[s].matrix], self.rect(s))
-
-    def first_nontrivial(self, m: _Mat, r: tuple) -> int:
-        for e in m.acc:
-            if not e[_ZERO] and _overlaps(e, r):
+    # ``m`` is a matrix, ``r`` a rectangle (row0, row1, col0, col1) in it.
+    def first_nontrivial(self, m: int, r: tuple) -> int:
+        """First command touching ``r`` other than a zeroing (n if none)."""
+        r0, r1, c0, c1 = r
+        for e in self.acc[m]:
+            if not e[_ZERO] and e[_R0] < r1 and r0 < e[_R1] and e[_C0] < c1 and c0 < e[_C1]:
                 return e[_CMD]
         return self.n
 
-    def last_access(self, m: _Mat, r: tuple) -> int:
-        for e in reversed(m.acc):
-            if _overlaps(e, r):
+    def last_access(self, m: int, r: tuple) -> int:
+        r0, r1, c0, c1 = r
+        for e in reversed(self.acc[m]):
+            if e[_R0] < r1 and r0 < e[_R1] and e[_C0] < c1 and c0 < e[_C1]:
                 return e[_CMD]
         return -1
 
-    def last_write(self, m: _Mat, r: tuple) -> int:
-        if m.is_output:  # Kaldi: an output is "written" by the user at the end
+    def last_write(self, m: int, r: tuple) -> int:
+        if self.is_output[m]:  # Kaldi: an output is "written" by the user at the end
             return self.n
-        for e in reversed(m.acc):
-            if e[_ACC] & _W and _overlaps(e, r):
+        r0, r1, c0, c1 = r
+        for e in reversed(self.acc[m]):
+            if e[_ACC] & _W and e[_R0] < r1 and r0 < e[_R1] and e[_C0] < c1 and c0 < e[_C1]:
                 return e[_CMD]
         return -1
 
-    def data_invalidated(self, m: _Mat, r: tuple, after: int) -> int:
-        best = m.dealloc if m.dealloc != -1 else self.n
-        for e in m.acc:
-            if e[_CMD] > after and e[_ACC] & _W and _overlaps(e, r):
+    def data_invalidated(self, m: int, r: tuple, after: int) -> int:
+        best = self.dealloc[m] if self.dealloc[m] != -1 else self.n
+        r0, r1, c0, c1 = r
+        for e in self.acc[m]:
+            if e[_CMD] > after and e[_ACC] & _W and e[_R0] < r1 and r0 < e[_R1] \
+                    and e[_C0] < c1 and c0 < e[_C1]:
                 return min(best, e[_CMD])
         return best
 
 
 class _Merger(AccessIndex):
-    def __init__(self, c: NnetComputation, nnet, options: OptimizeOptions):
+    def __init__(self, c: NnetComputation, nnet, options: OptimizeOptions, copies: list[int]):
         super().__init__(c, nnet)
         self.o = options
         self.merges = self.removed = 0
+        # stamp[m]: the number of merges done when matrix m last changed
+        self.stamp = [0] * len(c.matrices)
+        self.todo = self._candidates(copies)
+        self.moved_subs: set[int] = set()  # submatrices now in another matrix
+
+    def finish(self) -> None:
+        """Write the moved submatrices to the computation."""
+        subs = self.c.submatrices
+        for s in self.moved_subs:
+            r0, r1, c0, c1 = self.rects[s]
+            subs[s] = SubMatrix(self.sub_mat[s], r0, r1 - r0, c0, c1 - c0)
 
     # -- the sweep -------------------------------------------------------------------
-    def candidate(self, i: int, cmd: Command) -> tuple[int, int]:
-        """(s1, s2): the read and the written submatrix that may share storage."""
-        t, o = cmd.type, self.o
-        if t is CT.MATRIX_COPY and o.remove_assignments:
-            return cmd.src, cmd.dst
-        # A component that may run in place overwrites its output when it aliases
-        # the input, even if it otherwise adds (Kaldi's contract, e.g. Normalize).
-        if t is CT.PROPAGATE and o.propagate_in_place and cmd.in_value \
-                and self._props(cmd.node) & _PROPAGATE_IN_PLACE:
-            return cmd.in_value, cmd.out_value
-        if t in _BACKPROPS and o.backprop_in_place and cmd.out_deriv and cmd.in_deriv:
-            p = self._props(cmd.node)
-            if p & _BACKPROP_IN_PLACE:
-                r1, r2 = self.rect(cmd.out_deriv), self.rect(cmd.in_deriv)
-                for s in (cmd.in_value, cmd.out_value):
-                    # never alias a derivative with a value the backprop reads
-                    if s and self._same_matrix_overlap(s, (cmd.out_deriv, r1),
-                                                       (cmd.in_deriv, r2)):
-                        return 0, 0
-                return cmd.out_deriv, cmd.in_deriv
-        return 0, 0
+    def _candidates(self, copies: list[int]) -> list[list]:
+        """[command, s1, s2, kind, examined, matrices] for each command that may
+        let s1 (read) and s2 (written) share storage, in command order; ``examined``
+        is the merge count when it was last examined (-1: never), ``matrices`` the
+        matrices its verdict then depended on. ``copies``: the MATRIX_COPY commands.
 
-    def _same_matrix_overlap(self, s: int, *others) -> bool:
-        sm = self.c.submatrices[s]
-        r = self.rect(s)
-        e = (0, r[0], r[1], r[2], r[3])
-        return any(self.c.submatrices[o].matrix == sm.matrix and _overlaps(e, ro)
-                   for o, ro in others)
+        Only these commands are candidates, and a merge never turns a command into
+        one (it writes sizing commands, zeroings and no-ops) nor changes one but
+        its own, which it takes off the list; so the list is made once."""
+        c, o = self.c, self.o
+        cmds = c.commands
+        out = []
+        if o.remove_assignments:
+            out = [[i, cmd.src, cmd.dst, _ASSIGN, -1, ()] for i in copies
+                   if (cmd := cmds[i]).src > 0 and cmd.dst > 0]
+        for i in self.table.component_commands:
+            cmd = cmds[i]
+            if cmd.type is _PROPAGATE_T:
+                # A component that may run in place overwrites its output when it
+                # aliases the input, even if it otherwise adds (Kaldi's contract,
+                # e.g. Normalize).
+                if not (o.propagate_in_place and cmd.in_value
+                        and self.props(cmd.node) & _PROPAGATE_IN_PLACE):
+                    continue
+                s1, s2, kind = cmd.in_value, cmd.out_value, _PROPAGATE
+            else:
+                if not (o.backprop_in_place and cmd.out_deriv and cmd.in_deriv
+                        and self.props(cmd.node) & _BACKPROP_IN_PLACE):
+                    continue
+                s1, s2, kind = cmd.out_deriv, cmd.in_deriv, _BACKPROP
+            if s1 > 0 and s2 > 0:
+                out.append([i, s1, s2, kind, -1, ()])
+        out.sort(key=_FIRST)
+        return out
+
+    def _reads_aliased_value(self, cmd: Command) -> bool:
+        """A backprop reading a value that overlaps its output or input derivative
+        (then the derivatives must not alias: the value would be clobbered)."""
+        sub_mat, rects = self.sub_mat, self.rects
+        for s in (cmd.in_value, cmd.out_value):
+            if not s:
+                continue
+            m = sub_mat[s]
+            r0, r1, c0, c1 = rects[s]
+            for o in (cmd.out_deriv, cmd.in_deriv):
+                if sub_mat[o] == m:
+                    e = rects[o]
+                    if r0 < e[1] and e[0] < r1 and c0 < e[3] and e[2] < c1:
+                        return True
+        return False
 
     def sweep(self) -> int:
         done = 0
-        MC, PR, BP, BN = CT.MATRIX_COPY, CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE
         cmds = self.c.commands
-        # Only these types can be candidates, and a merge never turns a command
-        # into one of them (it writes sizing commands, zeroings and no-ops), so
-        # the list taken now covers the sweep; types are read again as it goes.
-        todo = [i for i, t in enumerate(map(_TYPE, cmds))
-                if t is MC or t is PR or t is BP or t is BN]
-        for i in todo:
-            cmd = cmds[i]
-            s1, s2 = self.candidate(i, cmd)
-            if s1 <= 0 or s2 <= 0:
-                continue
+        stamp, sub_mat, whole = self.stamp, self.sub_mat, self.whole
+        left = []
+        for cand in self.todo:
+            i, s1, s2, kind, examined, mats = cand
+            if examined >= 0:
+                for m in mats:
+                    if stamp[m] > examined:
+                        break
+                else:
+                    left.append(cand)  # nothing it depends on changed: still no
+                    continue
+            cand[4] = self.merges
+            if kind == _BACKPROP:
+                cmd = cmds[i]
+                cand[5] = tuple(sub_mat[s] for s in (cmd.in_value, cmd.out_value, s1, s2)
+                                if s)
+                if self._reads_aliased_value(cmd):
+                    left.append(cand)
+                    continue
+            else:
+                cand[5] = (m1, m2) = (sub_mat[s1], sub_mat[s2])
+                if m1 == m2 or not (whole[s1] or whole[s2]):
+                    left.append(cand)  # may_merge's first tests, inline for speed
+                    continue
             how = self.may_merge(i, s1, s2)
             if how == "left":
                 self.do_merge(i, s1, s2, keep_is_src=True)
             elif how == "right":
                 self.do_merge(i, s2, s1, keep_is_src=False)
             else:
+                left.append(cand)
                 continue
             done += 1
+        self.todo = left
         return done
 
     def may_merge(self, i: int, s1: int, s2: int) -> str:
         """"left" (keep s1), "right" (keep s2) or "" (Kaldi's MayBeMerged, plus the
         conditions under which the allocation fix-up below is exact)."""
-        c, o = self.c, self.o
-        m1, m2 = c.submatrices[s1].matrix, c.submatrices[s2].matrix
+        m1, m2 = self.sub_mat[s1], self.sub_mat[s2]
         if m1 == m2:
             return ""
-        a1, a2 = self.mats[m1], self.mats[m2]
-        if (a1.is_input and a2.is_input) or (a1.is_output and a2.is_output):
+        w1, w2 = self.whole[s1], self.whole[s2]
+        if not (w1 or w2):
+            return ""  # neither side may be discarded (the common case)
+        is_input, is_output = self.is_input, self.is_output
+        if (is_input[m1] and is_input[m2]) or (is_output[m1] and is_output[m2]):
             return ""
-        w1, w2 = self.whole(s1), self.whole(s2)
-        if (a1.is_input or a1.is_output or a2.is_input or a2.is_output) and not (w1 and w2):
+        if (is_input[m1] or is_output[m1] or is_input[m2] or is_output[m2]) \
+                and not (w1 and w2):
             return ""
-        left = o.allow_left_merge and w2 and not (a2.contiguous and not w1)
-        right = o.allow_right_merge and w1 and not (a1.contiguous and not w2)
+        o = self.o
+        left = o.allow_left_merge and w2 and not (self.contiguous[m2] and not w1)
+        right = o.allow_right_merge and w1 and not (self.contiguous[m1] and not w2)
         if not (left or right):
             return ""
-        r1, r2 = self.rect(s1), self.rect(s2)
-        if self.first_nontrivial(a2, r2) != i:
+        r1, r2 = self.rects[s1], self.rects[s2]
+        if self.first_nontrivial(m2, r2) != i:
             return ""
-        cmd = c.commands[i]
-        if cmd.type is CT.MATRIX_COPY and cmd.alpha == 1.0:
-            ok = self.last_write(a1, r1) < i and \
-                self.last_access(a1, r1) < self.data_invalidated(a2, r2, i)
+        cmd = self.c.commands[i]
+        if cmd.type is _MATRIX_COPY and cmd.alpha == 1.0:
+            ok = self.last_write(m1, r1) < i and \
+                self.last_access(m1, r1) < self.data_invalidated(m2, r2, i)
         else:
-            ok = self.last_access(a1, r1) == i
+            ok = self.last_access(m1, r1) == i
         if not ok:
             return ""
-        if left and self._left_ok(a1, a2):
+        if left and self._left_ok(m1, m2):
             return "left"
-        if right and self._right_ok(i, a1, a2, r2):
+        if right and self._right_ok(i, m1, m2, r2):
             return "right"
         return ""
 
-    def _left_ok(self, k: _Mat, d: _Mat) -> bool:
+    def _left_ok(self, k: int, d: int) -> bool:
         # d is the whole destination; before the command it only saw zeroings.
-        return not d.is_input and (k.is_input or k.alloc != -1) and d.alloc != -1
+        return not self.is_input[d] and (self.is_input[k] or self.alloc[k] != -1) \
+            and self.alloc[d] != -1
 
-    def _right_ok(self, i: int, d: _Mat, k: _Mat, r2: tuple) -> bool:
+    def _right_ok(self, i: int, d: int, k: int, r2: tuple) -> bool:
         # d (whole source) becomes region r2 of k; before command i, k only zeroed r2.
-        if k.is_input:
+        if self.is_input[k]:
             return False
-        if d.is_input:
-            return k.alloc != -1
-        if d.alloc == -1 or k.alloc == -1:
+        if self.is_input[d]:
+            return self.alloc[k] != -1
+        if self.alloc[d] == -1 or self.alloc[k] == -1:
             return False
-        d_first = self.first_nontrivial(d, (0, 1 << 62, 0, 1 << 62))
+        d_first = self.first_nontrivial(d, _EVERYWHERE)
         zk = self._initial_zeroing(k)
-        for e in k.acc:
+        r0, r1, c0, c1 = r2
+        for e in self.acc[k]:
             if e[_CMD] >= i:
                 break
-            if e[_ZERO] and e[_CMD] > d_first and _overlaps(e, r2) and e is not zk:
+            if e[_ZERO] and e[_CMD] > d_first and e is not zk and e[_R0] < r1 \
+                    and r0 < e[_R1] and e[_C0] < c1 and c0 < e[_C1]:
                 return False  # would zero d's data after d wrote it
         if zk is not None and zk[_CMD] > d_first:
             zd = self._initial_zeroing(d)
@@ -301,15 +343,15 @@ class _Merger(AccessIndex):
                 return False  # nowhere to move k's zeroing to
         return True
 
-    def _initial_zeroing(self, m: _Mat):
+    def _initial_zeroing(self, m: int):
         """m's first access when it zeroes the whole matrix, else None."""
-        if not m.acc:
+        acc = self.acc[m]
+        if not acc:
             return None
-        e = m.acc[0]
+        e = acc[0]
         if not e[_ZERO]:
             return None
-        sm = self.c.submatrices[self.c.commands[e[_CMD]].dst]
-        info = self.c.matrices[sm.matrix]
+        info = self.c.matrices[m]
         if (e[_R0], e[_R1], e[_C0], e[_C1]) == (0, info.rows, 0, info.cols):
             return e
         return None
@@ -318,93 +360,109 @@ class _Merger(AccessIndex):
     def do_merge(self, i: int, s_keep: int, s_disc: int, keep_is_src: bool) -> None:
         c = self.c
         cmds = c.commands
-        mk, md = c.submatrices[s_keep].matrix, c.submatrices[s_disc].matrix
-        k, d = self.mats[mk], self.mats[md]
-        ks = c.submatrices[s_keep]
-        dead: set[int] = set()  # commands that become NO_OPERATION
+        mk, md = self.sub_mat[s_keep], self.sub_mat[s_disc]
+        alloc, dealloc, acc = self.alloc, self.dealloc, self.acc
+        k_acc, d_acc = acc[mk], acc[md]
         moved: dict[int, int] = {}  # zeroing command index -> its new slot
 
+        # dead: commands that become NO_OPERATION
         if keep_is_src:
             # d's accesses before i are zeroings of data that i overwrites.
-            dead.update(e[_CMD] for e in d.acc if e[_CMD] < i)
-            dead.add(d.alloc)
-        elif d.is_input:
+            dead = {e[_CMD] for e in d_acc if e[_CMD] < i}
+            dead.add(alloc[md])
+        elif self.is_input[md]:
             # k (whole) only saw zeroings before i; it now starts as d's input
-            dead.update(e[_CMD] for e in k.acc if e[_CMD] < i)
-            dead.add(k.alloc)
-            if d.alloc != -1:  # an input allocated before it is accepted
-                cmds[d.alloc] = Command(CT.ALLOC_MATRIX, matrix=mk)
-            k.alloc, k.is_input, k.accept = d.alloc, True, d.accept
+            dead = {e[_CMD] for e in k_acc if e[_CMD] < i}
+            dead.add(alloc[mk])
+            if alloc[md] != -1:  # an input allocated before it is accepted
+                cmds[alloc[md]].matrix = mk
+            alloc[mk], self.is_input[mk], self.accept[mk] = alloc[md], True, self.accept[md]
         else:
-            d_first = self.first_nontrivial(d, (0, 1 << 62, 0, 1 << 62))
-            zk, zd = self._initial_zeroing(k), self._initial_zeroing(d)
+            dead = set()
+            d_first = self.first_nontrivial(md, _EVERYWHERE)
+            zk, zd = self._initial_zeroing(mk), self._initial_zeroing(md)
             if zk is not None and zk[_CMD] > d_first:
                 # k's zeroing would clobber d's data: it takes the slot of d's zeroing
+                # (whose command goes to k's slot, to become the no-op there)
                 moved[zk[_CMD]] = zd[_CMD]
-                cmds[zd[_CMD]] = cmds[zk[_CMD]]
+                cmds[zd[_CMD]], cmds[zk[_CMD]] = cmds[zk[_CMD]], cmds[zd[_CMD]]
                 dead.add(zk[_CMD])
                 zk_pos = zd[_CMD]
             else:
                 zk_pos = zk[_CMD] if zk is not None else None
             if zk_pos is not None and zk_pos < d_first:
                 # the whole of k (so region r2) is zero before d is used
-                dead.update(e[_CMD] for e in d.acc
+                dead.update(e[_CMD] for e in d_acc
                             if e[_ZERO] and e[_CMD] < d_first and e[_CMD] != zk_pos)
-            if d.alloc < k.alloc:
-                cmds[d.alloc] = Command(CT.ALLOC_MATRIX, matrix=mk)
-                dead.add(k.alloc)
-                k.alloc = d.alloc
+            if alloc[md] < alloc[mk]:
+                cmds[alloc[md]].matrix = mk  # d's allocation now allocates k
+                dead.add(alloc[mk])
+                alloc[mk] = alloc[md]
             else:
-                dead.add(d.alloc)
+                dead.add(alloc[md])
 
         # one deallocation, after the last use of either
-        if d.dealloc != -1 and k.dealloc != -1:
-            if d.dealloc > k.dealloc:
-                cmds[d.dealloc] = Command(CT.DEALLOC_MATRIX, matrix=mk)
-                dead.add(k.dealloc)
-                k.dealloc = d.dealloc
+        dk, dd = dealloc[mk], dealloc[md]
+        if dd != -1 and dk != -1:
+            if dd > dk:
+                cmds[dd].matrix = mk  # d's deallocation now frees k
+                dead.add(dk)
+                dealloc[mk] = dd
             else:
-                dead.add(d.dealloc)
-        elif d.dealloc != -1:
-            dead.add(d.dealloc)
-        elif k.dealloc != -1:
-            dead.add(k.dealloc)
-            k.dealloc = -1
-        k.is_output = k.is_output or d.is_output
-        k.contiguous = k.contiguous or d.contiguous
+                dead.add(dd)
+        elif dd != -1:
+            dead.add(dd)
+        elif dk != -1:
+            dead.add(dk)
+            dealloc[mk] = -1
+        self.is_output[mk] = self.is_output[mk] or self.is_output[md]
+        self.contiguous[mk] = self.contiguous[mk] or self.contiguous[md]
 
         cmd = cmds[i]
-        if cmd.type is CT.MATRIX_COPY:
+        if cmd.type is _MATRIX_COPY:
             if cmd.alpha == 1.0:
                 dead.add(i)
                 self.removed += 1
             else:
                 cmd.src = cmd.dst  # now an in-place scaling of one region
 
-        # d's submatrices become regions of k
-        subs = c.submatrices
-        for s in d.subs:
-            t = subs[s]
-            subs[s] = SubMatrix(mk, ks.row_offset + t.row_offset, t.num_rows,
-                                ks.col_offset + t.col_offset, t.num_cols)
-        k.subs += d.subs
-        dr, dc = ks.row_offset, ks.col_offset
+        # d's submatrices become regions of k (written to the computation by finish())
+        sub_mat, rects, whole = self.sub_mat, self.rects, self.whole
+        dr, _, dc, _ = rects[s_keep]
+        info = c.matrices[mk]
+        rows, cols = info.rows, info.cols
+        for s in self.subs[md]:
+            r0, r1, c0, c1 = rects[s]
+            if dr or dc:
+                r0, r1, c0, c1 = r0 + dr, r1 + dr, c0 + dc, c1 + dc
+                rects[s] = (r0, r1, c0, c1)
+            sub_mat[s] = mk
+            whole[s] = r0 == 0 and c0 == 0 and r1 == rows and c1 == cols
+        self.moved_subs.update(self.subs[md])
+        self.subs[mk] += self.subs[md]
         dead.discard(-1)
         # k's moved zeroing takes its new slot; d's entry for that slot is replaced
         if moved:
-            k_acc = [(moved[e[0]],) + e[1:] if e[0] in moved else e for e in k.acc]
+            k_acc = [(moved[e[0]],) + e[1:] if e[0] in moved else e for e in k_acc]
             gone = dead | set(moved.values())
         else:
-            k_acc, gone = k.acc, dead
+            gone = dead
         merged = [e for e in k_acc if e[_CMD] not in dead]
-        merged += [(e[0], e[1] + dr, e[2] + dr, e[3] + dc, e[4] + dc, e[5], e[6])
-                   for e in d.acc if e[_CMD] not in gone]
+        if dr or dc:
+            merged += [(e[0], e[1] + dr, e[2] + dr, e[3] + dc, e[4] + dc, e[5], e[6])
+                       for e in d_acc if e[_CMD] not in gone]
+        else:  # d sits at k's origin (the usual case): its rectangles stand
+            merged += [e for e in d_acc if e[_CMD] not in gone]
         merged.sort(key=_FIRST)
-        k.acc = merged
+        acc[mk] = merged
         for j in dead:
-            cmds[j] = Command(CT.NO_OPERATION)
-        self.mats[md] = _Mat()
+            cmds[j].type = _NO_OPERATION  # in place: each command object has one slot
+        # d is gone: nothing refers to it any more
+        acc[md], self.subs[md] = [], []
+        alloc[md] = dealloc[md] = self.accept[md] = -1
+        self.is_input[md] = self.is_output[md] = self.contiguous[md] = False
         self.merges += 1
+        self.stamp[mk] = self.stamp[md] = self.merges
 
 
 def variable_merging(c: NnetComputation, nnet, options: OptimizeOptions) -> str:
@@ -413,13 +471,19 @@ def variable_merging(c: NnetComputation, nnet, options: OptimizeOptions) -> str:
     Leaves NO_OPERATION commands and unreferenced matrices for the renumberer."""
     if not (options.allow_left_merge or options.allow_right_merge):
         return ""
-    if has_command_type(c, CT.SWAP_MATRIX, CT.GOTO_LABEL, CT.COMPRESS_MATRIX,
-                        CT.DECOMPRESS_MATRIX):
-        return ""  # runs before these exist; their lifetimes are not modelled here
-    m = _Merger(c, nnet, options)
+    copies = []
+    MC, UNMODELLED = _MATRIX_COPY, _UNMODELLED
+    for i, cmd in enumerate(c.commands):
+        t = cmd.type
+        if t is MC:
+            copies.append(i)
+        elif t in UNMODELLED:
+            return ""  # runs before these exist; their lifetimes are not modelled here
+    m = _Merger(c, nnet, options, copies)
     for _ in range(_MAX_SWEEPS):
         if m.sweep() == 0:
             break
+    m.finish()
     if not m.merges:
         return ""
     return f"merged {m.merges} matrix pairs ({m.removed} assignments removed)"

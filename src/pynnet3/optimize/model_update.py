@@ -61,12 +61,18 @@ def consolidate_model_update(c: NnetComputation, nnet, options: OptimizeOptions)
     update runs right after the last, and the matrices are freed after it."""
     if not c.need_model_derivative:
         return ""
+    node_map = nnet.node_map
+    eligible: dict[str, bool] = {}
     groups: dict[str, list[int]] = {}
+    BACKPROP = CT.BACKPROP
     for k, cmd in enumerate(c.commands):
-        if cmd.type is not CT.BACKPROP:
+        if cmd.type is not BACKPROP:
             continue
-        name = nnet.node_map[cmd.node].component
-        if _eligible(nnet.components[name]):
+        name = node_map[cmd.node].component
+        ok = eligible.get(name)
+        if ok is None:
+            ok = eligible[name] = _eligible(nnet.components[name])
+        if ok:
             groups.setdefault(name, []).append(k)
 
     before: dict[int, list[Command]] = {}  # commands to put just before command k
@@ -104,13 +110,18 @@ def consolidate_model_update(c: NnetComputation, nnet, options: OptimizeOptions)
         done.append(f"{name} ({len(ks)})")
     if not done:
         return ""
-    marker = next(k for k, cmd in enumerate(c.commands)
-                  if cmd.type is CT.NO_OPERATION_MARKER)
+    MARKER = CT.NO_OPERATION_MARKER
+    marker = next(k for k, cmd in enumerate(c.commands) if cmd.type is MARKER)
     after.setdefault(marker, [])[:0] = head
+    cmds = c.commands
     out: list[Command] = []
-    for k, cmd in enumerate(c.commands):
-        out.extend(before.get(k, ()))
-        out.append(cmd)
-        out.extend(after.get(k, ()))
+    done_to = 0  # commands before this one are in out
+    for k in sorted(before.keys() | after.keys()):
+        out += cmds[done_to:k]
+        out += before.get(k, ())
+        out.append(cmds[k])
+        out += after.get(k, ())
+        done_to = k + 1
+    out += cmds[done_to:]
     c.commands = out
     return f"consolidated model update of {len(done)} components: {', '.join(done)}"

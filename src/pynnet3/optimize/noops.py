@@ -9,7 +9,6 @@ backprops. Each costs a dispatch per run, so they go.
 
 from __future__ import annotations
 
-from ..analysis.accesses import has_command_type
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
 
@@ -18,19 +17,25 @@ def remove_needless_noops(c: NnetComputation, nnet=None, options=None) -> str:
     """Drop permanent no-ops and a marker with nothing after it (not in looped
     computations, whose labels and segments rely on them)."""
     cmds = c.commands
-    if has_command_type(c, CT.GOTO_LABEL, CT.NO_OPERATION_LABEL):
-        return ""
-    removed = 0
-    for cmd in cmds:
-        if cmd.type is CT.NO_OPERATION_PERMANENT:
-            cmd.type = CT.NO_OPERATION
-            removed += 1
-    markers = [i for i, cmd in enumerate(cmds) if cmd.type is CT.NO_OPERATION_MARKER]
+    permanent, markers = [], []
+    PERMANENT, MARKER = CT.NO_OPERATION_PERMANENT, CT.NO_OPERATION_MARKER
+    LOOPED = (CT.GOTO_LABEL, CT.NO_OPERATION_LABEL)
+    for i, cmd in enumerate(cmds):
+        t = cmd.type
+        if t is PERMANENT:
+            permanent.append(i)
+        elif t is MARKER:
+            markers.append(i)
+        elif t in LOOPED:
+            return ""
+    for i in permanent:
+        cmds[i].type = CT.NO_OPERATION
+    removed = len(permanent)
     if len(markers) == 1:
         i = markers[0]
-        rest = [cmd for cmd in cmds[i + 1:] if cmd.type is not CT.NO_OPERATION]
         # nothing follows, or only the deallocations of the forward pass
-        if all(cmd.type is CT.DEALLOC_MATRIX for cmd in rest):
+        DEALLOC, NOOP = CT.DEALLOC_MATRIX, CT.NO_OPERATION
+        if all(cmd.type is DEALLOC for cmd in cmds[i + 1:] if cmd.type is not NOOP):
             cmds[i].type = CT.NO_OPERATION
             removed += 1
     return f"removed {removed} no-ops" if removed else ""

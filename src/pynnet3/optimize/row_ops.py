@@ -28,7 +28,13 @@ _ZEROING = (CT.COPY_ROWS, CT.COPY_ROWS_MULTI)  # -1 rows are set to zero, not sk
 _DST_WRITERS = (CT.SET_CONST, CT.MATRIX_COPY, CT.MATRIX_ADD, CT.COPY_ROWS, CT.ADD_ROWS,
                 CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.ADD_ROW_RANGES, CT.ACCEPT_INPUT)
 _HARMLESS = (CT.PROVIDE_OUTPUT, CT.NO_OPERATION, CT.NO_OPERATION_PERMANENT,
-             CT.NO_OPERATION_MARKER)
+             CT.NO_OPERATION_MARKER, CT.DEALLOC_MATRIX, CT.ALLOC_MATRIX)
+_BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
+_LOOP = (CT.NO_OPERATION_LABEL, CT.GOTO_LABEL)
+_SIZING = (CT.ALLOC_MATRIX, CT.DEALLOC_MATRIX, CT.SWAP_MATRIX, CT.COMPRESS_MATRIX,
+           CT.DECOMPRESS_MATRIX)
+# command types as module constants (an Enum class attribute lookup costs more)
+_PROPAGATE, _SET_CONST = CT.PROPAGATE, CT.SET_CONST
 
 # Kaldi's RowOpsSplitter refuses a split whose source rows span more than this
 # many times the rows moved (it would touch mostly unused memory).
@@ -58,14 +64,14 @@ def _written_subs(c: NnetComputation, cmd: Command) -> list[int] | None:
     t = cmd.type
     if t in _DST_WRITERS:
         return [cmd.dst]
-    if t is CT.PROPAGATE:
+    if t is _PROPAGATE:
         return [cmd.out_value]
-    if t in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE):
+    if t in _BACKPROPS:
         return [cmd.in_deriv] if cmd.in_deriv else []
     if t in _TO_MULTI:
         subs = c.indexes_multi[cmd.table][:, 0]
         return np.unique(subs[subs > 0]).tolist()
-    if t in _HARMLESS or t is CT.DEALLOC_MATRIX or t is CT.ALLOC_MATRIX:
+    if t in _HARMLESS:
         return []
     return None
 
@@ -84,10 +90,9 @@ def _rows_known_zero(c: NnetComputation, k: int, s: int, row0: int, row1: int) -
     for j in range(k - 1, -1, -1):
         cmd = c.commands[j]
         t = cmd.type
-        if t in (CT.NO_OPERATION_LABEL, CT.GOTO_LABEL):
+        if t in _LOOP:
             return False
-        if t in (CT.ALLOC_MATRIX, CT.DEALLOC_MATRIX, CT.SWAP_MATRIX, CT.COMPRESS_MATRIX,
-                 CT.DECOMPRESS_MATRIX):
+        if t in _SIZING:
             # sizing/compression name a matrix (compression may name it by submatrix)
             if m in (cmd.matrix, cmd.src_matrix) or (cmd.dst and
                                                      c.submatrices[cmd.dst].matrix == m):
@@ -104,7 +109,7 @@ def _rows_known_zero(c: NnetComputation, k: int, s: int, row0: int, row1: int) -
             wc0, wc1 = ws.col_offset, ws.col_offset + ws.num_cols
             if wr1 <= r0 or r1 <= wr0 or wc1 <= c0 or c1 <= wc0:
                 continue  # no overlap
-            return (t is CT.SET_CONST and cmd.alpha == 0.0 and wr0 <= r0 and r1 <= wr1
+            return (t is _SET_CONST and cmd.alpha == 0.0 and wr0 <= r0 and r1 <= wr1
                     and wc0 <= c0 and c1 <= wc1)
     return False
 

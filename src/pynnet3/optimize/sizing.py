@@ -19,76 +19,82 @@ computations (with a ``GOTO_LABEL``) alone.
 from __future__ import annotations
 
 import bisect
+from operator import attrgetter, is_not
 
 import numpy as np
 
 from ..analysis import Analyzer
-from ..analysis.accesses import has_command_type
+from ..analysis.accesses import AccessTable
 from ..analysis.memory import live_floats
-from ..computation import Command, NnetComputation, SubMatrix
 from ..computation import CommandType as CT
+from ..computation import NnetComputation
+
+_ROWS, _COLS = attrgetter("rows"), attrgetter("cols")
 
 
-def _looped(c: NnetComputation) -> bool:
-    return has_command_type(c, CT.GOTO_LABEL)
-
-
-def _alloc_zero_pairs(c: NnetComputation) -> list[bool]:
-    """``pair[i]``: command ``i`` allocates a matrix and ``i + 1`` zeroes all of it."""
+def _alloc_zero_pairs(c: NnetComputation, table: AccessTable, allocs: list[int]
+                      ) -> np.ndarray:
+    """``pair[i]``: command ``i`` allocates a matrix and ``i + 1`` zeroes all of it
+    (``allocs``: the ALLOC_MATRIX commands)."""
+    n = len(c.commands)
+    pair = np.zeros(n, dtype=bool)
+    al = np.array(allocs, dtype=np.int64)
+    al = al[al < n - 1]
+    al = al[table.zeroing[al + 1]]  # followed by a SET_CONST 0 ...
+    if not len(al):
+        return pair
     cmds = c.commands
-    pair = [False] * len(cmds)
-    last = len(cmds) - 1
-    for i, x in enumerate(cmds):
-        if x.type is not CT.ALLOC_MATRIX or i == last:
-            continue
-        y = cmds[i + 1]
-        if y.type is CT.SET_CONST and y.alpha == 0.0:
-            info = c.matrices[x.matrix]
-            pair[i] = c.submatrices[y.dst] == SubMatrix(x.matrix, 0, info.rows, 0, info.cols)
+    m = np.fromiter((cmds[i].matrix for i in al.tolist()), dtype=np.int64, count=len(al))
+    # ... of the whole matrix (a zeroing has one table entry)
+    sa = table.sub_array[table.sub[np.searchsorted(table.cmd, al + 1)]]
+    rows = np.fromiter(map(_ROWS, c.matrices), dtype=np.int64, count=len(c.matrices))
+    cols = np.fromiter(map(_COLS, c.matrices), dtype=np.int64, count=len(c.matrices))
+    pair[al[(sa[:, 0] == m) & (sa[:, 1] == 0) & (sa[:, 2] == rows[m]) & (sa[:, 3] == 0)
+            & (sa[:, 4] == cols[m])]] = True
     return pair
 
 
 def move_sizing_commands(c: NnetComputation, nnet, options=None) -> str:
     """Allocate each matrix just before its first use and free it just after its
     last; input/output and all other commands keep their relative order."""
-    if _looped(c):
-        return ""
-    a = Analyzer(c, nnet)
     cmds = c.commands
+    allocs = []
+    ALLOC, GOTO = CT.ALLOC_MATRIX, CT.GOTO_LABEL
+    for i, cmd in enumerate(cmds):
+        if cmd.type is ALLOC:
+            allocs.append(i)
+        elif cmd.type is GOTO:
+            return ""  # not straight-line
+    a = Analyzer(c, nnet)
+    t = a.table
     n = len(cmds)
-    pair = _alloc_zero_pairs(c)
+    pair = _alloc_zero_pairs(c, t, allocs)
     ma = a.matrix_arrays
     ptr, acc = ma.ptr, ma.command
-    # Sort keys: 3 * position, so that "just before command k" is 3k - 1 and
-    # "just after command k" is 3k + 1; ties keep the original order.
-    key = np.arange(0, 3 * n, 3, dtype=np.int64)
     num = np.diff(ptr)
     first = ma.first(-1)
     last = ma.last(-1)
     second = np.full(len(num), -1, dtype=np.int64)
     two = num >= 2
     second[two] = acc[ptr[:-1][two] + 1]
-    alloc, dealloc = a.table.alloc.tolist(), a.table.dealloc.tolist()
-    first, second, last, num = first.tolist(), second.tolist(), last.tolist(), num.tolist()
-    for m in range(1, len(c.matrices)):
-        al = alloc[m]
-        if al != -1 and cmds[al].type is CT.ALLOC_MATRIX:
-            # the zeroing that travels with the allocation is not a use
-            use = second[m] if (pair[al] and num[m] and first[m] == al + 1) else first[m]
-            if use != -1:
-                key[al] = 3 * use - 1
-        de = dealloc[m]
-        if de != -1 and num[m] and cmds[de].type is CT.DEALLOC_MATRIX:
-            key[de] = 3 * last[m] + 1
-    order = np.argsort(key, kind="stable").tolist()
-    out: list[Command] = []
-    for i in order:
-        if i > 0 and pair[i - 1]:
-            continue  # a zeroing travels with its allocation
-        out.append(cmds[i])
-        if pair[i]:
-            out.append(cmds[i + 1])
-    moved = sum(x is not y for x, y in zip(out, cmds, strict=True))
+    # Sort keys: 3 * position, so that "just before command k" is 3k - 1 and
+    # "just after command k" is 3k + 1; ties keep the original order.
+    key = np.arange(0, 3 * n, 3, dtype=np.int64)
+    # matrices whose last allocation / deallocation is a plain ALLOC / DEALLOC
+    ms = np.arange(len(num))
+    al, de = t.alloc, t.dealloc
+    has_al = (al != -1) & (al == t.alloc_only) & (ms > 0)
+    # the zeroing that travels with the allocation is not a use
+    use = np.where(pair[al] & (num > 0) & (first == al + 1), second, first)
+    sel = has_al & (use != -1)
+    key[al[sel]] = 3 * use[sel] - 1
+    sel = (de != -1) & (de == t.dealloc_only) & (num > 0) & (ms > 0)
+    key[de[sel]] = 3 * last[sel] + 1
+    # a zeroing travels with its allocation: it sorts right after it
+    zi = np.flatnonzero(pair)
+    key[zi + 1] = key[zi]
+    out = list(map(cmds.__getitem__, np.argsort(key, kind="stable").tolist()))
+    moved = sum(map(is_not, out, cmds))
     c.commands = out
     return f"reordered {moved} commands" if moved else ""
 
@@ -102,43 +108,75 @@ def remove_unnecessary_allocation(c: NnetComputation, nnet, options=None) -> str
     pair is refused when holding the freed matrix until the allocation would raise
     the computation's peak memory: Kaldi's pairing can raise it (tdnnf_chain
     decode: 74736 -> 103200 floats)."""
-    if _looped(c):
-        return ""
+    cmds, mats = c.commands, c.matrices
+    ACCEPT, ALLOC, DEALLOC, GOTO = CT.ACCEPT_INPUT, CT.ALLOC_MATRIX, CT.DEALLOC_MATRIX, \
+        CT.GOTO_LABEL
+    sizing = []  # allocations and deallocations
+    inputs = set()
+    for i, cmd in enumerate(cmds):
+        t = cmd.type
+        if t is ALLOC or t is DEALLOC:
+            sizing.append(i)
+        elif t is ACCEPT:
+            inputs.add(c.submatrices[cmd.dst].matrix)
+        elif t is GOTO:
+            return ""  # not straight-line
+    # per size (in order of first appearance): its deallocations and allocations.
     # Matrices filled by ACCEPT_INPUT count their memory at the accept; keep their
     # (unusual) allocations as they are so the accounting stays right.
-    ACCEPT, ALLOC, DEALLOC = CT.ACCEPT_INPUT, CT.ALLOC_MATRIX, CT.DEALLOC_MATRIX
-    inputs = {c.submatrices[cmd.dst].matrix for cmd in c.commands if cmd.type is ACCEPT}
     lists: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
-    mats = c.matrices
-    for i, cmd in enumerate(c.commands):
-        t = cmd.type
-        if t is DEALLOC or (t is ALLOC and cmd.matrix not in inputs):
-            info = mats[cmd.matrix]
-            d, al = lists.setdefault((info.rows, info.cols), ([], []))
-            (d if t is DEALLOC else al).append(i)
+    for i in sizing:
+        cmd = cmds[i]
+        if cmd.type is ALLOC and cmd.matrix in inputs:
+            continue
+        info = mats[cmd.matrix]
+        d, al = lists.setdefault((info.rows, info.cols), ([], []))
+        (d if cmd.type is DEALLOC else al).append(i)
     peak_aware = getattr(options, "allocate_from_other_peak_aware", False)
-    if peak_aware:
+    pairs, refused = _pair(lists)
+    if peak_aware and pairs:
         live = live_floats(c)[0]
         peak = live.max() if len(live) else 0.0
-    swaps = rejected = 0
+        # Holding the freed matrix from its deallocation to the allocation that
+        # takes it over may raise the peak. When no pair would, even with all of
+        # them made, the pairs stand (live memory only grows as pairs are made,
+        # so each check below would pass); otherwise check them one by one.
+        held = np.zeros(len(live) + 1)
+        d = np.array([p[0] for p in pairs], dtype=np.int64)
+        al = np.array([p[1] for p in pairs], dtype=np.int64)
+        size = np.array([p[2] for p in pairs], dtype=np.float64)
+        np.add.at(held, d, size)
+        np.add.at(held, al, -size)
+        if (live + np.cumsum(held[:-1])).max() > peak:
+            pairs, refused = _pair(lists, live, peak)
+    for d, al, _ in pairs:
+        # in place (each command object has one slot): the allocation becomes the
+        # swap, the deallocation a no-op
+        cmds[al].type, cmds[al].src_matrix = CT.SWAP_MATRIX, cmds[d].matrix
+        cmds[d].type = CT.NO_OPERATION
+    note = f" ({refused} refused: they would raise the peak)" if refused else ""
+    return f"{len(pairs)} allocations take over freed matrices{note}" if pairs else ""
+
+
+def _pair(lists: dict[tuple[int, int], tuple[list[int], list[int]]],
+          live: np.ndarray | None = None, peak: float = 0.0
+          ) -> tuple[list[tuple[int, int, int]], int]:
+    """(deallocation, allocation, size) pairs and how many were refused: with
+    ``live`` (live floats after each command, updated as pairs are made) the pairs
+    that would raise ``peak`` are."""
+    pairs = []
+    refused = 0
     for (rows, cols), (deallocs, allocs) in lists.items():
+        allocs = list(allocs)
+        size = rows * cols
         for d in reversed(deallocs):
             j = bisect.bisect_right(allocs, d)
             if j == len(allocs):
                 continue
-            if peak_aware:
-                # the freed matrix stays held from its deallocation until the
-                # allocation that takes it over; refuse when that raises the peak
-                size = rows * cols
+            if live is not None:
                 if live[d:allocs[j]].max() + size > peak:
-                    rejected += 1
+                    refused += 1
                     continue
                 live[d:allocs[j]] += size
-            al = allocs.pop(j)
-            freed = c.commands[d].matrix
-            c.commands[al] = Command(CT.SWAP_MATRIX, matrix=c.commands[al].matrix,
-                                     src_matrix=freed)
-            c.commands[d] = Command(CT.NO_OPERATION)
-            swaps += 1
-    note = f" ({rejected} refused: they would raise the peak)" if rejected else ""
-    return f"{swaps} allocations take over freed matrices{note}" if swaps else ""
+            pairs.append((d, allocs.pop(j), size))
+    return pairs, refused

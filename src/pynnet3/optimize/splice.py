@@ -41,15 +41,19 @@ are narrower than ``S``. (A spliced *derivative* is still materialized.)
 
 from __future__ import annotations
 
+from itertools import compress, repeat
+from operator import is_
+
 import numpy as np
 
-from ..analysis.accesses import AccessType
+from ..analysis.accesses import AccessType, command_types
 from ..analysis.analyzer import Analyzer
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
 from .options import OptimizeOptions
 
 _R = int(AccessType.READ)
+_W = int(AccessType.WRITE)
 _BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
 
 
@@ -65,9 +69,14 @@ def splice_free_affine(c: NnetComputation, nnet, options: OptimizeOptions | None
     """Make affine-like propagates (and their backprops) read a spliced input's
     column blocks in place."""
     cmds = c.commands
-    if not any(cmd.type is CT.MATRIX_COPY for cmd in cmds):
+    types = command_types(c)
+    if CT.BACKPROP not in types and CT.BACKPROP_NO_MODEL_UPDATE not in types:
+        # forward only: a multi-block splice is never worth it (see the module doc)
+        # and a single copy is what variable merging removes anyway
         return ""
-    if any(cmd.type in (CT.SWAP_MATRIX, CT.GOTO_LABEL) for cmd in cmds):
+    if CT.MATRIX_COPY not in types:
+        return ""
+    if CT.SWAP_MATRIX in types or CT.GOTO_LABEL in types:
         return ""  # straight-line computations before allocate-from-other only
     comps, backprop_ok = {}, set()
     for n in nnet.nodes:
@@ -77,16 +86,13 @@ def splice_free_affine(c: NnetComputation, nnet, options: OptimizeOptions | None
                 comps[n.name] = comp
                 if supports_blocks(comp, "backprop"):
                     backprop_ok.add(n.name)
-    candidates = [i for i, cmd in enumerate(cmds)
-                  if cmd.type is CT.PROPAGATE and cmd.in_value and cmd.node in comps
+    propagates = compress(range(len(types)), map(is_, types, repeat(CT.PROPAGATE)))
+    candidates = [i for i in propagates
+                  if (cmd := cmds[i]).in_value and cmd.node in comps
                   and cmd.table == -1 and cmd.alpha != 2.0 and not cmd.memo]
-    if not any(cmd.type in _BACKPROPS for cmd in cmds):
-        # forward only: a multi-block splice is never worth it (see the module doc)
-        # and a single copy is what variable merging removes anyway
-        return ""
     if not candidates:
         return ""
-    a = Analyzer(c, nnet)
+    a = _Accesses(c, nnet)
     done = backprops = 0
     for p in candidates:
         plan = _plan(c, a, p, backprop_ok)
@@ -114,6 +120,49 @@ def splice_free_affine(c: NnetComputation, nnet, options: OptimizeOptions | None
         return ""
     return (f"{done} spliced input(s) read in place by their propagate"
             + (f" ({backprops} also by a backprop)" if backprops else ""))
+
+
+class _Accesses(Analyzer):
+    """The Analyzer's access table and per-matrix accesses, with the one query the
+    plans need answered from submatrix rectangles (two submatrices of a matrix
+    share a variable exactly when their non-empty rectangles intersect) instead of
+    the per-variable structures, which cost more to build than all the plans."""
+
+    def __init__(self, c: NnetComputation, nnet):
+        super().__init__(c, nnet)
+        t = self.table
+        # table entries grouped by matrix, each group in command order
+        self._order = np.argsort(t.matrix, kind="stable")
+        ptr = np.zeros(len(c.matrices) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(t.matrix, minlength=len(c.matrices)), out=ptr[1:])
+        self._ptr = ptr
+
+    def data_invalidated_command(self, after: int, s: int) -> int:
+        """First command after ``after`` that writes part of submatrix ``s`` or
+        deallocates (or swaps away) its matrix; num_commands if none."""
+        c, t = self.computation, self.table
+        subs = c.submatrices
+        sm = subs[s]
+        m = sm.matrix
+        best = self.num_commands
+        if sm.num_rows and sm.num_cols:
+            r0, r1 = sm.row_offset, sm.row_offset + sm.num_rows
+            c0, c1 = sm.col_offset, sm.col_offset + sm.num_cols
+            k = self._order[self._ptr[m]:self._ptr[m + 1]]
+            for j, x, a in zip(t.cmd[k].tolist(), t.sub[k].tolist(), t.acc[k].tolist(),
+                               strict=True):
+                if j <= after or not a & _W:
+                    continue
+                e = subs[x]
+                if e.num_rows and e.num_cols and e.row_offset < r1 \
+                        and r0 < e.row_offset + e.num_rows and e.col_offset < c1 \
+                        and c0 < e.col_offset + e.num_cols:
+                    best = j
+                    break
+        de = int(t.dealloc[m])
+        if de > after:
+            best = min(best, de)
+        return best
 
 
 def _plan(c: NnetComputation, a: Analyzer, p: int, backprop_ok: set[str]

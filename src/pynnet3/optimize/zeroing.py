@@ -13,8 +13,8 @@ import numpy as np
 
 from ..analysis import AccessType, Analyzer
 from ..analysis.accesses import has_command_type
-from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
+from ..computation import NnetComputation
 
 
 def remove_unnecessary_zeroing(c: NnetComputation, nnet, options=None) -> str:
@@ -53,8 +53,8 @@ def remove_unnecessary_zeroing(c: NnetComputation, nnet, options=None) -> str:
                           | (two & (second != int(AccessType.WRITE))))  # read while zero
     needed = np.zeros(nm, dtype=bool)
     needed[m_of[needed_v]] = True
-    removed = 0
-    for m in np.flatnonzero(has & ~needed).tolist():
-        c.commands[int(z[m])] = Command(CT.NO_OPERATION)
-        removed += 1
-    return f"removed {removed} zeroing commands" if removed else ""
+    removed = z[has & ~needed].tolist()
+    cmds, NOOP = c.commands, CT.NO_OPERATION
+    for i in removed:
+        cmds[i].type = NOOP  # in place: each command object has one slot
+    return f"removed {len(removed)} zeroing commands" if removed else ""
