@@ -154,9 +154,11 @@ class NnetComputation:
     # -- building helpers -----------------------------------------------------
     def new_matrix(self, rows: int, cols: int, node: str = "", is_deriv: bool = False,
                    indexes: np.ndarray | None = None) -> int:
-        self.matrices.append(MatrixInfo(rows, cols, node, is_deriv, indexes))
-        m = len(self.matrices) - 1
-        self._whole[m] = self.new_submatrix(m, 0, rows, 0, cols)
+        matrices, submatrices = self.matrices, self.submatrices
+        m = len(matrices)
+        matrices.append(MatrixInfo(rows, cols, node, is_deriv, indexes))
+        self._whole[m] = len(submatrices)
+        submatrices.append(SubMatrix(m, 0, rows, 0, cols))
         return m
 
     def whole(self, m: int) -> int:
@@ -165,8 +167,9 @@ class NnetComputation:
 
     def new_submatrix(self, m: int, row_offset: int, num_rows: int, col_offset: int,
                       num_cols: int) -> int:
-        self.submatrices.append(SubMatrix(m, row_offset, num_rows, col_offset, num_cols))
-        return len(self.submatrices) - 1
+        submatrices = self.submatrices
+        submatrices.append(SubMatrix(m, row_offset, num_rows, col_offset, num_cols))
+        return len(submatrices) - 1
 
     def add(self, cmd: Command) -> Command:
         self.commands.append(cmd)

@@ -16,7 +16,9 @@ also what ``str()`` prints (exactly the node lines of a Kaldi ``model.txt``):
 Evaluation is vectorized over ``(k, 3)`` index arrays: :meth:`Descriptor.dependencies`
 lists what a batch of indexes may read, and :func:`resolve_part` decides, given an
 availability oracle, which rows are computable and which source terms each row
-uses (IfDefined / Failover choose by availability, as in Kaldi).
+uses (IfDefined / Failover choose by availability, as in Kaldi). Internally it
+works on packed index keys (:func:`pynnet3.index.pack`); the compiler calls the
+``*_keys`` variants, which take and give keys.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from .errors import DescriptorError
+from .index import key_offset, key_t, key_with_t, key_with_x, pack, unpack
 from .io.kaldi_stream import format_float
 
 # ----------------------------------------------------------------------------------
@@ -141,12 +145,18 @@ class Descriptor:
 
     def node_names(self) -> list[str]:
         """Every node this descriptor reads, in first-appearance order."""
+        return list(self._node_names)
+
+    @cached_property
+    def _node_names(self) -> tuple[str, ...]:
+        # (a descriptor is immutable; the node graph asks for these several
+        # times per compile)
         seen: list[str] = []
         for p in self.parts:
             for name in _nodes_of(p):
                 if name not in seen:
                     seen.append(name)
-        return seen
+        return tuple(seen)
 
     def dim(self, node_dim: Callable[[str], int]) -> int:
         return sum(part_dim(p, node_dim) for p in self.parts)
@@ -159,10 +169,12 @@ class Descriptor:
 
     def dependencies(self, indexes: np.ndarray) -> list[Dep]:
         """Everything a batch of indexes may read: one :class:`Dep` per source term."""
-        out: list[Dep] = []
+        keys = pack(np.asarray(indexes, dtype=np.int64).reshape(-1, 3))
+        out: list = []
+        rows = np.arange(len(keys), dtype=np.int64)
         for p in self.parts:
-            _deps(p, np.asarray(indexes, dtype=np.int64), True, out)
-        return out
+            _deps(p, keys, True, out, rows)
+        return [Dep(node, r, unpack(src), required) for node, r, src, required in out]
 
 
 @dataclass
@@ -234,67 +246,76 @@ def part_dim(e, node_dim: Callable[[str], int]) -> int:
 
 
 # ----------------------------------------------------------------------------------
-# Index mapping through forwarding chains (vectorized)
+# Index mapping through forwarding chains (vectorized, on packed keys)
 # ----------------------------------------------------------------------------------
+#
+# Evaluation works on packed index keys (pynnet3.index.pack): an Offset is one
+# addition, a ReplaceIndex one mask, and availability oracles look keys up as they
+# are. The functions taking ``(k, 3)`` indexes are thin wrappers over these.
 
 
-def _forward(e, idx: np.ndarray, rows: np.ndarray, out: list) -> None:
-    """Map rows of ``idx`` through forwarding chain ``e``; append
-    ``(NodeRef, rows, src_indexes)`` candidates (Switch yields several)."""
+def _forward(e, keys: np.ndarray, rows: np.ndarray, out: list) -> None:
+    """Map rows of ``keys`` through forwarding chain ``e``; append
+    ``(NodeRef, rows, src_keys)`` candidates (Switch yields several)."""
     if isinstance(e, NodeRef):
-        out.append((e, rows, idx))
+        out.append((e, rows, keys))
     elif isinstance(e, OffsetOf):
-        m = idx.copy()
-        m[:, 1] += e.t_offset
-        m[:, 2] += e.x_offset
-        _forward(e.src, m, rows, out)
-    elif isinstance(e, RoundOf):
-        m = idx.copy()
-        m[:, 1] = np.floor_divide(m[:, 1], e.t_modulus) * e.t_modulus
-        _forward(e.src, m, rows, out)
+        _forward(e.src, keys + key_offset(e.t_offset, e.x_offset), rows, out)
+    elif isinstance(e, RoundOf):  # t -> floor(t / m) * m = t - (t mod m)
+        _forward(e.src, keys - key_offset(np.mod(key_t(keys), e.t_modulus)), rows, out)
     elif isinstance(e, ReplaceIndexOf):
-        m = idx.copy()
-        m[:, 1 if e.variable == "t" else 2] = e.value
-        _forward(e.src, m, rows, out)
+        _forward(e.src, key_with_t(keys, e.value) if e.variable == "t"
+                 else key_with_x(keys, e.value), rows, out)
     elif isinstance(e, SwitchOf):
-        which = np.mod(idx[:, 1], len(e.srcs))
+        which = np.mod(key_t(keys), len(e.srcs))
         for i, s in enumerate(e.srcs):
             sel = which == i
             if sel.any():
-                _forward(s, idx[sel], rows[sel], out)
+                _forward(s, keys[sel], rows[sel], out)
     else:
         raise TypeError(e)
 
 
-def _deps(e, idx: np.ndarray, required: bool, out: list[Dep],
-          rows: np.ndarray | None = None) -> None:
-    if rows is None:
-        rows = np.arange(len(idx), dtype=np.int64)
+def _deps(e, keys: np.ndarray, required: bool, out: list, rows: np.ndarray) -> None:
+    """Append ``(node, rows, src_keys, required)`` for every source term of ``e``."""
     if isinstance(e, _FORWARDING):
         cands: list = []
-        _forward(e, idx, rows, cands)
+        _forward(e, keys, rows, cands)
         for ref, r, src in cands:
-            out.append(Dep(ref.node, r, src, required))
+            out.append((ref.node, r, src, required))
     elif isinstance(e, SumOf):
-        _deps(e.a, idx, required, out, rows)
-        _deps(e.b, idx, required, out, rows)
+        _deps(e.a, keys, required, out, rows)
+        _deps(e.b, keys, required, out, rows)
     elif isinstance(e, FailoverOf):
-        _deps(e.a, idx, False, out, rows)
-        _deps(e.b, idx, False, out, rows)
+        _deps(e.a, keys, False, out, rows)
+        _deps(e.b, keys, False, out, rows)
     elif isinstance(e, IfDefinedOf):
-        _deps(e.a, idx, False, out, rows)
+        _deps(e.a, keys, False, out, rows)
+
+
+def dependency_keys(d: Descriptor, keys: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """:meth:`Descriptor.dependencies` on packed keys: ``(node, source keys)`` of
+    every source term (rows and requiredness left out)."""
+    out: list = []
+    rows = np.arange(len(keys), dtype=np.int64)
+    for p in d.parts:
+        _deps(p, keys, True, out, rows)
+    return [(node, src) for node, _, src, _ in out]
 
 
 @dataclass
 class Term:
     """One source of a part: rows ``rows`` (of the batch) add ``scale`` times
-    ``node`` at ``indexes``. For a constant, ``node`` is None and ``value`` is set."""
+    ``node`` at ``indexes``. For a constant, ``node`` is None and ``value`` is set.
+    The key-based evaluation (:func:`resolve_part_keys`) gives the packed ``keys``
+    of the source cindexes instead of ``indexes``."""
 
     node: str | None
     scale: float
     rows: np.ndarray
     indexes: np.ndarray | None = None
     value: float = 0.0
+    keys: np.ndarray | None = None
 
 
 Availability = Callable[[str, np.ndarray], np.ndarray]
@@ -308,39 +329,54 @@ def resolve_part(e, idx: np.ndarray, available: Availability) -> tuple[np.ndarra
     IfDefined is always computable and uses its input only where available,
     Const is always computable. Terms only cover computable rows.
     """
-    idx = np.asarray(idx, dtype=np.int64)
-    return _resolve(e, idx, available)
+    idx = np.asarray(idx, dtype=np.int64).reshape(-1, 3)
+    comp, terms = _resolve(e, pack(idx), lambda node, keys: available(node, unpack(keys)))
+    for t in terms:
+        if t.keys is not None:
+            t.indexes = unpack(t.keys)
+    return comp, terms
 
 
-def _resolve(e, idx, available):
-    """(computable mask, terms) of part ``e`` at ``idx``; term rows are positions
-    in ``idx``, increasing."""
-    k = len(idx)
+def resolve_part_keys(e, keys: np.ndarray,
+                      available: Availability) -> tuple[np.ndarray, list[Term]]:
+    """:func:`resolve_part` on packed keys: ``available(node, keys)``, and the
+    terms carry ``keys`` (their ``indexes`` are None)."""
+    return _resolve(e, keys, available)
+
+
+def _resolve(e, keys, available):
+    """(computable mask, terms) of part ``e`` at ``keys``; term rows are positions
+    in ``keys``, increasing."""
+    k = len(keys)
     if isinstance(e, _FORWARDING):
         cands: list = []
-        _forward(e, idx, np.arange(k, dtype=np.int64), cands)
+        _forward(e, keys, np.arange(k, dtype=np.int64), cands)
         comp = np.zeros(k, dtype=bool)
         terms = []
         for ref, local, src in cands:
             ok = available(ref.node, src) if len(src) else np.zeros(0, dtype=bool)
-            comp[local[ok]] = True
-            if ok.any():
-                terms.append(Term(ref.node, ref.scale, local[ok], src[ok]))
+            if ok.all():
+                comp[local] = True
+                if len(src):
+                    terms.append(Term(ref.node, ref.scale, local, keys=src))
+            elif ok.any():
+                comp[local[ok]] = True
+                terms.append(Term(ref.node, ref.scale, local[ok], keys=src[ok]))
         return comp, terms
     if isinstance(e, SumOf):
-        ca, ta = _resolve(e.a, idx, available)
-        cb, tb = _resolve(e.b, idx, available)
+        ca, ta = _resolve(e.a, keys, available)
+        cb, tb = _resolve(e.b, keys, available)
         both = ca & cb
         if both.all():
             return both, ta + tb
         return both, _restrict(ta + tb, both)
     if isinstance(e, FailoverOf):
-        ca, ta = _resolve(e.a, idx, available)
-        cb, tb = _resolve(e.b, idx, available)
+        ca, ta = _resolve(e.a, keys, available)
+        cb, tb = _resolve(e.b, keys, available)
         keep_b = _restrict(tb, ~ca)
         return ca | cb, _restrict(ta, ca) + keep_b
     if isinstance(e, IfDefinedOf):
-        ca, ta = _resolve(e.a, idx, available)
+        ca, ta = _resolve(e.a, keys, available)
         return np.ones(k, dtype=bool), _restrict(ta, ca)
     if isinstance(e, ConstOf):
         return np.ones(k, dtype=bool), [Term(None, 1.0, np.arange(k, dtype=np.int64), None,
@@ -358,7 +394,8 @@ def _restrict(terms: list[Term], allowed: np.ndarray) -> list[Term]:
             out.append(t)
         elif keep.any():
             out.append(Term(t.node, t.scale, t.rows[keep],
-                            None if t.indexes is None else t.indexes[keep], t.value))
+                            None if t.indexes is None else t.indexes[keep], t.value,
+                            None if t.keys is None else t.keys[keep]))
     return out
 
 
@@ -642,25 +679,34 @@ def part_computable(e, idx: np.ndarray, available: Availability) -> np.ndarray:
     """Computability only (no terms), evaluated lazily: the second side of a Sum is
     only asked about rows where the first is computable, the second side of a
     Failover only where the first is not, and IfDefined / Const never ask."""
-    k = len(idx)
+    idx = np.asarray(idx, dtype=np.int64).reshape(-1, 3)
+    return part_computable_keys(e, pack(idx), lambda node, k: available(node, unpack(k)))
+
+
+def part_computable_keys(e, keys: np.ndarray, available: Availability) -> np.ndarray:
+    """:func:`part_computable` on packed keys (``available(node, keys)``)."""
+    k = len(keys)
     if k == 0:
         return np.zeros(0, dtype=bool)
     if isinstance(e, _FORWARDING):
         cands: list = []
-        _forward(e, idx, np.arange(k, dtype=np.int64), cands)
+        _forward(e, keys, np.arange(k, dtype=np.int64), cands)
+        if len(cands) == 1:  # (no Switch: one candidate for all rows, in order)
+            ref, _, src = cands[0]
+            return np.array(available(ref.node, src), dtype=bool)  # (callers write to it)
         res = np.zeros(k, dtype=bool)
         for ref, rows, src in cands:
             res[rows] = available(ref.node, src)
         return res
     if isinstance(e, SumOf):
-        res = part_computable(e.a, idx, available)
+        res = part_computable_keys(e.a, keys, available)
         if res.any():
-            res[res] = part_computable(e.b, idx[res], available)
+            res[res] = part_computable_keys(e.b, keys[res], available)
         return res
     if isinstance(e, FailoverOf):
-        res = part_computable(e.a, idx, available)
+        res = part_computable_keys(e.a, keys, available)
         if not res.all():
-            res[~res] = part_computable(e.b, idx[~res], available)
+            res[~res] = part_computable_keys(e.b, keys[~res], available)
         return res
     return np.ones(k, dtype=bool)
 
@@ -724,9 +770,21 @@ def descriptor_time_bounds(d: Descriptor, node_bounds: Callable[[str], TimeBound
 
 
 def descriptor_computable(d: Descriptor, idx: np.ndarray, available: Availability) -> np.ndarray:
-    res = np.ones(len(idx), dtype=bool)
-    for p in d.parts:
+    idx = np.asarray(idx, dtype=np.int64).reshape(-1, 3)
+    return descriptor_computable_keys(d, pack(idx), lambda node, k: available(node, unpack(k)))
+
+
+def descriptor_computable_keys(d: Descriptor, keys: np.ndarray,
+                               available: Availability) -> np.ndarray:
+    """Whether every part is computable (:func:`part_computable_keys`), each part
+    asked only about the rows all earlier parts can compute."""
+    res = part_computable_keys(d.parts[0], keys, available) if d.parts \
+        else np.ones(len(keys), dtype=bool)
+    for p in d.parts[1:]:
         if not res.any():
             break
-        res[res] = part_computable(p, idx[res], available)
+        if res.all():
+            res = part_computable_keys(p, keys, available)
+        else:
+            res[res] = part_computable_keys(p, keys[res], available)
     return res

@@ -56,8 +56,24 @@ def pack(indexes: np.ndarray) -> np.ndarray:
     return out
 
 
+_UNPACK_SHIFTS = np.array([[_T_BITS + _X_BITS], [_X_BITS], [0]], dtype=np.int64)
+_UNPACK_MASKS = np.array([[(1 << _N_BITS) - 1], [(1 << _T_BITS) - 1], [(1 << _X_BITS) - 1]],
+                         dtype=np.int64)
+_UNPACK_OFFSETS = np.array([[_N_OFF], [_T_OFF], [_X_OFF]], dtype=np.int64)
+_SMALL_UNPACK = 512
+
+
 def unpack(keys: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`pack`."""
     keys = np.asarray(keys, dtype=np.int64)
+    if len(keys) <= _SMALL_UNPACK:
+        # All three columns in three operations (as rows of a (3, k) array, then
+        # transposed): compile time is dominated by many short arrays, where this
+        # beats column by column; on long ones the transposing copy costs more.
+        out = keys >> _UNPACK_SHIFTS
+        out &= _UNPACK_MASKS
+        out -= _UNPACK_OFFSETS
+        return out.T.copy()
     out = np.empty((len(keys), 3), dtype=np.int64)
     out[:, 0] = (keys >> (_T_BITS + _X_BITS)) - _N_OFF
     out[:, 1] = ((keys >> _X_BITS) & ((1 << _T_BITS) - 1)) - _T_OFF
@@ -65,10 +81,42 @@ def unpack(keys: np.ndarray) -> np.ndarray:
     return out
 
 
+_T_FIELD = ((1 << _T_BITS) - 1) << _X_BITS  # the bits of t in a key
+_X_FIELD = (1 << _X_BITS) - 1
+
+
+def key_offset(t_offset, x_offset=0):
+    """What adding ``t_offset`` to t and ``x_offset`` to x adds to a key (ints or
+    arrays; within the bit budget the fields never carry into each other)."""
+    return (t_offset << _X_BITS) + x_offset
+
+
+def key_t(keys: np.ndarray) -> np.ndarray:
+    """The t of each key."""
+    return ((keys >> _X_BITS) & ((1 << _T_BITS) - 1)) - _T_OFF
+
+
+def key_with_t(keys: np.ndarray, t: int) -> np.ndarray:
+    """The keys with t replaced by ``t``."""
+    return (keys & ~_T_FIELD) | ((t + _T_OFF) << _X_BITS)
+
+
+def key_with_x(keys: np.ndarray, x: int) -> np.ndarray:
+    """The keys with x replaced by ``x``."""
+    return (keys & ~_X_FIELD) | (x + _X_OFF)
+
+
 def sort_order_txn(indexes: np.ndarray) -> np.ndarray:
     """Permutation sorting indexes by (t, x, n): Kaldi's ``Index::operator<``."""
     idx = np.asarray(indexes)
     return np.lexsort((idx[:, 0], idx[:, 2], idx[:, 1]))
+
+
+def txn_keys(keys: np.ndarray) -> np.ndarray:
+    """Keys (of another packing) whose order is the (t, x, n) order of the
+    indexes that packed ``keys`` stand for: one stable argsort of them does what
+    :func:`sort_order_txn` does with a three-column lexsort."""
+    return ((keys & ((1 << (_T_BITS + _X_BITS)) - 1)) << _N_BITS) | (keys >> (_T_BITS + _X_BITS))
 
 
 class KeySet:

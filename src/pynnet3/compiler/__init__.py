@@ -13,14 +13,12 @@ def compile_computation(nnet, request: ComputationRequest, timings: dict | None 
     """Compile ``request`` on ``nnet`` into an unoptimized NnetComputation.
     ``timings`` (optional): seconds spent are added under "graph", "schedule" and
     "commands" (the CachingCompiler's per-phase report)."""
-    from ..optimize.io_ops import consolidate_io_operations
-
     t0 = time.perf_counter()
     builder, graph = build_graph(nnet, request)
     t1 = time.perf_counter()
+    # (inputs accepted first, outputs provided last in each segment, as Kaldi's
+    # compiler: compile_commands emits them there)
     computation = compile_commands(nnet, request, builder, graph)
-    # as Kaldi's compiler: inputs accepted first, outputs provided last in each segment
-    consolidate_io_operations(computation)
     if timings is not None:
         schedule = builder.schedule_seconds
         for phase, seconds in (("graph", t1 - t0 - schedule), ("schedule", schedule),

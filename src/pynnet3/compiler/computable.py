@@ -28,12 +28,21 @@ import math
 
 import numpy as np
 
-from ..descriptor import UNBOUNDED, TimeBounds, descriptor_computable, descriptor_time_bounds
+from ..components.base import Flags
+from ..descriptor import (
+    UNBOUNDED,
+    TimeBounds,
+    dependency_keys,
+    descriptor_computable_keys,
+    descriptor_time_bounds,
+    resolve_part_keys,
+)
 from ..index import pack, unpack
 from .epochs import is_recurrent_scc, node_sccs
 from .keymap import KeyMap, unique_inverse, unique_keys
 
 UNKNOWN, YES, NO, IN_PROGRESS = 0, 1, 2, 3
+_SIMPLE = int(Flags.SIMPLE)
 _NO_HIT = 1 << 60
 
 
@@ -47,6 +56,10 @@ class Computability:
     # Let statistics components leave out window frames that cannot exist
     # (see input_deps); False: the full windows (reference, for tests).
     clip_windows: bool = True
+    # Keep what a region's rules found (the terms of descriptor rules, the inputs
+    # of non-simple components) for the graph builder; False: it works them out
+    # again (reference, for tests).
+    keep_rules: bool = True
 
     def __init__(self, nnet, inputs: dict[str, np.ndarray]):
         self.nnet = nnet
@@ -65,27 +78,46 @@ class Computability:
         self._position: dict[str, int] = {}
         self.recurrent: dict[str, bool] = {}  # node -> in a recurrent SCC
         for scc in self.sccs:
-            rec = is_recurrent_scc(nnet, scc)
+            rec = is_recurrent_scc(nnet, scc, self.nodes)
             for name in scc:
                 self._position[name] = len(self._position)
                 self.recurrent[name] = rec
         self._is_input = {name: node.kind == "input-node" for name, node in self.nodes.items()}
-        # component node -> whether its component is simple
+        # component node -> its component's property flags (an int: tests on the
+        # enum are slow, and the command compiler reads them too), and whether
+        # it is simple
+        self.flags: dict[str, int] = {}
         self.simple: dict[str, bool] = {}
         for name, node in self.nodes.items():
             if node.kind == "component-node":
-                self.simple[name] = nnet.components[node.component].is_simple()
+                flags = self.flags[name] = int(nnet.components[node.component].properties())
+                self.simple[name] = bool(flags & _SIMPLE)
         self._inputs = inputs
         self._bounds: dict[str, TimeBounds] | None = None
         # non-simple node -> (sorted output keys, sorted unique keys of their
         # available inputs), left by the graph builder for the command compiler
         self.input_memo: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        # What a region's rule found for a node, which the graph builder takes
+        # over when it needs exactly the same cindexes: (the keys, then for a
+        # descriptor rule (simple component, output) the terms of each part; for
+        # a non-simple component its InputDeps, which dependencies are available,
+        # their sorted unique keys, each one's position among those, which of
+        # those are available). None for a node evaluated by several regions.
+        self.resolved: dict[str, tuple | None] = {}
+        # non-simple node -> (keys, input_deps at them): the last ones asked about
+        # (a region's demand, its rule and the graph builder ask about the same)
+        self._deps_at: dict[str, tuple[np.ndarray, object]] = {}
 
     def computable(self, node: str, idx: np.ndarray) -> np.ndarray:
         idx = np.asarray(idx, dtype=np.int64)
         if len(idx) == 0:
             return np.zeros(0, dtype=bool)
-        keys = pack(idx)
+        return self.computable_keys(node, pack(idx))
+
+    def computable_keys(self, node: str, keys: np.ndarray) -> np.ndarray:
+        """:meth:`computable` of packed index keys."""
+        if len(keys) == 0:
+            return np.zeros(0, dtype=bool)
         kmap = self.maps[node]
         state = kmap.lookup(keys, UNKNOWN)
         if self._is_input[node]:
@@ -115,7 +147,7 @@ class Computability:
         reaches can read that recurrence, so every answer here is final."""
         position = self._position
         pending: dict[str, list[np.ndarray]] = {root: [ukeys]}
-        region: list[tuple[str, np.ndarray, np.ndarray]] = []
+        region: list[tuple[str, np.ndarray]] = []
         while pending:
             name = max(pending, key=position.__getitem__)
             parts = pending.pop(name)
@@ -127,54 +159,70 @@ class Computability:
                 keys = keys[kmap.lookup(keys, UNKNOWN) == UNKNOWN]
             if not len(keys):
                 continue
-            idx = unpack(keys)
-            region.append((name, keys, idx))
+            region.append((name, keys))
             if self.recurrent[name]:
                 continue  # evaluated lazily (below), asking its sources as it goes
-            for src, skeys in self._demand(name, idx):
+            for src, skeys in self._demand(name, keys):
                 pending.setdefault(src, []).append(skeys)
-        for name, keys, idx in reversed(region):  # sources first
+        for name, keys in reversed(region):  # sources first
             if self.recurrent[name]:
-                self.computable(name, idx)
+                self.computable_keys(name, keys)
                 continue
             kmap = self.maps[name]
             if kmap.blocks:  # (a lazily evaluated recurrence may have asked meanwhile)
                 todo = kmap.lookup(keys, UNKNOWN) == UNKNOWN
                 if not todo.all():
-                    keys, idx = keys[todo], idx[todo]
+                    keys = keys[todo]
                 if not len(keys):
                     continue
-            res = self._rule(name, idx)
+            n = self.nodes[name]
+            if not self.keep_rules or n.kind == "dim-range-node":
+                res = self._rule(name, keys)
+            elif name in self.resolved:  # (evaluated by an earlier region too)
+                res = self._rule(name, keys)
+                self.resolved[name] = None
+            elif n.kind == "component-node" and not self.simple[name]:
+                res, found = self._nonsimple_rule(n, keys)
+                self.resolved[name] = (keys, *found)
+            else:
+                # The rule, with the terms each computable row uses (the region
+                # evaluated every cindex they may read, so this costs no more).
+                res = np.ones(len(keys), dtype=bool)
+                parts = []
+                for part in n.descriptor.parts:
+                    ok, terms = resolve_part_keys(part, keys, self.computable_keys)
+                    res &= ok
+                    parts.append(terms)
+                self.resolved[name] = (keys, parts)
             kmap.add_new(keys, np.where(res, YES, NO))
 
-    def _demand(self, name: str, idx: np.ndarray):
+    def _demand(self, name: str, keys: np.ndarray):
         """(source node, sorted unique keys) of every cindex that evaluating the
-        rule of non-input node ``name`` at ``idx`` may read."""
+        rule of non-input node ``name`` at ``keys`` may read."""
         n = self.nodes[name]
         if n.kind == "dim-range-node":
-            yield n.source, pack(idx)
+            yield n.source, keys
             return
         if n.kind == "component-node" and not self.simple[name]:
-            deps = self.input_deps(n, idx)
+            deps = self.input_deps_at(n, keys)
             if not len(deps.owner):
                 return
-            idx = unpack(unique_keys(pack(deps.indexes)))
-        for d in n.descriptor.dependencies(idx):
-            if len(d.indexes):
-                yield d.node, unique_keys(pack(d.indexes))
+            keys = unique_keys(pack(deps.indexes))
+        for node, src in dependency_keys(n.descriptor, keys):
+            if len(src):
+                yield node, unique_keys(src)
 
     def _evaluate_batch(self, node: str, ukeys: np.ndarray) -> None:
         kmap = self.maps[node]
         frame = self._next_frame
         self._next_frame += 1
         kmap.set(ukeys, IN_PROGRESS + frame)
-        uidx = unpack(ukeys)
         outer_hit = self._min_hit
         done = np.zeros(len(ukeys), dtype=bool)
         while True:
             self._min_hit = _NO_HIT
             todo = ~done
-            res = self._rule(node, uidx[todo])
+            res = self._rule(node, ukeys[todo])
             newly = np.flatnonzero(todo)[res]
             if len(newly):
                 kmap.set(ukeys[newly], YES)
@@ -195,34 +243,51 @@ class Computability:
             outer_hit = min(outer_hit, hit)
         self._min_hit = outer_hit
 
-    def _rule(self, name: str, idx: np.ndarray) -> np.ndarray:
-        """One application of the computability rule of node ``name``."""
+    def _rule(self, name: str, keys: np.ndarray) -> np.ndarray:
+        """One application of the computability rule of node ``name`` (at packed
+        keys)."""
         n = self.nodes[name]
-        if len(idx) == 0:
+        if len(keys) == 0:
             return np.zeros(0, dtype=bool)
         if n.kind == "dim-range-node":
-            return self.computable(n.source, idx)
+            return self.computable_keys(n.source, keys)
         if n.kind == "component-node" and not self.simple[name]:
-            return self._nonsimple_rule(n, self.nnet.components[n.component], idx)
-        return descriptor_computable(n.descriptor, idx, self.computable)
+            return self._nonsimple_rule(n, keys)[0]
+        return descriptor_computable_keys(n.descriptor, keys, self.computable_keys)
 
-    def _nonsimple_rule(self, n, comp, idx: np.ndarray) -> np.ndarray:
-        deps = self.input_deps(n, idx)
-        k = len(idx)
+    def _nonsimple_rule(self, n, keys: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """The rule of a non-simple component node at ``keys``, and (InputDeps,
+        which dependencies are available, their sorted unique keys, each one's
+        position among those, which of those are available)."""
+        deps = self.input_deps_at(n, keys)
+        k = len(keys)
+        ukeys, inv = unique_inverse(pack(deps.indexes))
+        avail_u = descriptor_computable_keys(n.descriptor, ukeys, self.computable_keys)
+        ok = avail_u[inv]
+        found = (deps, ok, ukeys, inv, avail_u)
         if len(deps.owner) == 0:
-            return np.zeros(k, dtype=bool) if deps.any_suffices else np.ones(k, dtype=bool)
-        ok = self.input_available(n, deps.indexes)
+            res = np.zeros(k, dtype=bool) if deps.any_suffices else np.ones(k, dtype=bool)
+            return res, found
         missing_required = np.bincount(deps.owner[deps.required & ~ok], minlength=k) > 0
         res = ~missing_required
         if deps.any_suffices:
             res &= np.bincount(deps.owner[ok], minlength=k) > 0
-        return res
+        return res, found
 
     def input_available(self, n, idx: np.ndarray) -> np.ndarray:
         """Whether the component-input (the descriptor of node ``n``) is computable."""
-        keys = pack(idx)
-        ukeys, inv = unique_inverse(keys)
-        return descriptor_computable(n.descriptor, unpack(ukeys), self.computable)[inv]
+        ukeys, inv = unique_inverse(pack(idx))
+        return descriptor_computable_keys(n.descriptor, ukeys, self.computable_keys)[inv]
+
+    def input_deps_at(self, n, keys: np.ndarray):
+        """:meth:`input_deps` at packed keys, remembered for the last keys asked
+        about per node."""
+        memo = self._deps_at.get(n.name)
+        if memo is not None and (memo[0] is keys or np.array_equal(memo[0], keys)):
+            return memo[1]
+        deps = self.input_deps(n, unpack(keys))
+        self._deps_at[n.name] = (keys, deps)
+        return deps
 
     # -- time bounds -------------------------------------------------------------------------
     def input_deps(self, n, idx: np.ndarray):

@@ -64,8 +64,8 @@ def node_sccs(nnet) -> list[list[str]]:
     return out
 
 
-def is_recurrent_scc(nnet, scc: list[str]) -> bool:
+def is_recurrent_scc(nnet, scc: list[str], node_map: dict | None = None) -> bool:
+    """Whether the SCC is a loop (``node_map``: ``nnet.node_map``, if at hand)."""
     if len(scc) > 1:
         return True
-    node = nnet.node(scc[0])
-    return scc[0] in node.inputs()
+    return scc[0] in (node_map or nnet.node_map)[scc[0]].inputs()

@@ -10,6 +10,9 @@
    epoch is cut into phases by the depth of each cindex in the epoch's own
    dependency graph, one step per node per phase. Rows of a step are sorted by
    (t, x, n) (Kaldi's Index order); input and output steps keep request order.
+
+Cindexes travel as packed keys (:func:`pynnet3.index.pack`) throughout; the
+index-array methods (:meth:`GraphBuilder.used_sources`) wrap the key ones.
 """
 
 from __future__ import annotations
@@ -19,16 +22,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..descriptor import resolve_part
+from ..descriptor import resolve_part_keys
 from ..errors import ComputeError
-from ..index import KeySet, describe, pack, sort_order_txn, unpack
+from ..index import KeySet, describe, pack, txn_keys, unpack
 from .computable import Computability
 from .keymap import KeyMap, unique_inverse, unique_keys
 
 _MAX_ROUNDS = 100000
+_STEP_KIND = {"input-node": "input", "component-node": "component",
+              "dim-range-node": "dim-range", "output-node": "output"}
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     """A batch of cindexes of one node computed together; ``indexes`` is the row
     order of its value matrix."""
@@ -87,39 +92,59 @@ class GraphBuilder:
 
     # -- used inputs -------------------------------------------------------------
     def used_sources(self, name: str, idx: np.ndarray):
-        """Yield (source node, consumer rows, source indexes) for computable ``idx``."""
+        """Yield (source node, consumer rows, source indexes) for computable ``idx``.
+        (A subclass may override this to drop sources; :meth:`build` then goes
+        through it instead of :meth:`used_source_keys`.)"""
+        for src, rows, skeys in self.used_source_keys(name, pack(idx)):
+            yield src, rows, unpack(skeys)
+
+    def used_source_keys(self, name: str, keys: np.ndarray):
+        """:meth:`used_sources` on packed keys: yield (source node, consumer rows,
+        source keys) for the computable cindexes ``keys`` of ``name``."""
         n = self.nodes[name]
-        if n.kind == "input-node" or len(idx) == 0:
+        if n.kind == "input-node" or len(keys) == 0:
             return
         if n.kind == "dim-range-node":
-            yield n.source, np.arange(len(idx)), idx
+            yield n.source, np.arange(len(keys)), keys
             return
         if n.kind != "component-node" or self.comp.simple[name]:
-            for part in n.descriptor.parts:
-                _, terms = resolve_part(part, idx, self.comp.computable)
+            memo = self.comp.resolved.get(name)
+            if memo is not None and np.array_equal(memo[0], keys):
+                parts = memo[1]  # resolved at exactly these cindexes already
+            else:
+                parts = [resolve_part_keys(part, keys, self.comp.computable_keys)[1]
+                         for part in n.descriptor.parts]
+            for terms in parts:
                 for t in terms:
                     if t.node is not None:
-                        yield t.node, t.rows, t.indexes
+                        yield t.node, t.rows, t.keys
             return
-        deps = self.comp.input_deps(n, idx)
-        avail = self.comp.input_available(n, deps.indexes)
-        owners, in_idx = deps.owner[avail], deps.indexes[avail]
-        ukeys, inv = unique_inverse(pack(in_idx))
+        memo = self.comp.resolved.get(name)
+        if memo is not None and np.array_equal(memo[0], keys):
+            # evaluated at exactly these cindexes already: the available
+            # dependencies are some of the unique ones found then
+            _, deps, avail, ukeys, inv, avail_u = memo
+            rank = np.cumsum(avail_u) - 1
+            ukeys, inv = ukeys[avail_u], rank[inv[avail]]
+        else:
+            deps = self.comp.input_deps_at(n, keys)
+            avail = self.comp.input_available(n, deps.indexes)
+            ukeys, inv = unique_inverse(pack(deps.indexes[avail]))
+        owners = deps.owner[avail]
         # the command compiler asks again for the same cindexes (in another order)
-        self.comp.input_memo[name] = (np.sort(pack(idx)), ukeys)
+        self.comp.input_memo[name] = (np.sort(keys), ukeys)
         if len(deps.owner) == 0:
             return
-        uidx = unpack(ukeys)
         for part in n.descriptor.parts:
-            _, terms = resolve_part(part, uidx, self.comp.computable)
+            _, terms = resolve_part_keys(part, ukeys, self.comp.computable_keys)
             for t in terms:
                 if t.node is None:
                     continue
-                where = np.full(len(uidx), -1, dtype=np.int64)
+                where = np.full(len(ukeys), -1, dtype=np.int64)
                 where[t.rows] = np.arange(len(t.rows))
                 w = where[inv]
                 sel = w >= 0
-                yield t.node, owners[sel], t.indexes[w[sel]]
+                yield t.node, owners[sel], t.keys[w[sel]]
 
     # -- building ------------------------------------------------------------------
     def check_outputs(self) -> None:
@@ -166,6 +191,12 @@ class GraphBuilder:
             pending.setdefault(spec.name, []).append(pack(spec.indexes))
         for spec in self.request.inputs:  # inputs are always part of the graph
             pending.setdefault(spec.name, []).append(pack(spec.indexes))
+        if type(self).used_sources is GraphBuilder.used_sources:
+            sources = self.used_source_keys
+        else:  # a subclass filters the sources (multi-segment): go through it
+            def sources(name, keys):
+                for src, rows, sidx in self.used_sources(name, unpack(keys)):
+                    yield src, rows, pack(sidx)
         rounds = 0
         while pending:
             rounds += 1
@@ -181,8 +212,7 @@ class GraphBuilder:
             needed[name].add_new(keys, np.ones(len(keys), dtype=np.int64))
             scc = self.scc_of[name]
             inner = self._inner_edges.setdefault(name, []) if self._recurrent[scc] else None
-            for src, rows, sidx in self.used_sources(name, unpack(keys)):
-                skeys = pack(sidx)
+            for src, rows, skeys in sources(name, keys):
                 pending.setdefault(src, []).append(skeys)
                 if inner is not None and self.scc_of[src] == scc:
                     # kept for the phases of the recurrence (_recurrent_steps)
@@ -212,8 +242,9 @@ class GraphBuilder:
                         if mirrored:
                             steps.extend(mirrored)
                             continue
-                    idx = unpack(needed[name])
-                    steps.append(Step(name, self._kind(name), idx[sort_order_txn(idx)], e))
+                    keys = needed[name]
+                    keys = keys[np.argsort(txn_keys(keys), kind="stable")]
+                    steps.append(Step(name, self._kind(name), unpack(keys), e))
         for spec in self.request.outputs:
             steps.append(Step(spec.name, "output", spec.indexes, len(self.sccs)))
         return steps
@@ -236,26 +267,25 @@ class GraphBuilder:
         return out
 
     def _kind(self, name: str) -> str:
-        return {"input-node": "input", "component-node": "component",
-                "dim-range-node": "dim-range", "output-node": "output"}[self.nodes[name].kind]
+        return _STEP_KIND[self.nodes[name].kind]
 
     def _recurrent_steps(self, epoch: int, scc: list[str],
                          needed: dict[str, np.ndarray]) -> list[Step]:
         members = set(scc)
-        offsets, sets = {}, {}
+        offsets = {}
         total = 0
         for name in scc:
             offsets[name] = total
-            sets[name] = KeySet(needed[name])
             total += len(needed[name])
         src_ids, dst_ids = [], []
         for name in scc:
-            # (the build resolved every needed cindex of the node exactly once)
+            # (the build resolved every needed cindex of the node exactly once, and
+            # ``needed`` holds sorted keys: a key's vertex is its position there)
             for dkeys, src, skeys in self._inner_edges.get(name, ()):
                 if src not in members:
                     continue
-                src_ids.append(offsets[src] + sets[src].position(skeys))
-                dst_ids.append(offsets[name] + sets[name].position(dkeys))
+                src_ids.append(offsets[src] + needed[src].searchsorted(skeys))
+                dst_ids.append(offsets[name] + needed[name].searchsorted(dkeys))
         if src_ids:
             level = _longest_path_levels(total, np.concatenate(src_ids),
                                          np.concatenate(dst_ids))
@@ -264,26 +294,23 @@ class GraphBuilder:
         else:
             level = np.zeros(total, dtype=np.int64)
         node_of = np.repeat(np.arange(len(scc)), [len(needed[name]) for name in scc])
-        idx = unpack(np.concatenate([needed[name] for name in scc]))
+        keys = np.concatenate([needed[name] for name in scc])
         # One sort for all steps: by level, then node (scc order), then Kaldi's
         # (t, x, n) row order within the step.
-        order = np.lexsort((idx[:, 0], idx[:, 2], idx[:, 1], node_of, level))
+        order = np.lexsort((txn_keys(keys), node_of, level))
         lv_sorted, node_sorted = level[order], node_of[order]
         cut = np.flatnonzero((lv_sorted[1:] != lv_sorted[:-1])
                              | (node_sorted[1:] != node_sorted[:-1])) + 1
-        idx = idx[order]
+        idx = unpack(keys[order])
         starts = [0, *cut.tolist()]
         ends = [*starts[1:], len(order)]
         node_at = node_sorted[starts].tolist()
         kind = [self._kind(name) for name in scc]
-        steps = []
-        for a, b, q in zip(starts, ends, node_at, strict=True):
-            name = scc[q]
-            steps.append(Step(name, kind[q], idx[a:b], epoch, recurrent=True))
-        return steps
+        return [Step(scc[q], kind[q], idx[a:b], epoch, True)
+                for a, b, q in zip(starts, ends, node_at, strict=True)]
 
 
-_SMALL_GRAPH = 20000  # edges; below this a plain Python Kahn's algorithm is faster
+_SMALL_GRAPH = 20000  # edges; below this Python (on the contracted graph) is faster
 
 
 def _longest_path_levels(total: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
@@ -291,14 +318,14 @@ def _longest_path_levels(total: int, src: np.ndarray, dst: np.ndarray) -> np.nda
     predecessors, else 1 + the deepest predecessor), by Kahn's algorithm one
     frontier at a time: O(edges) work plus one small step per level. None if the
     graph has a cycle."""
+    if len(dst) <= _SMALL_GRAPH:
+        # A recurrence has one level per frame or so: hundreds of levels of a few
+        # vertices each, where numpy's per-call cost per level would dominate.
+        return _levels_small(total, src, dst)
     order = np.argsort(src, kind="stable")
     src, dst = src[order], dst[order]
     starts = np.searchsorted(src, np.arange(total + 1))
     indeg = np.bincount(dst, minlength=total)
-    if len(dst) <= _SMALL_GRAPH:
-        # A recurrence has one level per frame or so: hundreds of levels of a few
-        # vertices each, where numpy's per-call cost would dominate.
-        return _levels_small(total, starts.tolist(), dst.tolist(), indeg.tolist())
     level = np.zeros(total, dtype=np.int64)
     frontier = np.flatnonzero(indeg == 0)
     done = 0
@@ -319,26 +346,80 @@ def _longest_path_levels(total: int, src: np.ndarray, dst: np.ndarray) -> np.nda
     return level if done == total else None
 
 
-def _levels_small(total: int, starts: list[int], dst: list[int],
-                  indeg: list[int]) -> np.ndarray | None:
-    """:func:`_longest_path_levels` on Python lists (same result)."""
+def _levels_small(total: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
+    """:func:`_longest_path_levels` by contracting the graph first, then Kahn's
+    algorithm in Python on what is left (same result).
+
+    Edges carry weights (levels gained along them, 1 at first). A vertex with a
+    single incoming edge is exactly that edge's weight below its source, so it
+    needs no visit of its own: pointer jumping finds, for every such vertex, the
+    nearest vertex up its chain that has none or several incoming edges and the
+    distance to it; the chains' edges are then re-rooted there. Parallel edges
+    are merged (the heavier one counts), which can leave new single-edge
+    vertices, so this repeats. A recurrence (one link per node and frame, merges
+    where a node reads several nodes of the same frame) contracts to its first
+    frames in two or three rounds, leaving hardly anything for Python."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    weight = np.ones(len(src), dtype=np.int64)
+    # level(v) = level(root[v]) + off[v]; ``alive``: vertices that are their own root
+    root = np.arange(total, dtype=np.int64)
+    off = np.zeros(total, dtype=np.int64)
+    alive = np.ones(total, dtype=bool)
+    while len(src):
+        key = src * total + dst
+        order = np.lexsort((weight, key))
+        key = key[order]
+        last = np.ones(len(key), dtype=bool)  # the heaviest of each run of parallel edges
+        np.not_equal(key[1:], key[:-1], out=last[:-1])
+        keep = order[last]
+        src, dst, weight = src[keep], dst[keep], weight[keep]
+        indeg = np.bincount(dst, minlength=total)
+        one = indeg == 1
+        link = one[dst]
+        if not link.any():
+            break
+        parent = np.arange(total, dtype=np.int64)
+        parent[dst[link]] = src[link]
+        dist = np.zeros(total, dtype=np.int64)
+        dist[dst[link]] = weight[link]
+        for _ in range(total.bit_length() + 1):
+            if not one[parent].any():  # every chain followed up to its root
+                break
+            dist += dist[parent]
+            parent = parent[parent]
+        else:
+            return None  # a cycle of single-edge vertices (a self-loop, say)
+        off += dist[root]
+        root = parent[root]
+        alive &= ~one
+        cross = ~link
+        s = src[cross]
+        src, dst, weight = parent[s], dst[cross], weight[cross] + dist[s]
+    if not len(src):  # contracted to the sources
+        return off
+    order = np.argsort(src, kind="stable")
+    starts = np.searchsorted(src[order], np.arange(total + 1)).tolist()
+    targets, weights = dst[order].tolist(), weight[order].tolist()
+    indeg = np.bincount(dst, minlength=total)
+    deg = indeg.tolist()
+    todo = np.flatnonzero(alive & (indeg == 0)).tolist()
     level = [0] * total
-    frontier = [v for v in range(total) if indeg[v] == 0]
     done = 0
-    depth = 0
-    while frontier:
-        done += len(frontier)
-        nxt = []
-        for v in frontier:
-            level[v] = depth
-            for e in range(starts[v], starts[v + 1]):
-                w = dst[e]
-                indeg[w] -= 1
-                if indeg[w] == 0:
-                    nxt.append(w)
-        frontier = nxt
-        depth += 1
-    return np.array(level, dtype=np.int64) if done == total else None
+    while todo:
+        v = todo.pop()
+        done += 1
+        lv = level[v]
+        for e in range(starts[v], starts[v + 1]):
+            w = targets[e]
+            if lv + weights[e] > level[w]:
+                level[w] = lv + weights[e]
+            deg[w] -= 1
+            if not deg[w]:
+                todo.append(w)
+    if done != int(np.count_nonzero(alive)):
+        return None
+    return np.array(level, dtype=np.int64)[root] + off
 
 
 def build_graph(nnet, request) -> tuple[GraphBuilder, ComputationGraph]:

@@ -66,28 +66,37 @@ class KeyMap:
         return out
 
     def set(self, keys: np.ndarray, values) -> None:
-        """Set values; keys may be new or present (need not be unique: last wins)."""
+        """Set values; keys may be new or present (need not be unique: last wins).
+        ``values``: one per key, or one for all (the common case, done without a
+        per-key array)."""
         keys = np.asarray(keys, dtype=np.int64)
-        values = np.broadcast_to(np.asarray(values, dtype=np.int64), keys.shape).copy()
         if not len(keys):
             return
-        present = np.zeros(len(keys), dtype=bool)
+        one = np.ndim(values) == 0
+        if not one:
+            values = np.broadcast_to(np.asarray(values, dtype=np.int64), keys.shape).copy()
+        present = None
         for bk, bv in self.blocks:
             if not len(bk):
                 continue
-            pos = np.searchsorted(bk, keys)
-            pos_c = np.minimum(pos, len(bk) - 1)
-            hit = bk[pos_c] == keys
-            bv[pos_c[hit]] = values[hit]
-            present |= hit
-        if not present.all():
-            nk, nv = keys[~present], values[~present]
-            # Keep the last value for duplicate new keys.
-            order = np.argsort(nk, kind="stable")
-            nk, nv = nk[order], nv[order]  # stable: equal keys keep their order
-            last = np.ones(len(nk), dtype=bool)
-            last[:-1] = nk[1:] != nk[:-1]
-            self.blocks.append((nk[last], nv[last]))
+            pos = bk.searchsorted(keys)
+            np.minimum(pos, len(bk) - 1, out=pos)
+            hit = bk[pos] == keys
+            bv[pos[hit]] = values if one else values[hit]
+            present = hit if present is None else present | hit
+        if present is None or not present.all():
+            nk = keys if present is None else keys[~present]
+            if one:
+                nk = unique_keys(nk)
+                self.blocks.append((nk, np.full(len(nk), values, dtype=np.int64)))
+            else:
+                nv = values if present is None else values[~present]
+                # Keep the last value for duplicate new keys.
+                order = np.argsort(nk, kind="stable")
+                nk, nv = nk[order], nv[order]  # stable: equal keys keep their order
+                last = np.ones(len(nk), dtype=bool)
+                last[:-1] = nk[1:] != nk[:-1]
+                self.blocks.append((nk[last], nv[last]))
             if len(self.blocks) > _MAX_BLOCKS:
                 self._merge()
 
@@ -107,7 +116,9 @@ class KeyMap:
         self.blocks = [(keys[order], vals[order])]
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, values), the keys sorted (and unique)."""
         if not self.blocks:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        self._merge()
+        if len(self.blocks) > 1:  # (each block is sorted, and no key is in two)
+            self._merge()
         return self.blocks[0]

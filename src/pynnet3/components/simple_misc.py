@@ -442,6 +442,8 @@ class BackpropTruncationIndexes:
 def match_rows(input_indexes: np.ndarray, output_indexes: np.ndarray) -> np.ndarray | None:
     """For each output index, the row of the same (n, t, x) among the inputs
     (None when the two lists are identical). Raises ValueError when one is missing."""
+    if input_indexes is output_indexes:  # (a simple component's step: the same array)
+        return None
     inp = np.asarray(input_indexes, dtype=np.int64).reshape(-1, 3)
     out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
     if inp.shape == out.shape and np.array_equal(inp, out):
@@ -552,12 +554,13 @@ class BackpropTruncationComponent(_Dim):
     def precompute_indexes(self, input_indexes, output_indexes,
                            need_backprop: bool) -> BackpropTruncationIndexes:
         out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
-        n, t = out[:, 0], out[:, 1]
-        zi, ri = self.zeroing_interval, self.recurrence_interval
-        boundary = (t - n) // zi != (t - ri - n) // zi  # floor division, like Kaldi
-        zeroing = np.where(boundary, -1.0, 0.0).astype(np.float32)
-        return BackpropTruncationIndexes(zeroing, float(boundary.sum()),
-                                         match_rows(input_indexes, out))
+        # Kaldi's test (t - n) // zi != (t - ri - n) // zi (floor division): with
+        # m = (t - n) mod zi in [0, zi) and ri >= 1 it holds exactly when m < ri.
+        boundary = np.mod(out[:, 1] - out[:, 0], self.zeroing_interval) \
+            < self.recurrence_interval
+        zeroing = np.subtract(0.0, boundary, dtype=np.float32)  # -1.0 or +0.0
+        return BackpropTruncationIndexes(zeroing, float(np.count_nonzero(boundary)),
+                                         match_rows(input_indexes, output_indexes))
 
     def propagate(self, indexes, in_value, out_value):
         x = in_value if indexes is None or indexes.in_rows is None \
