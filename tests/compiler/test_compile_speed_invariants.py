@@ -322,14 +322,14 @@ def test_batched_steps_are_really_batched():
     nnet = pynnet3.Nnet.from_config(N.RNN, seed=1)
     req = N.request({"input": N.frames(0, 6)}, {"output": N.frames(0, 6)})
     calls = []
-    orig = commands_mod.resolve_part
+    orig = commands_mod.resolve_part_keys
 
     def counting(*args, **kw):
         calls.append(len(args[1]))
         return orig(*args, **kw)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(commands_mod, "resolve_part", counting)
+        mp.setattr(commands_mod, "resolve_part_keys", counting)
         compile_computation(nnet, req)
         batched = len(calls)
         calls.clear()
@@ -368,3 +368,17 @@ def test_cut_pieces_and_flags_match_their_definitions():
                    and np.array_equal(sr, sr[0] + np.arange(len(sr))))
             assert p.single == single and p.contig == (single and run)
             assert (p.s0, p.r0, p.sr0) == (s[0], r[0], sr[0])
+
+
+def test_keeping_region_rules_changes_nothing(monkeypatch):
+    """Reusing what region evaluation resolved (``Computability.keep_rules``) gives
+    the same computation as resolving again in the graph builder."""
+    for seed in range(60):
+        case = random_nets.case_for_seed(seed)
+        nnet = pynnet3.Nnet.from_config(case.config, seed=case.nnet_seed)
+        fast = compile_computation(nnet, case.request)
+        with monkeypatch.context() as m:
+            m.setattr(Computability, "keep_rules", False)
+            plain = compile_computation(nnet, case.request)
+        assert str(fast) == str(plain)
+        _same(fast, plain)

@@ -34,7 +34,7 @@ from ..components.base import Flags
 from ..computation import Command, CommandType, NnetComputation
 
 # (on packed keys; the name is the one tests count resolutions through)
-from ..descriptor import resolve_part_keys as resolve_part
+from ..descriptor import resolve_part_keys
 from ..errors import ComputeError
 from ..index import pack, txn_keys, unpack
 from .graph import ComputationGraph, GraphBuilder, Step
@@ -515,7 +515,7 @@ class CommandCompiler:
             keys = pack(rows_of[0] if len(group) == 1 else np.concatenate(rows_of))
         per_part = []
         for part in self.node_map[step.node].descriptor.parts:
-            _, terms = resolve_part(part, keys, computability.computable_keys)
+            _, terms = resolve_part_keys(part, keys, computability.computable_keys)
             per_term = []
             for t in terms:
                 if t.node is None:

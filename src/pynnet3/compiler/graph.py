@@ -92,9 +92,9 @@ class GraphBuilder:
 
     # -- used inputs -------------------------------------------------------------
     def used_sources(self, name: str, idx: np.ndarray):
-        """Yield (source node, consumer rows, source indexes) for computable ``idx``.
-        (A subclass may override this to drop sources; :meth:`build` then goes
-        through it instead of :meth:`used_source_keys`.)"""
+        """Yield (source node, consumer rows, source indexes) for computable ``idx``
+        (index-array form of :meth:`used_source_keys`, which :meth:`build` uses and
+        a subclass overrides to drop sources)."""
         for src, rows, skeys in self.used_source_keys(name, pack(idx)):
             yield src, rows, unpack(skeys)
 
@@ -191,12 +191,7 @@ class GraphBuilder:
             pending.setdefault(spec.name, []).append(pack(spec.indexes))
         for spec in self.request.inputs:  # inputs are always part of the graph
             pending.setdefault(spec.name, []).append(pack(spec.indexes))
-        if type(self).used_sources is GraphBuilder.used_sources:
-            sources = self.used_source_keys
-        else:  # a subclass filters the sources (multi-segment): go through it
-            def sources(name, keys):
-                for src, rows, sidx in self.used_sources(name, unpack(keys)):
-                    yield src, rows, pack(sidx)
+        sources = self.used_source_keys
         rounds = 0
         while pending:
             rounds += 1

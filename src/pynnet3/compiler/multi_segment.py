@@ -53,16 +53,16 @@ class _SegmentGraphBuilder(GraphBuilder):
         self.comp = Computability(nnet, inputs)
         self.done = done
 
-    def used_sources(self, name: str, idx: np.ndarray):
-        for src, rows, sidx in super().used_sources(name, idx):
+    def used_source_keys(self, name: str, keys: np.ndarray):
+        for src, rows, skeys in super().used_source_keys(name, keys):
             old = self.done.get(src)
             if old is not None and len(old):
-                new = ~_member(old, pack(sidx))
+                new = ~_member(old, skeys)
                 if not new.all():
                     if not new.any():
                         continue
-                    rows, sidx = rows[new], sidx[new]
-            yield src, rows, sidx
+                    rows, skeys = rows[new], skeys[new]
+            yield src, rows, skeys
 
     def _mirror_steps(self, name: str, keys: np.ndarray, steps: list[Step],
                       epoch: int) -> list[Step]:
