@@ -304,6 +304,31 @@ class TimeMaskIndexes(RowMaskIndexes):
     num_rows: int
 
 
+def _first_appearance_ids(n: np.ndarray, t_block: np.ndarray) -> tuple[np.ndarray, int]:
+    """Id of each row's (n, t block) pair, pairs numbered in order of first
+    appearance, and the number of pairs."""
+    n_lo, tb_lo = int(n.min()), int(t_block.min())
+    tb_ext = int(t_block.max()) - tb_lo + 1
+    ext = (int(n.max()) - n_lo + 1) * tb_ext
+    if len(n) < 2048 or ext > 4 * len(n) + 4096:  # few rows, or pairs spread thinly
+        keys = (n << 32) + (t_block - tb_lo)
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+        return rank[inverse.reshape(-1)], len(first)
+    # A table over the pairs' bounding box holding each pair's first row: no sort
+    # of the rows, only of the (few) pairs' first rows.
+    pair = (n - n_lo) * tb_ext
+    pair += t_block
+    pair -= tb_lo
+    first_row = np.full(ext, len(n), dtype=np.int64)
+    np.minimum.at(first_row, pair, np.arange(len(n), dtype=np.int64))
+    present = np.flatnonzero(first_row < len(n))
+    rank = np.empty(ext, dtype=np.int64)
+    rank[present[np.argsort(first_row[present])]] = np.arange(len(present))
+    return rank[pair], len(present)
+
+
 def _row_gather(input_indexes: np.ndarray, output_indexes: np.ndarray) -> np.ndarray | None:
     """Map each output row to the input row with the same index (Kaldi requires
     identical lists; a permutation of them is accepted too)."""
@@ -482,13 +507,10 @@ class GeneralDropoutComponent(RandomComponent, SameDimComponent):
                    else np.zeros(len(out), dtype=np.int64))
         if len(out) == 0:
             return GeneralDropoutIndexes(gather, np.zeros(0, dtype=np.int64), 0)
-        # one int64 key per (n, t block): a 1-d unique is far cheaper than axis=0
-        keys = (out[:, 0] << 32) + (t_block - t_block.min())
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        # Number the mask rows in order of first appearance, as Kaldi's hash map does.
-        rank = np.empty(len(first), dtype=np.int64)
-        rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-        return GeneralDropoutIndexes(gather, rank[inverse.reshape(-1)], len(first))
+        # Number the mask rows (one per (n, t block)) in order of first appearance,
+        # as Kaldi's hash map does.
+        mask_rows, num_masks = _first_appearance_ids(out[:, 0], t_block)
+        return GeneralDropoutIndexes(gather, mask_rows, num_masks)
 
     def _is_identity(self) -> bool:
         return self.test_mode or (self.dropout_proportion == 0.0

@@ -76,7 +76,21 @@ class RangeIndexes:
 
 
 def _nx_groups(input_indexes: np.ndarray, output_indexes: np.ndarray):
-    """Dense ids of the ``(n, x)`` pairs, shared by inputs and outputs."""
+    """Ids of the ``(n, x)`` pairs, shared by inputs and outputs, in ``(n, x)``
+    order (only their order matters): positions in the pairs' bounding box where
+    that is small, else dense ids from sorting."""
+    n_in, x_in = input_indexes[:, 0], input_indexes[:, 2]
+    n_out, x_out = output_indexes[:, 0], output_indexes[:, 2]
+    if len(n_in) and len(n_out):
+        n_lo = min(int(n_in.min()), int(n_out.min()))
+        x_lo = min(int(x_in.min()), int(x_out.min()))
+        x_ext = max(int(x_in.max()), int(x_out.max())) - x_lo + 1
+        n_ext = max(int(n_in.max()), int(n_out.max())) - n_lo + 1
+        if n_ext * x_ext < 1 << 30:
+            if x_ext == 1:
+                return n_in - n_lo, n_out - n_lo
+            return ((n_in - n_lo) * x_ext + (x_in - x_lo),
+                    (n_out - n_lo) * x_ext + (x_out - x_lo))
     both = np.concatenate([input_indexes, output_indexes])
     nx = both.copy()
     nx[:, 1] = 0
@@ -95,20 +109,34 @@ def window_ranges(input_indexes, output_indexes, t_first, t_last, period: int,
     inp = np.asarray(input_indexes, dtype=np.int64).reshape(-1, 3)
     out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
     g_in, g_out = _nx_groups(inp, out)
-    on_grid = np.flatnonzero(inp[:, 1] % period == 0)
-    keys = (g_in[on_grid] << 32) + (inp[on_grid, 1] + _T_SHIFT)
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    if len(sorted_keys) > 1 and np.any(sorted_keys[1:] == sorted_keys[:-1]):
-        raise ComputeError(f"{what}: duplicate input indexes")
+    if period == 1:  # every row is on the grid
+        on_grid = None
+        keys = g_in << 32
+        keys += inp[:, 1]
+    else:
+        on_grid = np.flatnonzero(inp[:, 1] % period == 0)
+        keys = g_in[on_grid] << 32
+        keys += inp[on_grid, 1]
+    keys += _T_SHIFT
+    if len(keys) > 1 and bool(np.all(keys[1:] > keys[:-1])):
+        # Already in (n, x, t) order (the usual case) and so without duplicates.
+        order = np.arange(len(keys), dtype=np.int64)
+        sorted_keys = keys
+    else:
+        order = np.argsort(keys, kind="stable")
+        sorted_keys = keys[order]
+        if len(sorted_keys) > 1 and np.any(sorted_keys[1:] == sorted_keys[:-1]):
+            raise ComputeError(f"{what}: duplicate input indexes")
     base = g_out << 32
-    lo = np.searchsorted(sorted_keys, base + (np.asarray(t_first) + _T_SHIFT), "left")
-    hi = np.searchsorted(sorted_keys, base + (np.asarray(t_last) + _T_SHIFT), "right")
+    base += _T_SHIFT
+    lo = np.searchsorted(sorted_keys, base + np.asarray(t_first), "left")
+    hi = np.searchsorted(sorted_keys, base + np.asarray(t_last), "right")
     empty = hi <= lo
     if np.any(empty):
         raise ComputeError(f"{what}: no input rows for output indexes "
                            f"{describe(out[empty])}")
-    return RangeIndexes(on_grid[order], lo.astype(np.int64), hi.astype(np.int64), len(inp))
+    perm = order if on_grid is None else on_grid[order]
+    return RangeIndexes(perm, lo.astype(np.int64), hi.astype(np.int64), len(inp))
 
 
 def _window_deps(output_indexes: np.ndarray, t_first: np.ndarray, size: int, step: int,

@@ -44,9 +44,13 @@ def time_offset_sources(input_indexes: np.ndarray, output_indexes: np.ndarray,
     # (column by column: numpy's reductions over the short axis of (k, 3) are slow)
     cols_in = [inp[:, c] for c in range(3)]
     lo = [int(c.min()) for c in cols_in]
-    ext = [int(c.max()) - lo[q] + 1 for q, c in enumerate(cols_in)]
+    hi = [int(c.max()) for c in cols_in]
+    ext = [hi[q] - lo[q] + 1 for q in range(3)]
     if ext[0] * ext[1] * ext[2] > 4 * len(inp) + 4096:
         return _sparse_offset_sources(inp, out, time_offsets, src)
+    cols_out = [out[:, c] for c in range(3)]
+    if all(int(c.min()) >= lo[q] and int(c.max()) <= hi[q] for q, c in enumerate(cols_out)):
+        return _dense_offset_sources(cols_in, cols_out, lo, ext, time_offsets, src)
     # The inputs fill most of their (n, t, x) bounding box (the usual case): a
     # dense table of rows over the box, so each offset is a gather, no sorting.
     table = np.full(ext[0] * ext[1] * ext[2], -1, dtype=np.int64)
@@ -69,6 +73,47 @@ def time_offset_sources(input_indexes: np.ndarray, output_indexes: np.ndarray,
         row = table[lin]
         row[~ok] = -1
         src[k] = row
+    return src
+
+
+def _box_positions(cols: list[np.ndarray], lo: list[int], strides: tuple[int, int],
+                   t_shift: int) -> np.ndarray:
+    """Row-major positions ``(n - lo_n) * strides[0] + (t - lo_t + t_shift) * strides[1]
+    + (x - lo_x)`` of rows given as (n, t, x) columns; x is skipped where the box
+    is one x wide (then it is lo_x in every row)."""
+    pos = cols[0] * strides[0]
+    if strides[1] == 1:
+        pos += cols[1]
+    else:
+        pos += cols[1] * strides[1]
+        pos += cols[2]
+    pos += (t_shift - lo[1]) * strides[1] - lo[0] * strides[0] - (lo[2] if strides[1] > 1 else 0)
+    return pos
+
+
+def _dense_offset_sources(cols_in: list[np.ndarray], cols_out: list[np.ndarray],
+                          lo: list[int], ext: list[int], time_offsets,
+                          src: np.ndarray) -> np.ndarray:
+    """:func:`time_offset_sources` where the output rows lie inside the inputs'
+    (n, t, x) bounding box: a table of input rows over that box, padded in t by the
+    largest offsets so that every shifted output row lands inside it (absent rows
+    and the padding hold -1); then each offset is one addition and one gather.
+    Few, in-place array operations: on long index sets the temporaries' memory
+    traffic is what costs."""
+    offs = [int(o) for o in time_offsets]
+    if not offs:
+        return src
+    pad_lo, pad_hi = max(0, -min(offs)), max(0, max(offs))
+    span_t = ext[1] + pad_lo + pad_hi
+    strides = (span_t * ext[2], ext[2])
+    table = np.full(ext[0] * strides[0], -1, dtype=np.int64)
+    table[_box_positions(cols_in, lo, strides, pad_lo)] = np.arange(len(cols_in[0]))
+    base = _box_positions(cols_out, lo, strides, pad_lo)
+    for k, off in enumerate(offs):
+        if off:
+            np.take(table, base + off * strides[1], out=src[k])
+        else:
+            np.take(table, base, out=src[k])
     return src
 
 
