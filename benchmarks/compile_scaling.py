@@ -101,7 +101,14 @@ def main(argv=None) -> int:
                    help="seconds; a full compile that takes longer is skipped (and larger N)")
     p.add_argument("--verify", action="store_true",
                    help="also run full and shortcut computations and compare results")
+    p.add_argument("--tune-malloc", action="store_true",
+                   help="raise glibc's mmap/trim thresholds first (pynnet3.runtime.allocator"
+                        ".tune_malloc, as the pynnet3 command line does)")
     args = p.parse_args(argv)
+    if args.tune_malloc:
+        from pynnet3.runtime.allocator import tune_malloc
+        if not tune_malloc():
+            print("note: --tune-malloc has no effect here (not Linux/glibc)")
     ref = realistic.reference_dir()
     records = {(r["network"], r["shape"], r["N"]): r
                for r in json.loads((ref / "scaling.json").read_text())}

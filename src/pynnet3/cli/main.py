@@ -20,6 +20,7 @@ import sys
 from dataclasses import fields
 
 from ..errors import FormatError, PynnetError
+from ..runtime.allocator import tune_malloc
 
 
 def kaldi_bool(text: str) -> bool:
@@ -174,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The command line owns its process: keep freed memory for the next compile
+    # (pynnet3.runtime.allocator explains why a library does not do this itself).
+    tune_malloc()
     try:
         args = build_parser().parse_args(argv)
     except UsageError as e:
