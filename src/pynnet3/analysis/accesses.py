@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -29,6 +30,7 @@ import numpy as np
 from ..components.base import Flags
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
+from .session import current_session
 from .variables import ComputationVariables, submatrix_array
 
 
@@ -47,7 +49,8 @@ _BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
 class PropertyCache:
     """Component properties by node name, as plain ints (``int(Flags)``: bit tests
     on an IntFlag run Python code), looked up once per analysis (properties may
-    change with the network's mode, so the cache lives as long as one build)."""
+    change with the network's mode, so the cache lives as long as one build, or one
+    optimizer session: the network does not change while it is optimized)."""
 
     __slots__ = ("nnet", "props", "by_component", "node_map")
 
@@ -181,7 +184,8 @@ class AccessTable:
     ``i`` is SET_CONST 0. ``sub_matrix[s]``: the matrix of submatrix ``s``.
     ``alloc_only`` / ``dealloc_only``: the same from ALLOC_MATRIX / DEALLOC_MATRIX
     alone; ``accept``: the first ACCEPT_INPUT of each input matrix (-1 otherwise);
-    ``component_commands``: the propagate / backprop commands."""
+    ``component_commands``: the propagate / backprop commands. The arrays are
+    read-only: an optimizer session may hand one table to several passes."""
 
     num_commands: int
     cmd: np.ndarray
@@ -208,8 +212,19 @@ class AccessTable:
 
 def build_access_table(c: NnetComputation, nnet, props: PropertyCache | None = None
                        ) -> AccessTable:
-    """The :class:`AccessTable` of ``c`` (one pass over the commands)."""
-    props = props or PropertyCache(nnet)
+    """The :class:`AccessTable` of ``c`` (one pass over the commands; inside an
+    optimizer session, possibly the table an earlier pass built of the unchanged
+    computation: see :mod:`.session`). Its arrays are read-only."""
+    s = current_session(c, nnet)
+    if s is None:
+        return _build_access_table(c, nnet, props or PropertyCache(nnet))
+    if props is None:  # the network does not change while a session is open
+        props = s.props = s.props or PropertyCache(nnet)
+    return s.access_table(lambda: _build_access_table(c, nnet, props))
+
+
+def _build_access_table(c: NnetComputation, nnet, props: PropertyCache) -> AccessTable:
+    node_props = props.props.get  # props() for a node seen before, without the call
     nm = len(c.matrices)
     cmds_l: list[int] = []
     subs_l: list[int] = []
@@ -261,7 +276,10 @@ def build_access_table(c: NnetComputation, nnet, props: PropertyCache | None = N
             elif cmd.table >= 0:  # input read as column blocks
                 for s in block_submatrices(c, cmd.table):
                     ca(i), sa(s), aa(R)
-            ca(i), sa(cmd.out_value), aa(RW if props(cmd.node) & PA else W)
+            p = node_props(cmd.node)
+            if p is None:
+                p = props(cmd.node)
+            ca(i), sa(cmd.out_value), aa(RW if p & PA else W)
             if cmd.alpha == 2.0:
                 side_l.append(i)  # stored stats
             comp_cmds.append(i)
@@ -276,7 +294,10 @@ def build_access_table(c: NnetComputation, nnet, props: PropertyCache | None = N
                 for s in block_submatrices(c, cmd.table):
                     ca(i), sa(s), aa(R)
             if cmd.in_deriv:
-                ca(i), sa(cmd.in_deriv), aa(RW if props(cmd.node) & BA else W)
+                p = node_props(cmd.node)
+                if p is None:
+                    p = props(cmd.node)
+                ca(i), sa(cmd.in_deriv), aa(RW if p & BA else W)
             if t is _BACKPROP:
                 side_l.append(i)  # model update
             comp_cmds.append(i)
@@ -325,13 +346,19 @@ def build_access_table(c: NnetComputation, nnet, props: PropertyCache | None = N
     side = np.zeros(n, dtype=bool)
     side[side_l] = True
     sub_arr = submatrix_array(c)
-    return AccessTable(
-        n, np.array(cmds_l, dtype=np.int64), np.array(subs_l, dtype=np.int64),
-        np.array(accs_l, dtype=np.int8), np.array(alloc, dtype=np.int64),
-        np.array(dealloc, dtype=np.int64), np.array(is_input, dtype=bool),
-        np.array(is_output, dtype=bool), zeroing, side, sub_arr, sub_arr[:, 0],
-        np.array(alloc_only, dtype=np.int64), np.array(dealloc_only, dtype=np.int64),
-        np.array(accept, dtype=np.int64), comp_cmds)
+    arr = _array
+    arrays = (arr(cmds_l, np.int64), arr(subs_l, np.int64), arr(accs_l, np.int8),
+              arr(alloc, np.int64), arr(dealloc, np.int64), arr(is_input, bool),
+              arr(is_output, bool), zeroing, side, sub_arr, sub_arr[:, 0],
+              arr(alloc_only, np.int64), arr(dealloc_only, np.int64), arr(accept, np.int64))
+    for a in arrays:  # tables may be shared between passes (session.py)
+        a.setflags(write=False)
+    return AccessTable(n, *arrays, comp_cmds)
+
+
+def _array(values: list, dtype) -> np.ndarray:
+    """``values`` as an array (``fromiter`` skips ``np.array``'s nesting checks)."""
+    return np.fromiter(values, dtype=dtype, count=len(values))
 
 
 def _or_groups(key: np.ndarray, acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -491,12 +518,35 @@ def raw_accesses(table: AccessTable) -> list[list[tuple[int, AccessType]]]:
 
 
 def compute_matrix_accesses(table: AccessTable, arrays: MatrixAccessArrays
-                            ) -> list[MatrixAccesses]:
+                            ) -> MatrixAccessList:
     """One :class:`MatrixAccesses` per matrix, from the table and its CSR arrays."""
-    ptr = arrays.ptr.tolist()
-    entries = list(zip(arrays.command.tolist(),
-                       [ACCESS_TYPES[a] for a in arrays.access.tolist()], strict=True))
-    return [MatrixAccesses(al, de, entries[ptr[m]:ptr[m + 1]], bool(i), bool(o))
-            for m, (al, de, i, o) in enumerate(zip(
-                table.alloc.tolist(), table.dealloc.tolist(), table.is_input.tolist(),
-                table.is_output.tolist(), strict=True))]
+    return MatrixAccessList(table, arrays)
+
+
+class MatrixAccessList(Sequence):
+    """The :class:`MatrixAccesses` of every matrix (a read-only sequence indexed by
+    matrix), each built on first use: passes usually ask about a few matrices."""
+
+    def __init__(self, table: AccessTable, arrays: MatrixAccessArrays):
+        self._ptr = arrays.ptr.tolist()
+        self._command = arrays.command.tolist()
+        self._access = arrays.access.tolist()
+        self._alloc, self._dealloc = table.alloc.tolist(), table.dealloc.tolist()
+        self._is_input, self._is_output = table.is_input.tolist(), table.is_output.tolist()
+        self._items: list[MatrixAccesses | None] = [None] * (len(self._ptr) - 1)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, m: int | slice):
+        if isinstance(m, slice):
+            return [self[i] for i in range(len(self))[m]]
+        x = self._items[m]
+        if x is None:
+            m = range(len(self))[m]  # a negative index, as a list takes it
+            a, b = self._ptr[m], self._ptr[m + 1]
+            accesses = list(zip(self._command[a:b],
+                                map(ACCESS_TYPES.__getitem__, self._access[a:b]), strict=True))
+            x = self._items[m] = MatrixAccesses(self._alloc[m], self._dealloc[m], accesses,
+                                                self._is_input[m], self._is_output[m])
+        return x

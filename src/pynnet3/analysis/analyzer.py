@@ -18,8 +18,7 @@ from .accesses import (
     AccessType,
     CommandAttributes,
     MatrixAccessArrays,
-    MatrixAccesses,
-    PropertyCache,
+    MatrixAccessList,
     VariableAccesses,
     build_access_table,
     compute_command_attributes,
@@ -37,11 +36,11 @@ class Analyzer:
     def __init__(self, computation: NnetComputation, nnet):
         self.computation = computation
         self.nnet = nnet
-        self.table: AccessTable = build_access_table(computation, nnet, PropertyCache(nnet))
+        self.table: AccessTable = build_access_table(computation, nnet)
         self._variables: ComputationVariables | None = None
         self._variable_accesses: VariableAccesses | None = None
         self._matrix_arrays: MatrixAccessArrays | None = None
-        self._matrix_accesses: list[MatrixAccesses] | None = None
+        self._matrix_accesses: MatrixAccessList | None = None
         self._command_attributes: list[CommandAttributes] | None = None
         self._raw = None
 
@@ -71,7 +70,8 @@ class Analyzer:
         return self._matrix_arrays
 
     @property
-    def matrix_accesses(self) -> list[MatrixAccesses]:
+    def matrix_accesses(self) -> MatrixAccessList:
+        """Per matrix, its :class:`MatrixAccesses` (a sequence indexed by matrix)."""
         if self._matrix_accesses is None:
             self._matrix_accesses = compute_matrix_accesses(self.table, self.matrix_arrays)
         return self._matrix_accesses

@@ -22,16 +22,25 @@ from operator import attrgetter
 import numpy as np
 
 from ..computation import NnetComputation
+from .session import current_session, read_submatrices
 
-_SUB_FIELDS = attrgetter("matrix", "row_offset", "num_rows", "col_offset", "num_cols")
+_SIZE = attrgetter("rows", "cols")
 
 
 def submatrix_array(c: NnetComputation) -> np.ndarray:
     """``(num_submatrices, 5)`` int64 array of (matrix, row offset, rows, column
-    offset, columns), row 0 the empty submatrix."""
-    subs = c.submatrices
-    return np.fromiter(chain.from_iterable(map(_SUB_FIELDS, subs)), dtype=np.int64,
-                       count=5 * len(subs)).reshape(-1, 5)
+    offset, columns), row 0 the empty submatrix. Inside an optimizer session
+    (:mod:`.session`) it is read-only and only changed submatrices are read again."""
+    s = current_session(c)
+    if s is not None:
+        return s.submatrix_array(c.submatrices)
+    return read_submatrices(c.submatrices)
+
+
+def matrix_sizes(c: NnetComputation) -> np.ndarray:
+    """``(num_matrices, 2)`` int64 array of (rows, columns), row 0 the empty matrix."""
+    return np.fromiter(chain.from_iterable(map(_SIZE, c.matrices)), dtype=np.int64,
+                       count=2 * len(c.matrices)).reshape(-1, 2)
 
 
 def _cuts(nm: int, size: np.ndarray, mat: np.ndarray, lo: np.ndarray, hi: np.ndarray
@@ -54,7 +63,7 @@ class ComputationVariables:
     def __init__(self, c: NnetComputation, sub_array: np.ndarray | None = None):
         nm = len(c.matrices)
         sa = submatrix_array(c) if sub_array is None else sub_array
-        sizes = np.array([(m.rows, m.cols) for m in c.matrices], dtype=np.int64).reshape(-1, 2)
+        sizes = matrix_sizes(c)
         mat, r0, nr, c0, nc = (sa[1:, k] for k in range(5))
         self._rkeys, self._rptr, self._rscale = _cuts(nm, sizes[:, 0], mat, r0, r0 + nr)
         self._ckeys, self._cptr, self._cscale = _cuts(nm, sizes[:, 1], mat, c0, c0 + nc)

@@ -2,7 +2,9 @@
 
 A pass is a function ``fn(computation, nnet, options) -> str`` that rewrites the
 computation **in place** and returns a short description of what it changed
-("" when nothing changed). A pass may leave commands as ``NO_OPERATION`` and
+("" when nothing changed: then the computation must be exactly as the pass found
+it, since the driver lets the next pass reuse the analyses built of it, see
+:mod:`pynnet3.analysis.session`). A pass may leave commands as ``NO_OPERATION`` and
 leave matrices/submatrices/index tables unreferenced; the driver drops no-ops and
 renumbers afterwards (:func:`pynnet3.optimize.renumber.renumber`), so passes need
 not. Every pass must preserve the computation's meaning: optimized and
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..analysis.session import AnalysisSession, analysis_session
 from ..computation import NnetComputation
 from ..errors import PynnetError
 from .options import OptimizeOptions
@@ -138,8 +141,9 @@ def run_pipeline(computation: NnetComputation, nnet, options: OptimizeOptions, *
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        _run(computation, nnet, options, report, check,
-             PIPELINE if passes is None else passes)
+        with analysis_session(computation, nnet) as session:
+            _run(computation, nnet, options, report, check,
+                 PIPELINE if passes is None else passes, session)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -147,7 +151,8 @@ def run_pipeline(computation: NnetComputation, nnet, options: OptimizeOptions, *
 
 
 def _run(computation: NnetComputation, nnet, options: OptimizeOptions,
-         report: OptimizeReport | None, check: bool, passes: list[OptimizationPass]) -> None:
+         report: OptimizeReport | None, check: bool, passes: list[OptimizationPass],
+         session: AnalysisSession) -> None:
     from .renumber import drop_noops, renumber
 
     renumbered = False  # the computation is as renumber left it
@@ -155,9 +160,15 @@ def _run(computation: NnetComputation, nnet, options: OptimizeOptions,
         if not p.enabled(options):
             continue
         t0 = time.perf_counter()
+        builtin = _builtin(p)
+        # Built-in passes take their analyses before editing anything, and report
+        # "" only when they left the computation exactly as they found it, so an
+        # access table built of it stays right for the next pass (session.py).
+        session.begin_pass(trusted=builtin is not None)
         changed = p.fn(computation, nnet, options) or ""
+        session.end_pass(changed=bool(changed) or builtin is None)
         if changed:
-            kind = _builtin(p) if renumbered else None
+            kind = builtin if renumbered else None
             if kind in ONLY_DROPS_COMMANDS:
                 drop_noops(computation)
             elif kind not in KEEPS_REFERENCES:

@@ -9,26 +9,33 @@ so they are kept.
 
 The driver calls this after every pass that changed something, so it is written
 to cost one pass over the commands to read their ids and one to write back the
-ids that changed; everything in between is numpy over all ids at once.
+ids that changed; everything in between is numpy over all ids at once. Inside the
+driver's analysis session (:mod:`pynnet3.analysis.session`) the submatrix array
+is read only where submatrices changed, and the renumbered one is left there for
+the next pass's analysis.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from itertools import chain
 from operator import attrgetter
 
 import numpy as np
 
-from ..analysis.variables import submatrix_array
+from ..analysis.session import current_session, read_submatrices
+from ..analysis.variables import matrix_sizes, submatrix_array
 from ..computation import SUBMATRIX_FIELDS, NnetComputation, SubMatrix
 from ..computation import CommandType as CT
 
 _SUB_FIELDS = SUBMATRIX_FIELDS
+#: the fields read into the id array's columns (submatrices, matrices, table, precomputed)
+_ID_FIELDS = (*_SUB_FIELDS, "matrix", "src_matrix", "table", "precomputed")
 _ROWS_TABLE = (CT.COPY_ROWS, CT.ADD_ROWS)
 _MULTI_TABLE = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI,
                 CT.ADD_TO_ROWS_MULTI)
 _PRE = (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
-_READ = attrgetter(*_SUB_FIELDS, "matrix", "src_matrix", "table", "precomputed")
+_READ = attrgetter(*_ID_FIELDS)
 _NREAD = 10
 
 
@@ -105,13 +112,13 @@ def renumber(c: NnetComputation) -> None:
     # -, rows, multi, ranges, blocks
     used_tab: tuple[set, ...] = (set(), set(), set(), set(), set())
     used_pre: set[int] = set()
-    table_cmds: list[int] = []
+    table_cmds: list[tuple[int, int, int]] = []  # (command, table kind, table)
     for i in np.flatnonzero(ids[:, 8] != -1).tolist():
         cmd = cmds[i]
         k = _table_kind(cmd.type)
         if k:
             used_tab[k].add(cmd.table)
-            table_cmds.append(i)
+            table_cmds.append((i, k, cmd.table))
     pre_cmds = np.flatnonzero(ids[:, 9] != 0).tolist()
     for i in pre_cmds:
         cmd = cmds[i]
@@ -151,7 +158,7 @@ def renumber(c: NnetComputation) -> None:
     old_subs = c.submatrices
     new_mat = mat_map[sa[kept, 0]]
     moved = new_mat != sa[kept, 0]
-    new_subs = [old_subs[s] for s in kept.tolist()]
+    new_subs = list(map(old_subs.__getitem__, kept.tolist()))
     if moved.any():
         for j, m in zip(np.flatnonzero(moved).tolist(), new_mat[moved].tolist(), strict=True):
             new_subs[j] = _with_matrix(new_subs[j], m)
@@ -160,8 +167,7 @@ def renumber(c: NnetComputation) -> None:
     # the whole-matrix submatrix of each matrix: the first such one, else a new one
     nsa = sa[kept]
     nsa[:, 0] = new_mat
-    rows = np.array([m.rows for m in c.matrices], dtype=np.int64)
-    cols = np.array([m.cols for m in c.matrices], dtype=np.int64)
+    rows, cols = matrix_sizes(c).T
     whole = (nsa[:, 1] == 0) & (nsa[:, 3] == 0) & (nsa[:, 2] == rows[nsa[:, 0]]) \
         & (nsa[:, 4] == cols[nsa[:, 0]])
     whole[0] = False
@@ -174,6 +180,11 @@ def renumber(c: NnetComputation) -> None:
         for m in range(1, len(c.matrices)):
             if m not in c._whole:
                 c._whole[m] = c.new_submatrix(m, 0, c.matrices[m].rows, 0, c.matrices[m].cols)
+    session = current_session(c)
+    if session is not None:  # the next analysis need not read the submatrices again
+        if len(c.submatrices) > len(nsa):
+            nsa = np.concatenate([nsa, read_submatrices(c.submatrices[len(nsa):])])
+        session.remember_submatrix_array(c.submatrices, nsa)
 
     def remap(tables, used):
         order = sorted(used)
@@ -199,23 +210,22 @@ def renumber(c: NnetComputation) -> None:
                 c.indexes_multi[k] = tab
     pre_order = sorted(used_pre)
     pre_map = {old: i + 1 for i, old in enumerate(pre_order)}
+    identity_pre = pre_order == list(range(1, len(c.precomputed)))
     c.precomputed = [None] + [c.precomputed[k] for k in pre_order]
 
-    # write back the ids that changed
-    new_fields = sub_map[fields]
-    rows_, cols_ = np.nonzero(new_fields != fields)
-    for i, f, v in zip(rows_.tolist(), cols_.tolist(), new_fields[rows_, cols_].tolist(),
-                       strict=True):
-        setattr(cmds[i], _SUB_FIELDS[f], v)
-    new_named = mat_map[mats_named]
-    rows_, cols_ = np.nonzero(new_named != mats_named)
-    for i, f, v in zip(rows_.tolist(), cols_.tolist(), new_named[rows_, cols_].tolist(),
-                       strict=True):
-        setattr(cmds[i], "src_matrix" if f else "matrix", v)
+    # write back the ids that changed (command by command, for memory locality;
+    # setattr mapped over them, without a Python-level loop body)
+    old_ids = ids[:, :8]
+    new_ids = np.concatenate([sub_map[fields], mat_map[mats_named]], axis=1)
+    rows_, cols_ = np.nonzero(new_ids != old_ids)
+    deque(map(setattr, map(cmds.__getitem__, rows_.tolist()),
+              map(_ID_FIELDS.__getitem__, cols_.tolist()), new_ids[rows_, cols_].tolist()),
+          maxlen=0)
     maps = (None, rows_map, multi_map, ranges_map, blocks_map)
-    for i in table_cmds:
-        cmd = cmds[i]
-        cmd.table = maps[_table_kind(cmd.type)][cmd.table]
-    for i in pre_cmds:
-        cmd = cmds[i]
-        cmd.precomputed = pre_map[cmd.precomputed]
+    for i, k, t in table_cmds:
+        if maps[k][t] != t:
+            cmds[i].table = maps[k][t]
+    if not identity_pre:
+        for i in pre_cmds:
+            cmd = cmds[i]
+            cmd.precomputed = pre_map[cmd.precomputed]
