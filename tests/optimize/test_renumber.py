@@ -207,7 +207,8 @@ def test_shortcut_passes_are_the_builtin_ones():
     names = {_builtin(p) for p in PIPELINE}
     assert KEEPS_REFERENCES <= names and ONLY_DROPS_COMMANDS <= names
     assert {p.name for p in PIPELINE if _builtin(p) in KEEPS_REFERENCES} == \
-        {"move_sizing_commands", "consolidate_io", "free_provided_outputs", "fix_goto_label"}
+        {"move_sizing_commands", "consolidate_io", "free_provided_outputs", "fix_goto_label",
+         "convert_addition"}
 
 
 def test_a_user_pass_is_always_followed_by_renumbering():

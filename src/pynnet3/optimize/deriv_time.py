@@ -356,6 +356,7 @@ def limit_derivative_times(c: NnetComputation, nnet, options: OptimizeOptions) -
     window = _time_window(c, options)
     if window is None or not any(m.is_deriv for m in c.matrices):
         return ""  # no derivatives at all (then Kaldi would only drop some stats)
+    num_submatrices = len(c.submatrices)
     lim = _Limiter(c, nnet, *window)
     if not (lim.state[1:] != 0).any():
         return ""
@@ -367,6 +368,9 @@ def limit_derivative_times(c: NnetComputation, nnet, options: OptimizeOptions) -
                 cmd.memo = 0
     pruned = lim.prune_matrices()
     if not (lim.removed or lim.modified or pruned):
+        # "" promises an unchanged computation (the pipeline reuses analyses):
+        # drop the narrowed submatrices that went unused
+        del c.submatrices[num_submatrices:]
         return ""
     lo, hi = window
     return (f"derivative times limited to [{lo if lo > -_BIG else '-inf'}, "

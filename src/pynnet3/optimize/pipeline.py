@@ -112,8 +112,11 @@ def _snapshot(name: str, c: NnetComputation, changed: str, seconds: float) -> Pa
 #   object it referenced still referenced by a surviving command, it would only
 #   drop those commands.
 # tests/optimize/test_renumber.py checks both claims on real pipelines.
+# (convert_addition only changes command types, each to one naming the same kind of
+# index table, which is all renumbering looks at in a type.)
 KEEPS_REFERENCES = frozenset({"sizing.move_sizing_commands", "io_ops.consolidate_io_operations",
-                              "outputs.free_provided_outputs", "looped.fix_goto_label"})
+                              "outputs.free_provided_outputs", "looped.fix_goto_label",
+                              "addition.convert_addition_to_assignment"})
 ONLY_DROPS_COMMANDS = frozenset({"sizing.remove_unnecessary_allocation",
                                  "noops.remove_needless_noops"})
 
