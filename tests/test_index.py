@@ -106,3 +106,20 @@ def test_index_defaults_and_describe():
     text = describe(np.array([[0, t, 0] for t in range(8)]), limit=2)
     assert text.startswith("(n=0, t=0, x=0), (n=0, t=1, x=0)")
     assert "8 in all" in text
+
+
+def test_check_range_accepts_the_packable_range_and_rejects_beyond():
+    from pynnet3.index import check_range
+
+    check_range(np.array([[0, -(1 << 24), -100], [(1 << 18) - 1, (1 << 24), 100]]))
+    for bad in ([[1 << 18, 0, 0]], [[0, -(1 << 25) - 1, 0]], [[0, 0, 1 << 14]]):
+        with pytest.raises(ValueError, match="values must lie in"):
+            check_range(np.array(bad))
+
+
+def test_a_request_with_unpackable_indexes_is_rejected():
+    from pynnet3 import IoSpecification
+    from pynnet3.errors import ComputeError
+
+    with pytest.raises(ComputeError, match="'input'.*t values"):
+        IoSpecification("input", np.array([[0, 1 << 30, 0]]))

@@ -18,6 +18,20 @@ _N_OFF, _T_OFF, _X_OFF = 1 << (_N_BITS - 1), 1 << (_T_BITS - 1), 1 << (_X_BITS -
 N_COL, T_COL, X_COL = 0, 1, 2
 
 
+def check_range(arr: np.ndarray) -> None:
+    """Raise ValueError unless every (n, t, x) of ``arr`` fits its field of a packed
+    key with room to spare (half the field each way): key arithmetic (time
+    offsets, ReplaceIndex/Round masks, (t, x, n) ordering) is only exact there."""
+    if not len(arr):
+        return
+    lo, hi = arr.min(axis=0), arr.max(axis=0)
+    for col, name, bits in ((N_COL, "n", _N_BITS), (T_COL, "t", _T_BITS), (X_COL, "x", _X_BITS)):
+        limit = 1 << (bits - 2)
+        if lo[col] < -limit or hi[col] >= limit:
+            raise ValueError(f"{name} values must lie in [{-limit}, {limit}); "
+                             f"got [{lo[col]}, {hi[col]}]")
+
+
 class Index(NamedTuple):
     """One index; for single values only — sets are ``(k, 3)`` arrays."""
 

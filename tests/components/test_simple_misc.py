@@ -347,3 +347,11 @@ def test_float32_dtype_kept():
         dx = backward(comp, x, y, np.ones_like(y))
         assert y.dtype == dx.dtype == np.float32
         assert rel_err(y, forward(comp, x.astype(np.float64))) < 1e-6
+
+
+@pytest.mark.parametrize("kw", [{"zeroing_interval": 0}, {"recurrence_interval": 0},
+                                {"recurrence_interval": -2}])
+def test_backprop_truncation_rejects_non_positive_intervals_when_built_directly(kw):
+    cls = component_class("BackpropTruncationComponent")
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        cls(4, **kw)

@@ -252,8 +252,6 @@ class CommandCompiler:
         # accept-input and provide-output commands held back (:meth:`_add_io`)
         self._io: tuple[list[Command], list[Command]] | None = None
         self._memos = 0
-        # Per step: its descriptor's terms with their source locations, one list per
-        # part (made for all steps of a node at once; the backward pass reuses them).
         # Per step: its descriptor's terms, per part, each term as its pieces for
         # all steps of the group it was worked out with (shared by the group), and
         # its place in that group (its piece is ``pieces[place]``; None: no rows).

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ComputeError
-from ..index import as_indexes, describe
+from ..index import as_indexes, check_range, describe
 
 
 @dataclass
@@ -27,6 +27,7 @@ class IoSpecification:
     def __post_init__(self):
         try:
             self.indexes = as_indexes(self.indexes)
+            check_range(self.indexes)
         except (ValueError, TypeError) as e:
             raise ComputeError(f"IoSpecification {self.name!r}: {e}") from None
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ComputeError
+from ..errors import ComputeError, ConfigError
 from .base import (
     Component,
     Flags,
@@ -483,6 +483,12 @@ class BackpropTruncationComponent(_Dim):
         self.zeroing_threshold = f32(zeroing_threshold)
         self.zeroing_interval = int(zeroing_interval)
         self.recurrence_interval = int(recurrence_interval)
+        if self.zeroing_interval < 1 or self.recurrence_interval < 1:
+            # precompute_indexes' boundary test ((t - n) mod zi < ri) equals Kaldi's
+            # floor-division form only for intervals >= 1
+            raise ConfigError(f"{self.type_name}: zeroing-interval and recurrence-interval "
+                              f"must be >= 1, got {self.zeroing_interval}, "
+                              f"{self.recurrence_interval}")
         self.num_clipped = 0.0  # double counters, as in Kaldi
         self.num_zeroed = 0.0
         self.count = 0.0
