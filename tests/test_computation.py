@@ -50,3 +50,16 @@ def test_command_submatrices_includes_tables():
     c.indexes_blocks.append(np.array([c.whole(a), c.whole(b)]))
     prop = Command(CT.PROPAGATE, out_value=c.whole(b), table=0)
     assert command_submatrices(c, prop) == [c.whole(b), c.whole(a), c.whole(b)]
+
+
+def test_replaced_submatrix_equals_dataclasses_replace():
+    import dataclasses
+
+    from pynnet3.computation import SubMatrix, replaced_submatrix
+
+    sm = SubMatrix(1, 2, 3, 4, 5)
+    for changes in ({"matrix": 7}, {"row_offset": 6, "num_rows": 8}, {}):
+        got = replaced_submatrix(sm, changes)
+        assert got == dataclasses.replace(sm, **changes) and got is not sm
+        assert hash(got) == hash(dataclasses.replace(sm, **changes))
+    assert sm == SubMatrix(1, 2, 3, 4, 5)  # the original is untouched

@@ -137,6 +137,21 @@ class SubMatrix:
     num_cols: int
 
 
+_new_object = object.__new__
+
+
+def replaced_submatrix(sm: SubMatrix, changes: dict) -> SubMatrix:
+    """``dataclasses.replace(sm, **changes)``, in half the time: a frozen
+    dataclass's __init__ sets each field through object.__setattr__, while a copy
+    of the instance dict gives an equal object (renumbering and expansion make
+    thousands)."""
+    new = _new_object(SubMatrix)
+    d = new.__dict__
+    d.update(sm.__dict__)
+    d.update(changes)
+    return new
+
+
 @dataclass
 class NnetComputation:
     matrices: list[MatrixInfo] = field(default_factory=lambda: [MatrixInfo(0, 0)])

@@ -185,7 +185,7 @@ class AccessTable:
     ``alloc_only`` / ``dealloc_only``: the same from ALLOC_MATRIX / DEALLOC_MATRIX
     alone; ``accept``: the first ACCEPT_INPUT of each input matrix (-1 otherwise);
     ``component_commands``: the propagate / backprop commands. The arrays are
-    read-only: an optimizer session may hand one table to several passes."""
+    read-only (analyses hand them out to passes without copying)."""
 
     num_commands: int
     cmd: np.ndarray
@@ -213,14 +213,15 @@ class AccessTable:
 def build_access_table(c: NnetComputation, nnet, props: PropertyCache | None = None
                        ) -> AccessTable:
     """The :class:`AccessTable` of ``c`` (one pass over the commands; inside an
-    optimizer session, possibly the table an earlier pass built of the unchanged
-    computation: see :mod:`.session`). Its arrays are read-only."""
-    s = current_session(c, nnet)
-    if s is None:
-        return _build_access_table(c, nnet, props or PropertyCache(nnet))
-    if props is None:  # the network does not change while a session is open
-        props = s.props = s.props or PropertyCache(nnet)
-    return s.access_table(lambda: _build_access_table(c, nnet, props))
+    optimizer session the component properties come from the session's cache, see
+    :mod:`.session`). Its arrays are read-only."""
+    if props is None:
+        s = current_session(c, nnet)
+        if s is None:
+            props = PropertyCache(nnet)
+        else:  # the network does not change while a session is open
+            props = s.props = s.props or PropertyCache(nnet)
+    return _build_access_table(c, nnet, props)
 
 
 def _build_access_table(c: NnetComputation, nnet, props: PropertyCache) -> AccessTable:
@@ -351,7 +352,7 @@ def _build_access_table(c: NnetComputation, nnet, props: PropertyCache) -> Acces
               arr(alloc, np.int64), arr(dealloc, np.int64), arr(is_input, bool),
               arr(is_output, bool), zeroing, side, sub_arr, sub_arr[:, 0],
               arr(alloc_only, np.int64), arr(dealloc_only, np.int64), arr(accept, np.int64))
-    for a in arrays:  # tables may be shared between passes (session.py)
+    for a in arrays:  # handed to passes without copying
         a.setflags(write=False)
     return AccessTable(n, *arrays, comp_cmds)
 
@@ -525,7 +526,8 @@ def compute_matrix_accesses(table: AccessTable, arrays: MatrixAccessArrays
 
 class MatrixAccessList(Sequence):
     """The :class:`MatrixAccesses` of every matrix (a read-only sequence indexed by
-    matrix), each built on first use: passes usually ask about a few matrices."""
+    matrix), each built on first use (callers that ask about a few matrices skip
+    building the rest)."""
 
     def __init__(self, table: AccessTable, arrays: MatrixAccessArrays):
         self._ptr = arrays.ptr.tolist()

@@ -22,7 +22,6 @@ the same missing key compile it once.
 from __future__ import annotations
 
 import copy
-import gc
 import threading
 import time
 from collections import OrderedDict
@@ -33,6 +32,7 @@ from ..compiler import compile_computation
 from ..components.base import Component
 from ..computation import NnetComputation
 from ..errors import PynnetError
+from ..gcpause import gc_paused
 from ..optimize import OptimizeOptions
 from ..optimize import optimize as run_optimizer
 from .expand import (
@@ -269,20 +269,10 @@ class CachingCompiler:
                 self._counts["evictions"] += 1
 
     def _build(self, request) -> NnetComputation:
-        # Compiling allocates many small objects (cindexes' steps, commands,
-        # submatrices, access records) and makes no garbage cycles worth collecting;
-        # the cyclic collector's runs that those allocations trigger would walk the
-        # whole heap (the network, every cached computation) several times per
-        # compile, which grows with what the process holds. So it is paused for
-        # the whole miss (compile, optimize, expand), as the optimizer does for its
-        # passes.
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        # the cyclic collector is paused for the whole miss (compile, optimize,
+        # expand): its runs would walk every cached computation (pynnet3.gcpause)
+        with gc_paused():
             return self._build_unpaused(request)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
 
     def _build_unpaused(self, request) -> NnetComputation:
         if self.use_shortcut:

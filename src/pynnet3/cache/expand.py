@@ -41,7 +41,7 @@ from itertools import chain
 
 import numpy as np
 
-from ..computation import CommandType, MatrixInfo, NnetComputation, SubMatrix
+from ..computation import CommandType, MatrixInfo, NnetComputation, SubMatrix, replaced_submatrix
 from .stretch import ExpansionError, Stretcher, distinct_arrays, n_strides
 from .stretch import require as _check
 
@@ -398,7 +398,7 @@ class ExpansionPlan:
         self._propagates: dict[int, object] = {}  # precomputed index -> first Propagate
         propagate = CT.PROPAGATE
         for k, cmd in enumerate(c.commands):
-            # (tuple membership, not a dict: hashing an Enum member runs Python code)
+            # (tuple membership: cheaper than a set or dict lookup for a few types)
             t = cmd.type
             if t in _COPIES:
                 left.append(cmd.dst)
@@ -532,37 +532,11 @@ class ExpansionPlan:
         return out
 
 
-def _with_rows_plain(subs: list[SubMatrix], offsets: list[int],
-                     rows: list[int]) -> list[SubMatrix]:
+def _with_rows(subs: list[SubMatrix], offsets: list[int], rows: list[int]
+               ) -> list[SubMatrix]:
     """``subs`` with new row offsets and row counts."""
-    return [SubMatrix(s.matrix, o, r, s.col_offset, s.num_cols)
+    return [replaced_submatrix(s, {"row_offset": o, "num_rows": r})
             for s, o, r in zip(subs, offsets, rows, strict=True)]
-
-
-def _with_rows_fast(subs: list[SubMatrix], offsets: list[int],
-                    rows: list[int]) -> list[SubMatrix]:
-    # SubMatrix is a frozen dataclass: its __init__ sets each field through
-    # object.__setattr__, and an expansion makes thousands. A copy of the instance
-    # dict with the row fields changed gives an equal object in half the time (as
-    # optimize/renumber.py does).
-    out: list[SubMatrix] = []
-    new_object, append = object.__new__, out.append
-    for s, o, r in zip(subs, offsets, rows, strict=True):
-        sm = new_object(SubMatrix)
-        d = sm.__dict__
-        d.update(s.__dict__)
-        d["row_offset"] = o
-        d["num_rows"] = r
-        append(sm)
-    return out
-
-
-_with_rows = _with_rows_plain
-try:  # only when SubMatrix keeps its fields in an instance dict
-    if _with_rows_fast([SubMatrix(1, 2, 3, 4, 5)], [6], [7]) == [SubMatrix(1, 6, 7, 4, 5)]:
-        _with_rows = _with_rows_fast
-except (AttributeError, TypeError):
-    pass
 
 
 def expand_computation(mini: NnetComputation, snapshot: dict[int, PrecomputedInfo],

@@ -174,10 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    # The command line owns its process: keep freed memory for the next compile
-    # (pynnet3.runtime.allocator explains why a library does not do this itself).
+def entry_point() -> int:
+    """The ``pynnet3`` console script: it owns its process, so it keeps freed
+    memory for the next compile (pynnet3.runtime.allocator explains why a library
+    does not) and then runs :func:`main`."""
     tune_malloc()
+    return main()
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except UsageError as e:
@@ -202,4 +207,4 @@ def one_line(message: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point())

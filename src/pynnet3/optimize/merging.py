@@ -39,6 +39,7 @@ from operator import attrgetter, itemgetter
 import numpy as np
 
 from ..analysis.accesses import AccessType, PropertyCache, build_access_table
+from ..analysis.variables import matrix_sizes
 from ..components.base import Flags
 from ..computation import Command, NnetComputation, SubMatrix
 from ..computation import CommandType as CT
@@ -50,7 +51,6 @@ _MATRIX_COPY, _PROPAGATE_T, _NO_OPERATION = CT.MATRIX_COPY, CT.PROPAGATE, CT.NO_
 _UNMODELLED = (CT.SWAP_MATRIX, CT.GOTO_LABEL, CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX)
 _FIRST = itemgetter(0)
 _NODE = attrgetter("node")
-_ROWS, _COLS = attrgetter("rows"), attrgetter("cols")
 _W = int(AccessType.WRITE)
 _INPUT_CONTIGUOUS = int(Flags.INPUT_CONTIGUOUS)
 _OUTPUT_CONTIGUOUS = int(Flags.OUTPUT_CONTIGUOUS)
@@ -88,8 +88,7 @@ class AccessIndex:
         sub_m = sa[:, 0]
         r0, c0 = sa[:, 1], sa[:, 3]
         r1, c1 = r0 + sa[:, 2], c0 + sa[:, 4]
-        rows = np.fromiter(map(_ROWS, c.matrices), dtype=np.int64, count=nm)
-        cols = np.fromiter(map(_COLS, c.matrices), dtype=np.int64, count=nm)
+        rows, cols = matrix_sizes(c).T
         self.sub_mat: list[int] = sub_m.tolist()
         self.rects: list[tuple] = list(zip(r0.tolist(), r1.tolist(), c0.tolist(), c1.tolist(),
                                            strict=True))

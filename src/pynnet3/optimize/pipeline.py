@@ -2,9 +2,9 @@
 
 A pass is a function ``fn(computation, nnet, options) -> str`` that rewrites the
 computation **in place** and returns a short description of what it changed
-("" when nothing changed: then the computation must be exactly as the pass found
-it, since the driver lets the next pass reuse the analyses built of it, see
-:mod:`pynnet3.analysis.session`). A pass may leave commands as ``NO_OPERATION`` and
+("" only when the computation is exactly as the pass found it: reports and
+renumbering rely on that). A pass edits the commands it changes in place and keeps
+each Command object in one slot. A pass may leave commands as ``NO_OPERATION`` and
 leave matrices/submatrices/index tables unreferenced; the driver drops no-ops and
 renumbers afterwards (:func:`pynnet3.optimize.renumber.renumber`), so passes need
 not. Every pass must preserve the computation's meaning: optimized and
@@ -17,14 +17,14 @@ Users add passes with :func:`register_pass`; each pass names the predicate on
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..analysis.session import AnalysisSession, analysis_session
+from ..analysis.session import analysis_session
 from ..computation import NnetComputation
 from ..errors import PynnetError
+from ..gcpause import gc_paused
 from .options import OptimizeOptions
 
 PassFn = Callable[[NnetComputation, object, OptimizeOptions], str]
@@ -137,25 +137,16 @@ def run_pipeline(computation: NnetComputation, nnet, options: OptimizeOptions, *
     table is filled (the sizes cost a scan per pass, so only then)."""
     if report is not None:
         report.initial = _snapshot("(unoptimized)", computation, "", 0.0)
-    # The passes allocate many small objects (access entries, commands, submatrices)
-    # and create no reference cycles worth collecting; cyclic GC runs triggered by
-    # those allocations would walk the whole heap (the network, the caches) several
-    # times per optimization, about 15% of its time. So it is paused meanwhile.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with analysis_session(computation, nnet) as session:
-            _run(computation, nnet, options, report, check,
-                 PIPELINE if passes is None else passes, session)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    # cyclic GC runs would walk the whole heap several times per optimization
+    # (about 15% of its time): paused meanwhile (pynnet3.gcpause)
+    with gc_paused(), analysis_session(computation, nnet):
+        _run(computation, nnet, options, report, check,
+             PIPELINE if passes is None else passes)
     return computation
 
 
 def _run(computation: NnetComputation, nnet, options: OptimizeOptions,
-         report: OptimizeReport | None, check: bool, passes: list[OptimizationPass],
-         session: AnalysisSession) -> None:
+         report: OptimizeReport | None, check: bool, passes: list[OptimizationPass]) -> None:
     from .renumber import drop_noops, renumber
 
     renumbered = False  # the computation is as renumber left it
@@ -163,15 +154,9 @@ def _run(computation: NnetComputation, nnet, options: OptimizeOptions,
         if not p.enabled(options):
             continue
         t0 = time.perf_counter()
-        builtin = _builtin(p)
-        # Built-in passes take their analyses before editing anything, and report
-        # "" only when they left the computation exactly as they found it, so an
-        # access table built of it stays right for the next pass (session.py).
-        session.begin_pass(trusted=builtin is not None)
         changed = p.fn(computation, nnet, options) or ""
-        session.end_pass(changed=bool(changed) or builtin is None)
         if changed:
-            kind = builtin if renumbered else None
+            kind = _builtin(p) if renumbered else None
             if kind in ONLY_DROPS_COMMANDS:
                 drop_noops(computation)
             elif kind not in KEEPS_REFERENCES:

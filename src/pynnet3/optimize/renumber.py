@@ -25,7 +25,7 @@ import numpy as np
 
 from ..analysis.session import current_session, read_submatrices
 from ..analysis.variables import matrix_sizes, submatrix_array
-from ..computation import SUBMATRIX_FIELDS, NnetComputation, SubMatrix
+from ..computation import SUBMATRIX_FIELDS, NnetComputation, replaced_submatrix
 from ..computation import CommandType as CT
 
 _SUB_FIELDS = SUBMATRIX_FIELDS
@@ -49,31 +49,6 @@ def _table_kind(t: CT) -> int:
     if t in _PRE:  # a component command's table: its input blocks
         return 4
     return 3 if t is CT.ADD_ROW_RANGES else 0
-
-
-def _with_matrix(sm: SubMatrix, m: int) -> SubMatrix:
-    """``sm`` on matrix ``m``."""
-    return SubMatrix(m, sm.row_offset, sm.num_rows, sm.col_offset, sm.num_cols)
-
-
-def _with_matrix_fast(sm: SubMatrix, m: int) -> SubMatrix:
-    # SubMatrix is a frozen dataclass: its __init__ sets each field through
-    # object.__setattr__, which costs more than the renumbering around it. A
-    # copy of the instance dict with one field changed gives an equal object.
-    new = _new_object(SubMatrix)
-    d = new.__dict__
-    d.update(sm.__dict__)
-    d["matrix"] = m
-    return new
-
-
-_new_object = object.__new__
-try:  # only when SubMatrix keeps its fields in an instance dict
-    _probe = SubMatrix(1, 2, 3, 4, 5)
-    if _with_matrix_fast(_probe, 7) == SubMatrix(7, 2, 3, 4, 5):
-        _with_matrix = _with_matrix_fast  # noqa: F811
-except (AttributeError, TypeError):
-    pass
 
 
 def _first_occurrences(arr: np.ndarray) -> np.ndarray:
@@ -161,7 +136,7 @@ def renumber(c: NnetComputation) -> None:
     new_subs = list(map(old_subs.__getitem__, kept.tolist()))
     if moved.any():
         for j, m in zip(np.flatnonzero(moved).tolist(), new_mat[moved].tolist(), strict=True):
-            new_subs[j] = _with_matrix(new_subs[j], m)
+            new_subs[j] = replaced_submatrix(new_subs[j], {"matrix": m})
     c.submatrices = new_subs
 
     # the whole-matrix submatrix of each matrix: the first such one, else a new one

@@ -19,17 +19,16 @@ computations (with a ``GOTO_LABEL``) alone.
 from __future__ import annotations
 
 import bisect
-from operator import attrgetter, is_not
+from operator import is_not
 
 import numpy as np
 
 from ..analysis import Analyzer
 from ..analysis.accesses import AccessTable
 from ..analysis.memory import live_floats
+from ..analysis.variables import matrix_sizes
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
-
-_ROWS, _COLS = attrgetter("rows"), attrgetter("cols")
 
 
 def _alloc_zero_pairs(c: NnetComputation, table: AccessTable, allocs: list[int]
@@ -47,8 +46,7 @@ def _alloc_zero_pairs(c: NnetComputation, table: AccessTable, allocs: list[int]
     m = np.fromiter((cmds[i].matrix for i in al.tolist()), dtype=np.int64, count=len(al))
     # ... of the whole matrix (a zeroing has one table entry)
     sa = table.sub_array[table.sub[np.searchsorted(table.cmd, al + 1)]]
-    rows = np.fromiter(map(_ROWS, c.matrices), dtype=np.int64, count=len(c.matrices))
-    cols = np.fromiter(map(_COLS, c.matrices), dtype=np.int64, count=len(c.matrices))
+    rows, cols = matrix_sizes(c).T
     pair[al[(sa[:, 0] == m) & (sa[:, 1] == 0) & (sa[:, 2] == rows[m]) & (sa[:, 3] == 0)
             & (sa[:, 4] == cols[m])]] = True
     return pair

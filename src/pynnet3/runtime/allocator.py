@@ -7,7 +7,7 @@ past its trim threshold, so each such temporary is page-faulted in again: on a
 128-sequence shortcut compile that is up to a third of the time. Raising both
 thresholds keeps the memory in the process. This changes the whole process's
 allocator, so a library never does it on import: applications opt in (the
-``pynnet3`` command line does; so can ``benchmarks/compile_scaling.py
+``pynnet3`` console script does; so can ``benchmarks/compile_scaling.py
 --tune-malloc``), or set ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``
 in the environment.
 """
