@@ -24,12 +24,13 @@ def check_range(arr: np.ndarray) -> None:
     offsets, ReplaceIndex/Round masks, (t, x, n) ordering) is only exact there."""
     if not len(arr):
         return
-    lo, hi = arr.min(axis=0), arr.max(axis=0)
     for col, name, bits in ((N_COL, "n", _N_BITS), (T_COL, "t", _T_BITS), (X_COL, "x", _X_BITS)):
+        # per column: a reduction over axis 0 of the whole array buffers copies
+        values = arr[:, col]
+        lo, hi = int(values.min()), int(values.max())
         limit = 1 << (bits - 2)
-        if lo[col] < -limit or hi[col] >= limit:
-            raise ValueError(f"{name} values must lie in [{-limit}, {limit}); "
-                             f"got [{lo[col]}, {hi[col]}]")
+        if lo < -limit or hi >= limit:
+            raise ValueError(f"{name} values must lie in [{-limit}, {limit}); got [{lo}, {hi}]")
 
 
 class Index(NamedTuple):
