@@ -145,3 +145,128 @@ def test_component_rows_in_another_n_order_are_rejected():
                 ExpansionPlan(plan.mini, changed, plan.nnet)
             return
     pytest.skip("no component with n-interleaved rows among the random networks")
+
+
+# -- row maps of precomputed objects stretched along n ---------------------------------
+
+
+def _pairs_layout(pairs: np.ndarray, stride: int, rng) -> np.ndarray:
+    """The (t, x) ``pairs`` in a random order, as ``(O, 2, S)`` rows with n = 0, 1."""
+    pairs = pairs[rng.permutation(len(pairs))]
+    out = np.empty((len(pairs) // stride, 2, stride, 3), dtype=np.int64)
+    out[..., 0] = np.arange(2)[:, None]
+    out[..., 1:] = pairs.reshape(-1, 1, stride, 2)
+    return out.reshape(-1, 3)
+
+
+def _stretch_case(seed: int):
+    """Random regular input and output index arrays of two sequences (own strides;
+    for odd seeds, outputs partly beyond what the time offsets can read), the
+    offsets and the arrays' RowMapStretch."""
+    from pynnet3.cache.expand import RowMapStretch
+
+    rng = np.random.default_rng(seed)
+    offsets = rng.choice(np.arange(-3, 4), size=3, replace=False)
+    t_in, x = int(rng.integers(8, 14)), int(rng.integers(1, 3))
+    t_lo, t_hi = max(0, -offsets.min()), t_in - max(0, offsets.max())
+    if seed % 2:
+        t_lo, t_hi = t_lo + rng.integers(-3, 1), t_hi + rng.integers(0, 4)
+
+    def grid(ts):
+        return np.stack(np.meshgrid(ts, np.arange(x), indexing="ij"), -1).reshape(-1, 2)
+
+    pairs_in, pairs_out = grid(np.arange(t_in)), grid(np.arange(t_lo, t_hi))
+    s_in = int(rng.choice([d for d in (1, 2, 3, 4) if len(pairs_in) % d == 0]))
+    s_out = int(rng.choice([d for d in (1, 2, 3, 4) if len(pairs_out) % d == 0]))
+    inp, out = _pairs_layout(pairs_in, s_in, rng), _pairs_layout(pairs_out, s_out, rng)
+    return inp, out, offsets, RowMapStretch(len(inp), s_in, len(out), s_out)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_row_maps_stretch_like_recomputing_them(seed):
+    """A time-offset gather map stretched along n equals the map computed from the
+    expanded index arrays, -1 entries (absent inputs) included, for any strides."""
+    from pynnet3.components.tdnn import time_offset_sources
+
+    inp, out, offsets, stretch = _stretch_case(seed)
+    mini = time_offset_sources(inp, out, offsets)
+    strides = np.array([stretch.in_stride, stretch.out_stride])
+    for num_n in (2, 3, 8):
+        new_in, new_out = Stretcher([inp, out], strides).expand(num_n)
+        got = stretch(mini, num_n)
+        want = time_offset_sources(new_in, new_out, offsets)
+        assert got.dtype == want.dtype and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(stretch(mini[0], num_n), want[0])  # one map alone
+
+
+def test_row_map_cases_include_absent_inputs():
+    from pynnet3.components.tdnn import time_offset_sources
+
+    absent = [bool((time_offset_sources(inp, out, offsets) < 0).any())
+              for inp, out, offsets, _ in map(_stretch_case, range(40))]
+    assert any(absent) and not all(absent)
+
+
+def test_row_maps_not_within_one_sequence_are_not_stretched():
+    """Maps that read across sequences, differ between the two sequences, leave the
+    input or are of another length or type give None (the caller recomputes)."""
+    from pynnet3.components.tdnn import time_offset_sources
+
+    inp, out, _, stretch = _stretch_case(3)
+    s_in, s_out = stretch.in_stride, stretch.out_stride
+    mini = time_offset_sources(inp, out, [0])[0]
+    assert stretch(mini, 4) is not None
+    n0 = np.flatnonzero(out[:, 0] == 0)
+    bad = []
+    swapped = mini.copy()  # n = 0 rows read the n = 1 rows and the other way round
+    swapped[n0], swapped[n0 + s_out] = mini[n0 + s_out], mini[n0]
+    bad.append(swapped)
+    shifted = mini.copy()  # one n = 1 row reads something else than its partner's partner
+    j = n0[np.flatnonzero(mini[n0] >= 0)[0]] + s_out
+    shifted[j] = -1
+    bad.append(shifted)
+    absent = mini.copy()  # an n = 0 row reads nothing, its partner something
+    absent[j - s_out] = -1
+    bad.append(absent)
+    for value in (len(inp), -2):
+        outside = mini.copy()
+        outside[n0[0]] = value
+        bad.append(outside)
+    bad += [mini[:-1], mini.astype(np.int32), mini.tolist()]
+    for rows in bad:
+        fresh = type(stretch)(len(inp), s_in, len(out), s_out)
+        assert fresh(rows, 4) is None
+
+
+def test_stretched_precomputed_objects_equal_recomputed_ones():
+    """In the expansions of random networks' mini computations, every object a
+    component's hook stretches equals what precompute_indexes makes of the
+    expanded indexes (same type, fields and array bytes)."""
+    import dataclasses
+    from functools import partial
+
+    seen = 0
+    for plan, _ in _plans(range(300)):
+        for num_n in (2, 5):
+            expanded = plan.stretcher.expand(num_n)
+            which = iter(plan.pre_array)
+            for (p, comp, info), stretch in zip(plan.pre, plan.pre_stretch, strict=True):
+                new_out = expanded[next(which)]
+                new_in = expanded[next(which)] if len(info.input_indexes) else None
+                if stretch is None:
+                    continue
+                got = comp.stretch_precomputed(plan.mini.precomputed[p], new_in, new_out,
+                                               info.need_backprop, partial(stretch, num_n=num_n))
+                assert got is not None
+                want = comp.precompute_indexes(new_in, new_out, info.need_backprop)
+                assert type(got) is type(want)
+                for f in dataclasses.fields(want):
+                    a, b = getattr(got, f.name), getattr(want, f.name)
+                    if isinstance(b, np.ndarray):
+                        assert a.dtype == b.dtype and a.shape == b.shape
+                        assert a.tobytes() == b.tobytes()
+                    else:
+                        assert a == b
+                seen += 1
+    assert seen > 0, "no component with the hook among the random networks"

@@ -215,6 +215,37 @@ def test_input_indexes_and_missing_input():
         comp.precompute_indexes(sequence_indexes([0, 1]), sequence_indexes([1]), False)
 
 
+def test_stretched_precomputed_indexes_equal_recomputed_ones():
+    """Shortcut expansion's hook: the two-sequence object stretched along n equals
+    precompute_indexes on the expanded indexes; an incomplete object (whose
+    precompute_indexes raises) is not stretched."""
+    from functools import partial
+
+    from pynnet3.cache.expand import RowMapStretch
+
+    comp = from_config("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
+                       "time-offsets=-2,0,1")
+    ts_in, ts_out = range(-2, 9), range(0, 8)
+    # t-major in both (n innermost, S = 1), the output reversed in t
+    inp = np.array([(n, t, 0) for t in ts_in for n in (0, 1)], dtype=np.int64)
+    out = np.array([(n, t, 0) for t in reversed(ts_out) for n in (0, 1)], dtype=np.int64)
+    mini = comp.precompute_indexes(inp, out, False)
+    stretch = RowMapStretch(len(inp), 1, len(out), 1)
+    for num_n in (2, 3, 16):
+        ns = range(num_n)
+        new_in = np.array([(n, t, 0) for t in ts_in for n in ns], dtype=np.int64)
+        new_out = np.array([(n, t, 0) for t in reversed(ts_out) for n in ns], dtype=np.int64)
+        got = comp.stretch_precomputed(mini, new_in, new_out, False,
+                                       partial(stretch, num_n=num_n))
+        want = comp.precompute_indexes(new_in, new_out, False)
+        assert got.num_in == want.num_in == len(new_in)
+        assert got.src.dtype == want.src.dtype and got.src.tobytes() == want.src.tobytes()
+    incomplete = type(mini)(np.where(mini.src == 0, -1, mini.src), mini.num_in)
+    assert comp.stretch_precomputed(incomplete, inp, out, False,
+                                    partial(stretch, num_n=2)) is None
+    assert comp.stretch_precomputed(None, inp, out, False, partial(stretch, num_n=2)) is None
+
+
 def test_properties():
     with_bias = from_config("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
                             "time-offsets=0")
@@ -224,6 +255,26 @@ def test_properties():
                           "time-offsets=0 use-bias=false")
     assert no_bias.properties() == with_bias.properties() | Flags.PROPAGATE_ADDS
     assert no_bias.is_updatable() and not no_bias.is_simple()
+
+
+def test_flags_arithmetic_is_integer_arithmetic():
+    """Flags' | and & (a fast path through the value map, used by every
+    properties() call) give the members plain int arithmetic would, either side."""
+    members = list(Flags)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        a, b = (Flags(int(v)) for v in rng.integers(0, 0x4000, size=2))
+        v = int(rng.integers(0, 0x4000))
+        for got, want in ((a | b, int(a) | int(b)), (a & b, int(a) & int(b)),
+                          (a | v, int(a) | v), (v | a, int(a) | v), (a & v, int(a) & v),
+                          (v & a, int(a) & v)):
+            assert type(got) is Flags and int(got) == want and got is Flags(want)
+    assert Flags.SIMPLE | Flags.UPDATABLE is Flags(3) and (Flags.NONE | Flags.NONE) is Flags.NONE
+    assert all(m | m is m and m & m is m for m in members)
+    with pytest.raises(TypeError):
+        Flags.SIMPLE | "x"
+    with pytest.raises(TypeError):
+        Flags.SIMPLE & 1.0
 
 
 def test_config_init_defaults_and_dims():

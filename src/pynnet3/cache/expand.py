@@ -22,7 +22,10 @@ compiles the full request.
 The precomputed indexes are rebuilt from a *snapshot* taken on the unoptimized
 mini computation (component, input indexes, output indexes, need-backprop per
 precomputed object), because optimization may merge a component's input matrix
-into another one whose ``MatrixInfo.indexes`` describe a different node.
+into another one whose ``MatrixInfo.indexes`` describe a different node. A
+component may instead stretch its mini object along n (the optional hook
+``stretch_precomputed``, see :class:`RowMapStretch`), much cheaper than
+recomputing it from the expanded index arrays at large N.
 
 Everything that does not depend on N (layouts, the checks, where each table entry
 goes) is worked out once per mini computation in an :class:`ExpansionPlan`, with
@@ -37,6 +40,7 @@ from __future__ import annotations
 import copy
 import operator
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain
 
 import numpy as np
@@ -105,6 +109,66 @@ def _sub_indexes(c: NnetComputation, s: int) -> np.ndarray:
     return idx[sm.row_offset:sm.row_offset + sm.num_rows]
 
 
+class RowMapStretch:
+    """Stretches the row maps of one precomputed object along n: arrays
+    ``rows[..., j]`` holding, for output row j of the mini computation, the input
+    row it reads (or -1 for none). The input and output index arrays read
+    ``(O, 2, S)`` (with their own O and S). When every n = 0 output row maps to an
+    n = 0 input row or to -1, and its n = 1 partner (S_out rows on) to that input
+    row's n = 1 partner (S_in rows on) or to -1 likewise, the map stays within a
+    sequence, and for N sequences output row ``o * N * S_out + n * S_out + w`` maps
+    to ``o' * N * S_in + n * S_in + w'`` (-1 stays -1) where its n = 0 row maps to
+    ``o' * 2 * S_in + w'``: the same stretch as the index arrays'.
+
+    A component's hook ``stretch_precomputed(mini_indexes, input_indexes,
+    output_indexes, need_backprop, stretch_rows)`` gets ``stretch_rows(rows)``
+    (this object bound to N) and must return what ``precompute_indexes(
+    input_indexes, output_indexes, need_backprop)`` would, or None to have it
+    called; it may use the stretch only for maps whose rows depend on n only
+    through "the same sequence" (like a time offset's). ``stretch_rows`` returns
+    None for a map without the form above."""
+
+    def __init__(self, in_rows: int, in_stride: int, out_rows: int, out_stride: int):
+        self.in_rows, self.in_stride = in_rows, in_stride
+        self.out_rows, self.out_stride = out_rows, out_stride
+        # id(rows) -> (rows, its N-independent parts or None); the maps belong to the
+        # mini computation's precomputed objects, which outlive the plan's use
+        self._parts: dict[int, tuple] = {}
+
+    def __call__(self, rows: np.ndarray, num_n: int) -> np.ndarray | None:
+        """``rows`` (a map of the mini computation) for ``num_n`` sequences, or None."""
+        got = self._parts.get(id(rows))
+        if got is None:
+            got = self._parts[id(rows)] = (rows, self._analyse(rows))
+        parts = got[1]
+        if parts is None:
+            return None
+        o, w, absent, shape = parts
+        s_in = self.in_stride
+        step = num_n * s_in
+        # (K, O, 1, S) + (N, 1): rows (o, n, w) of the expanded output, per map row
+        new = (o * step + w)[:, :, None, :] + np.arange(0, step, s_in, dtype=np.int64)[:, None]
+        if absent is not None:
+            np.copyto(new, -1, where=absent[:, :, None, :])
+        return new.reshape(*shape, -1)
+
+    def _analyse(self, rows) -> tuple | None:
+        """(o', w', absent or None, leading shape) of the n = 0 entries, or None
+        when ``rows`` is not a map of the form of the class doc."""
+        if not isinstance(rows, np.ndarray) or rows.dtype != np.int64 or rows.ndim == 0 \
+                or rows.shape[-1] != self.out_rows:
+            return None
+        s_out, s_in = self.out_stride, self.in_stride
+        blocks = rows.reshape(-1, self.out_rows // (2 * s_out), 2, s_out)
+        zero, one = blocks[:, :, 0], blocks[:, :, 1]
+        absent = zero < 0
+        o, w = np.divmod(zero, 2 * s_in)
+        if not (((zero >= 0) & (zero < self.in_rows) & (w < s_in)) | (zero == -1)).all() \
+                or not np.array_equal(one, np.where(absent, -1, zero + s_in)):
+            return None
+        return o, w, (absent if absent.any() else None), rows.shape[:-1]
+
+
 @dataclass
 class _TablePlan:
     """Where the n = 0 entries of a table go, independent of N: destination row
@@ -148,6 +212,7 @@ class ExpansionPlan:
         self._scan_commands()
         self._precomputed(snapshot)
         self._index_arrays()
+        self._row_map_stretches()
         self._submatrices()
         self._check_row_pairs()
         self._table_plans()
@@ -170,6 +235,22 @@ class ExpansionPlan:
         self.matrix_array = which[:len(infos)]  # matrix m + 1 -> distinct array
         self.pre_array = which[len(infos):]  # per precomputed object: output (, input)
         self.stretcher = Stretcher(unique, stride)
+
+    def _row_map_stretches(self) -> None:
+        """``self.pre_stretch``: per precomputed object, a :class:`RowMapStretch` for
+        its input and output layouts when its component has the hook
+        ``stretch_precomputed``, else None."""
+        self.pre_stretch: list[RowMapStretch | None] = []
+        which = iter(self.pre_array)
+        stride, rows = self.array_stride.tolist(), self.array_rows.tolist()
+        for _, comp, info in self.pre:
+            out = next(which)
+            inp = next(which) if len(info.input_indexes) else None
+            if inp is None or not hasattr(comp, "stretch_precomputed"):
+                self.pre_stretch.append(None)
+            else:
+                self.pre_stretch.append(RowMapStretch(rows[inp], stride[inp],
+                                                      rows[out], stride[out]))
 
     def _submatrices(self) -> None:
         """Each submatrix must start on an n = 0 row and end on an n = 1 row of its
@@ -515,20 +596,29 @@ class ExpansionPlan:
             cmd.table = slot[plan_id]
             cmds[k] = cmd
         new.commands = cmds
-        new.precomputed = self._expand_precomputed(expanded)
+        new.precomputed = self._expand_precomputed(expanded, N)
         new._whole = dict(c._whole)
         if request is not None:
             new.request = request
         return new
 
-    def _expand_precomputed(self, expanded: list[np.ndarray]) -> list:
-        out = [None] * len(self.mini.precomputed)
+    def _expand_precomputed(self, expanded: list[np.ndarray], num_n: int) -> list:
+        """The precomputed objects for ``num_n`` sequences: stretched by their
+        components' hooks where they have one and it applies, else recomputed."""
+        mini = self.mini.precomputed
+        out = [None] * len(mini)
         which = iter(self.pre_array)
         empty = np.zeros((0, 3), dtype=np.int64)
-        for p, comp, info in self.pre:
+        for (p, comp, info), stretch in zip(self.pre, self.pre_stretch, strict=True):
             new_out = expanded[next(which)]
             new_in = expanded[next(which)] if len(info.input_indexes) else empty
-            out[p] = comp.precompute_indexes(new_in, new_out, info.need_backprop)
+            obj = None
+            if stretch is not None:
+                obj = comp.stretch_precomputed(mini[p], new_in, new_out, info.need_backprop,
+                                               partial(stretch, num_n=num_n))
+            if obj is None:
+                obj = comp.precompute_indexes(new_in, new_out, info.need_backprop)
+            out[p] = obj
         return out
 
 

@@ -35,6 +35,9 @@ only speed):
 * ``input_indexes_within(output_indexes, t_lo, t_hi) -> InputDeps``:
   :meth:`input_indexes` without the dependencies outside ``[t_lo, t_hi]`` (which
   can never be computable), for components with very wide windows.
+* ``stretch_precomputed(mini_indexes, input_indexes, output_indexes, need_backprop,
+  stretch_rows)``: shortcut expansion's cheaper :meth:`precompute_indexes` for N
+  sequences from the two-sequence object (:class:`pynnet3.cache.expand.RowMapStretch`).
 """
 
 from __future__ import annotations
@@ -66,6 +69,36 @@ class Flags(enum.IntFlag):
     OUTPUT_CONTIGUOUS = 0x800
     USES_MEMO = 0x1000
     RANDOM = 0x2000
+
+    # Components build their properties with a few ORs on every properties() call,
+    # and Enum's own | and & make each result through the enum constructor (about a
+    # microsecond apiece); a combination seen once is a member of the value map
+    # (Flag keeps its pseudo-members there), so later ones are one dict lookup.
+    def __or__(self, other):
+        value = other._value_ if type(other) is Flags else _int_value(other)
+        if value is NotImplemented:
+            return value
+        value |= self._value_
+        member = _FLAGS_BY_VALUE.get(value)
+        return member if member is not None else Flags(value)
+
+    def __and__(self, other):
+        value = other._value_ if type(other) is Flags else _int_value(other)
+        if value is NotImplemented:
+            return value
+        value &= self._value_
+        member = _FLAGS_BY_VALUE.get(value)
+        return member if member is not None else Flags(value)
+
+    __ror__ = __or__
+    __rand__ = __and__
+
+
+_FLAGS_BY_VALUE = Flags._value2member_map_
+
+
+def _int_value(other):
+    return int(other) if isinstance(other, int) else NotImplemented
 
 
 @dataclass

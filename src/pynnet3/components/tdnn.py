@@ -357,6 +357,20 @@ class TdnnComponent(UpdatableComponent):
                 f"t={t + self.time_offsets[k]}, which is not among the input rows")
         return OffsetGather(src, len(input_indexes))
 
+    def stretch_precomputed(self, mini_indexes: OffsetGather, input_indexes: np.ndarray,
+                            output_indexes: np.ndarray, need_backprop: bool,
+                            stretch_rows) -> OffsetGather | None:
+        """Shortcut expansion's hook (:class:`pynnet3.cache.expand.RowMapStretch`):
+        :meth:`precompute_indexes` for the expanded indexes, from the two-sequence
+        computation's object. Each offset's sources are the rows (n, t + offset, x)
+        of the same n, so they stretch along n like the index arrays. None (then
+        :meth:`precompute_indexes` runs) when the mini object is not complete (the
+        error is precompute_indexes') or its map does not have the stretchable form."""
+        if not isinstance(mini_indexes, OffsetGather) or not mini_indexes.complete:
+            return None
+        src = stretch_rows(mini_indexes.src)
+        return None if src is None else OffsetGather(src, len(input_indexes))
+
     # -- math ------------------------------------------------------------------------
     def _spliced(self, indexes: OffsetGather, in_value: np.ndarray) -> np.ndarray:
         """[rows-out, input-dim * num-offsets]: the input rows of every offset side by side."""

@@ -333,6 +333,18 @@ class TimeHeightConvolutionComponent(UpdatableComponent):
                     f"t={t + t_off} (a required time offset), which is not among the input rows")
         return OffsetGather(src, len(input_indexes))
 
+    def stretch_precomputed(self, mini_indexes, input_indexes: np.ndarray,
+                            output_indexes: np.ndarray, need_backprop: bool,
+                            stretch_rows) -> OffsetGather | None:
+        """Shortcut expansion's hook (see TdnnComponent.stretch_precomputed): each
+        time offset's sources lie in the output row's own sequence; -1 (an absent
+        optional input) stays -1 in every sequence, and a required offset had none in
+        the two-sequence object (its precompute_indexes would have raised)."""
+        if not isinstance(mini_indexes, OffsetGather):
+            return None
+        src = stretch_rows(mini_indexes.src)
+        return None if src is None else OffsetGather(src, len(input_indexes))
+
     # -- math ------------------------------------------------------------------------
     def _pixel_maps(self, indexes: OffsetGather):
         """Per kernel offset: (output rows with an input row, their input rows,
