@@ -97,3 +97,14 @@ def test_copies_that_must_not_be_extended(spec):
     desc, c = _extend(spec)
     assert desc == ""
     assert c.matrices[3].rows == 4
+
+
+def test_source_zeroed_later_than_its_allocation_is_extended():
+    # another allocation between the source's and its zeroing: the zeroing is still
+    # its first access, which the access table (not the shortcut) tells
+    spec = _spec(4)
+    spec.remove(("alloc", 3))
+    spec.insert(spec.index(("zero", 2)), ("alloc", 3))
+    desc, c = _extend(spec)
+    assert desc == "extended 1 copies to whole source matrices"
+    assert c.matrices[3].rows == 5

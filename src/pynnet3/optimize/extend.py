@@ -17,15 +17,25 @@ kNoTime.
 
 from __future__ import annotations
 
+from itertools import compress, count, repeat
+from operator import attrgetter, is_
+
 import numpy as np
 
-from ..analysis.accesses import AccessTable, build_access_table
+from ..analysis.accesses import build_access_table
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
 from .options import OptimizeOptions
 
 _MIN_PROPORTION = 0.8
 NO_TIME = int(np.iinfo(np.int32).min)
+_TYPE = attrgetter("type")
+
+
+def _positions(types: list, t: CT) -> list[int]:
+    """Indexes of the commands of type ``t`` (``types``: every command's type; the
+    scan runs in C)."""
+    return list(compress(count(), map(is_, types, repeat(t))))
 
 
 def extend_matrices(c: NnetComputation, nnet, options: OptimizeOptions | None = None) -> str:
@@ -43,7 +53,10 @@ def extend_matrices(c: NnetComputation, nnet, options: OptimizeOptions | None = 
     if not copies:
         return ""
     orig_rows = [m.rows for m in mats]
-    table = None  # built for the first copy that passes the cheap tests
+    types = None  # every command's type, with the user input / output matrices (as
+    # the access table's is_input / is_output), for the first copy that passes the
+    # cheap tests
+    table = None  # built only when _zeroed_after_alloc cannot tell (see there)
     extended = 0
     for i in copies:
         cmd = cmds[i]
@@ -56,20 +69,23 @@ def extend_matrices(c: NnetComputation, nnet, options: OptimizeOptions | None = 
         if not (s.col_offset == 0 and s.num_cols == mats[s.matrix].cols
                 and d.row_offset + d.num_rows == orig_rows[d.matrix]):
             continue
-        if table is None:
-            table = build_access_table(c, nnet)
-            is_io = (table.is_input | table.is_output).tolist()
-            is_input = table.is_input.tolist()
-            # first access of each matrix (-1: none); the table is in command order
-            first = np.full(len(mats), -1, dtype=np.int64)
-            ms, pos = np.unique(table.matrix, return_index=True)
-            first[ms] = table.cmd[pos]
-            first = first.tolist()
-        if is_io[d.matrix]:
+        if types is None:
+            types = list(map(_TYPE, cmds))
+            inputs = {subs[cmds[j].dst].matrix for j in _positions(types, CT.ACCEPT_INPUT)}
+            outputs = {subs[cmds[j].src].matrix for j in _positions(types, CT.PROVIDE_OUTPUT)}
+        if d.matrix in inputs or d.matrix in outputs:
             continue
-        if not _rows_defined(c, is_input[s.matrix], first[s.matrix], s.matrix,
-                             orig_rows[s.matrix], i):
-            continue
+        if not (s.matrix in inputs
+                or _zeroed_after_alloc(c, s.matrix, orig_rows[s.matrix], i)):
+            if table is None:
+                table = build_access_table(c, nnet)
+                # first access of each matrix (-1: none); the table is in command order
+                first = np.full(len(mats), -1, dtype=np.int64)
+                ms, pos = np.unique(table.matrix, return_index=True)
+                first[ms] = table.cmd[pos]
+                first = first.tolist()
+            if not _rows_defined(c, first[s.matrix], s.matrix, orig_rows[s.matrix], i):
+                continue
         info = mats[d.matrix]
         new_rows = d.row_offset + src_rows
         if new_rows > info.rows:
@@ -80,7 +96,7 @@ def extend_matrices(c: NnetComputation, nnet, options: OptimizeOptions | None = 
         extended += 1
     if not extended:
         return ""
-    _fix(c, orig_rows, table)
+    _fix(c, orig_rows, [j for j in _positions(types, CT.SET_CONST) if cmds[j].alpha == 0.0])
     return f"extended {extended} copies to whole source matrices"
 
 
@@ -91,13 +107,36 @@ def _is_whole(c: NnetComputation, s: int) -> bool:
         and sm.num_cols == info.cols
 
 
-def _rows_defined(c: NnetComputation, is_input: bool, first: int, matrix: int,
-                  orig_rows: int, i: int) -> bool:
-    """Whether every row of ``matrix`` holds defined data at command ``i``: it is a
-    user input, or its first access ``first`` (before ``i``) sets all of it (the
+def _zeroed_after_alloc(c: NnetComputation, matrix: int, orig_rows: int, i: int) -> bool:
+    """Whether the command right after ``matrix``'s allocation zeroes all of it, before
+    command ``i`` (the usual case). Then that zeroing is its first access (a valid
+    computation allocates a matrix once, before any use: the checker's lifetime
+    rule), so :func:`_rows_defined` would say yes, and the access table it needs is
+    not built. The allocation is looked for backwards from ``i`` (it is usually a
+    few commands before)."""
+    cmds = c.commands
+    ALLOC = CT.ALLOC_MATRIX
+    for a in range(i - 1, -1, -1):
+        cmd = cmds[a]
+        if cmd.type is ALLOC and cmd.matrix == matrix:
+            break
+    else:
+        return False
+    if a + 1 >= i:
+        return False
+    cmd = cmds[a + 1]
+    if cmd.type is not CT.SET_CONST:
+        return False
+    sm = c.submatrices[cmd.dst]
+    return sm.matrix == matrix and sm.row_offset == 0 and sm.col_offset == 0 \
+        and sm.num_rows == orig_rows and sm.num_cols == c.matrices[matrix].cols
+
+
+def _rows_defined(c: NnetComputation, first: int, matrix: int, orig_rows: int,
+                  i: int) -> bool:
+    """Whether every row of ``matrix`` (not a user input) holds defined data at
+    command ``i``: its first access ``first`` (before ``i``) sets all of it (the
     zeroing after allocation; :func:`_fix` makes that cover rows the matrix grows by)."""
-    if is_input:
-        return True
     if first == -1 or first >= i:
         return False
     cmd = c.commands[first]
@@ -108,9 +147,9 @@ def _rows_defined(c: NnetComputation, is_input: bool, first: int, matrix: int,
         and sm.num_cols == c.matrices[matrix].cols
 
 
-def _fix(c: NnetComputation, orig_rows: list[int], table: AccessTable) -> None:
+def _fix(c: NnetComputation, orig_rows: list[int], zeroings: list[int]) -> None:
     """Whole-matrix submatrices, zeroings and debug indexes of grown matrices
-    (``table``: the access table from before they grew)."""
+    (``zeroings``: the SET_CONST 0 commands)."""
     grown = {m for m, (info, rows) in enumerate(zip(c.matrices, orig_rows, strict=True))
              if m and info.rows != rows}
     for m in grown:  # (in set order: it numbers the new submatrices)
@@ -123,12 +162,12 @@ def _fix(c: NnetComputation, orig_rows: list[int], table: AccessTable) -> None:
             new_rows = old[len(old) - extra:].copy()
             new_rows[:, 1] = NO_TIME
             info.indexes = np.concatenate([old, new_rows])
-    # zeroings (SET_CONST 0, one table entry each) of all of a grown matrix as it was
-    zi = np.flatnonzero(table.zeroing)
-    sa = table.sub_array[table.sub[np.searchsorted(table.cmd, zi)]]
-    whole_before = np.full((len(orig_rows), 5), -1, dtype=np.int64)
-    for m in grown:
-        whole_before[m] = (m, 0, orig_rows[m], 0, c.matrices[m].cols)
-    sel = (sa == whole_before[sa[:, 0]]).all(axis=1)
-    for i, m in zip(zi[sel].tolist(), sa[sel, 0].tolist(), strict=True):
-        c.commands[i].dst = c._whole[m]
+    # zeroings of all of a grown matrix as it was
+    cmds, subs, mats = c.commands, c.submatrices, c.matrices
+    for i in zeroings:
+        cmd = cmds[i]
+        sm = subs[cmd.dst]
+        m = sm.matrix
+        if m in grown and sm.row_offset == 0 and sm.num_rows == orig_rows[m] \
+                and sm.col_offset == 0 and sm.num_cols == mats[m].cols:
+            cmd.dst = c._whole[m]

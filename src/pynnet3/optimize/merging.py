@@ -39,9 +39,10 @@ from operator import attrgetter, itemgetter
 import numpy as np
 
 from ..analysis.accesses import AccessType, PropertyCache, build_access_table
+from ..analysis.session import current_session
 from ..analysis.variables import matrix_sizes
 from ..components.base import Flags
-from ..computation import Command, NnetComputation, SubMatrix
+from ..computation import Command, NnetComputation, replaced_submatrix
 from ..computation import CommandType as CT
 from .options import OptimizeOptions
 
@@ -56,8 +57,9 @@ _INPUT_CONTIGUOUS = int(Flags.INPUT_CONTIGUOUS)
 _OUTPUT_CONTIGUOUS = int(Flags.OUTPUT_CONTIGUOUS)
 _PROPAGATE_IN_PLACE = int(Flags.PROPAGATE_IN_PLACE)
 _BACKPROP_IN_PLACE = int(Flags.BACKPROP_IN_PLACE)
-# entry of a matrix's access list: (command, row0, row1, col0, col1, access, is_zeroing)
-_CMD, _R0, _R1, _C0, _C1, _ACC, _ZERO = range(7)
+# entry of a matrix's access list: (command, submatrix, access, is_zeroing); the
+# rectangle is rects[submatrix], which a merge moves with the submatrix
+_CMD, _SUB, _ACC, _ZERO = range(4)
 _EVERYWHERE = (0, 1 << 62, 0, 1 << 62)
 # candidate kinds
 _ASSIGN, _PROPAGATE, _BACKPROP = range(3)
@@ -79,7 +81,11 @@ class AccessIndex:
     def __init__(self, c: NnetComputation, nnet):
         self.c = c
         self.n = len(c.commands)
-        self.props = PropertyCache(nnet)
+        session = current_session(c, nnet)
+        if session is None:
+            self.props = PropertyCache(nnet)
+        else:  # the session's: the network does not change while it is optimized
+            self.props = session.props = session.props or PropertyCache(nnet)
         t = build_access_table(c, nnet, self.props)
         self.table = t
         nm = len(c.matrices)
@@ -97,11 +103,9 @@ class AccessIndex:
         # access entries grouped by matrix, in table (command) order
         ent_m = t.sub_matrix[t.sub]
         order = np.argsort(ent_m, kind="stable")
-        sub = t.sub[order]
         cmd = t.cmd[order]
-        entries = list(zip(cmd.tolist(), r0[sub].tolist(), r1[sub].tolist(), c0[sub].tolist(),
-                           c1[sub].tolist(), t.acc[order].tolist(), t.zeroing[cmd].tolist(),
-                           strict=True))
+        entries = list(zip(cmd.tolist(), t.sub[order].tolist(), t.acc[order].tolist(),
+                           t.zeroing[cmd].tolist(), strict=True))
         eptr = np.zeros(nm + 1, dtype=np.int64)
         np.cumsum(np.bincount(ent_m, minlength=nm), out=eptr[1:])
         self.acc: list[list[tuple]] = [entries[a:b] for a, b in pairwise(eptr.tolist())]
@@ -121,9 +125,12 @@ class AccessIndex:
         self.contiguous = [False] * nm
         cmds, subs = c.commands, c.submatrices
         comp = [cmds[i] for i in t.component_commands]
-        props = {node: self.props(node) for node in set(map(_NODE, comp))}
+        contiguous_nodes = {node: p for node in set(map(_NODE, comp))
+                            if (p := self.props(node)) & (_INPUT_CONTIGUOUS | _OUTPUT_CONTIGUOUS)}
         for cmd in comp:
-            p = props[cmd.node]
+            p = contiguous_nodes.get(cmd.node)
+            if p is None:
+                continue
             if p & _INPUT_CONTIGUOUS:
                 for s in (cmd.in_value, cmd.in_deriv):
                     if s:
@@ -138,34 +145,44 @@ class AccessIndex:
     def first_nontrivial(self, m: int, r: tuple) -> int:
         """First command touching ``r`` other than a zeroing (n if none)."""
         r0, r1, c0, c1 = r
-        for e in self.acc[m]:
-            if not e[_ZERO] and e[_R0] < r1 and r0 < e[_R1] and e[_C0] < c1 and c0 < e[_C1]:
-                return e[_CMD]
+        rects = self.rects
+        for i, s, _, zero in self.acc[m]:
+            if not zero:
+                q0, q1, p0, p1 = rects[s]
+                if q0 < r1 and r0 < q1 and p0 < c1 and c0 < p1:
+                    return i
         return self.n
 
     def last_access(self, m: int, r: tuple) -> int:
         r0, r1, c0, c1 = r
-        for e in reversed(self.acc[m]):
-            if e[_R0] < r1 and r0 < e[_R1] and e[_C0] < c1 and c0 < e[_C1]:
-                return e[_CMD]
+        rects = self.rects
+        for i, s, _, _ in reversed(self.acc[m]):
+            q0, q1, p0, p1 = rects[s]
+            if q0 < r1 and r0 < q1 and p0 < c1 and c0 < p1:
+                return i
         return -1
 
     def last_write(self, m: int, r: tuple) -> int:
         if self.is_output[m]:  # Kaldi: an output is "written" by the user at the end
             return self.n
         r0, r1, c0, c1 = r
-        for e in reversed(self.acc[m]):
-            if e[_ACC] & _W and e[_R0] < r1 and r0 < e[_R1] and e[_C0] < c1 and c0 < e[_C1]:
-                return e[_CMD]
+        rects = self.rects
+        for i, s, a, _ in reversed(self.acc[m]):
+            if a & _W:
+                q0, q1, p0, p1 = rects[s]
+                if q0 < r1 and r0 < q1 and p0 < c1 and c0 < p1:
+                    return i
         return -1
 
     def data_invalidated(self, m: int, r: tuple, after: int) -> int:
         best = self.dealloc[m] if self.dealloc[m] != -1 else self.n
         r0, r1, c0, c1 = r
-        for e in self.acc[m]:
-            if e[_CMD] > after and e[_ACC] & _W and e[_R0] < r1 and r0 < e[_R1] \
-                    and e[_C0] < c1 and c0 < e[_C1]:
-                return min(best, e[_CMD])
+        rects = self.rects
+        for i, s, a, _ in self.acc[m]:
+            if i > after and a & _W:
+                q0, q1, p0, p1 = rects[s]
+                if q0 < r1 and r0 < q1 and p0 < c1 and c0 < p1:
+                    return min(best, i)
         return best
 
 
@@ -181,10 +198,12 @@ class _Merger(AccessIndex):
 
     def finish(self) -> None:
         """Write the moved submatrices to the computation."""
-        subs = self.c.submatrices
+        subs, rects, sub_mat = self.c.submatrices, self.rects, self.sub_mat
         for s in self.moved_subs:
-            r0, r1, c0, c1 = self.rects[s]
-            subs[s] = SubMatrix(self.sub_mat[s], r0, r1 - r0, c0, c1 - c0)
+            r0, r1, c0, c1 = rects[s]
+            subs[s] = replaced_submatrix(subs[s], {"matrix": sub_mat[s], "row_offset": r0,
+                                                   "num_rows": r1 - r0, "col_offset": c0,
+                                                   "num_cols": c1 - c0})
 
     # -- the sweep -------------------------------------------------------------------
     def _candidates(self, copies: list[int]) -> list[list]:
@@ -330,12 +349,15 @@ class _Merger(AccessIndex):
         d_first = self.first_nontrivial(d, _EVERYWHERE)
         zk = self._initial_zeroing(k)
         r0, r1, c0, c1 = r2
+        rects = self.rects
         for e in self.acc[k]:
-            if e[_CMD] >= i:
+            j = e[_CMD]
+            if j >= i:
                 break
-            if e[_ZERO] and e[_CMD] > d_first and e is not zk and e[_R0] < r1 \
-                    and r0 < e[_R1] and e[_C0] < c1 and c0 < e[_C1]:
-                return False  # would zero d's data after d wrote it
+            if e[_ZERO] and j > d_first and e is not zk:
+                q0, q1, p0, p1 = rects[e[_SUB]]
+                if q0 < r1 and r0 < q1 and p0 < c1 and c0 < p1:
+                    return False  # would zero d's data after d wrote it
         if zk is not None and zk[_CMD] > d_first:
             zd = self._initial_zeroing(d)
             if zd is None or zd[_CMD] > d_first:
@@ -351,7 +373,7 @@ class _Merger(AccessIndex):
         if not e[_ZERO]:
             return None
         info = self.c.matrices[m]
-        if (e[_R0], e[_R1], e[_C0], e[_C1]) == (0, info.rows, 0, info.cols):
+        if self.rects[e[_SUB]] == (0, info.rows, 0, info.cols):
             return e
         return None
 
@@ -446,12 +468,9 @@ class _Merger(AccessIndex):
             gone = dead | set(moved.values())
         else:
             gone = dead
+        # (d's entries name d's submatrices, whose rectangles were moved above)
         merged = [e for e in k_acc if e[_CMD] not in dead]
-        if dr or dc:
-            merged += [(e[0], e[1] + dr, e[2] + dr, e[3] + dc, e[4] + dc, e[5], e[6])
-                       for e in d_acc if e[_CMD] not in gone]
-        else:  # d sits at k's origin (the usual case): its rectangles stand
-            merged += [e for e in d_acc if e[_CMD] not in gone]
+        merged += [e for e in d_acc if e[_CMD] not in gone]
         merged.sort(key=_FIRST)
         acc[mk] = merged
         for j in dead:
