@@ -139,6 +139,30 @@ def test_table_lifetimes(computation):
     assert t.sub_matrix.tolist() == [sm.matrix for sm in c.submatrices]
 
 
+def test_table_lifetimes_take_the_last_event_in_command_order():
+    """Swaps and releasing outputs before, between and after plain (de)allocations
+    of the same matrices: each lifetime field is the last event naming the matrix."""
+    from pynnet3.computation import Command, NnetComputation
+
+    c = NnetComputation()
+    m1, m2, m3 = (c.new_matrix(4, 3) for _ in range(3))
+    c.commands = [
+        Command(CT.SWAP_MATRIX, matrix=m1, src_matrix=m2),  # before m1's ALLOC
+        Command(CT.ALLOC_MATRIX, matrix=m1),
+        Command(CT.ACCEPT_INPUT, dst=c.whole(m3), node="input"),
+        Command(CT.ACCEPT_INPUT, dst=c.whole(m3), node="input"),  # not the first accept
+        Command(CT.DEALLOC_MATRIX, matrix=m2),  # after m2 was swapped away
+        Command(CT.ALLOC_MATRIX, matrix=m2),
+        Command(CT.SWAP_MATRIX, matrix=m2, src_matrix=m1),  # after m2's ALLOC
+        Command(CT.PROVIDE_OUTPUT, src=c.whole(m3), node="output", release=True),
+        Command(CT.DEALLOC_MATRIX, matrix=m3),  # after the release
+    ]
+    test_table_lifetimes((None, c))
+    t = build_access_table(c, None)
+    assert t.alloc.tolist() == [-1, 1, 6, -1] and t.dealloc.tolist() == [-1, 6, 4, 8]
+    assert t.accept.tolist() == [-1, -1, -1, 2]
+
+
 def test_matrix_accesses_match_per_command_reference(computation):
     nnet, c = computation
     a = Analyzer(c, nnet)

@@ -27,6 +27,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from ..compiler.keymap import unique_keys
 from ..components.base import Flags
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
@@ -152,23 +153,21 @@ def block_submatrices(c: NnetComputation, table: int) -> list[int]:
 def _gather_multi(tab: np.ndarray, adds: bool) -> tuple[list[int], bool]:
     """Submatrices a ``*_ROWS_MULTI`` gather reads (ascending) and whether its
     destination write is partial."""
-    subs = tab[:, 0]
-    reads = [int(s) for s in np.unique(subs) if s > 0]
-    return reads, adds or bool((subs < 0).any())
+    subs = unique_keys(tab[:, 0])
+    return subs[subs > 0].tolist(), adds or bool(len(subs) and subs[0] < 0)
 
 
 def _scatter_multi(c: NnetComputation, tab: np.ndarray, copy: bool) -> list[tuple[int, int]]:
     """(submatrix, access int) written by a ``*_TO_ROWS_MULTI`` scatter: a full
     write only for a copy that sets every row of the submatrix."""
     out = []
-    for s in np.unique(tab[:, 0]):
-        if s <= 0:
-            continue
+    subs = unique_keys(tab[:, 0])
+    for s in subs[subs > 0].tolist():
         full = False
         if copy:
             rows = tab[tab[:, 0] == s, 1]
-            full = len(np.unique(rows)) == c.submatrices[s].num_rows
-        out.append((int(s), _W if full else _RW))
+            full = len(unique_keys(rows)) == c.submatrices[s].num_rows
+        out.append((s, _W if full else _RW))
     return out
 
 
@@ -215,29 +214,38 @@ def build_access_table(c: NnetComputation, nnet, props: PropertyCache | None = N
     """The :class:`AccessTable` of ``c`` (one pass over the commands; inside an
     optimizer session the component properties come from the session's cache, see
     :mod:`.session`). Its arrays are read-only."""
-    if props is None:
-        s = current_session(c, nnet)
-        if s is None:
-            props = PropertyCache(nnet)
-        else:  # the network does not change while a session is open
-            props = s.props = s.props or PropertyCache(nnet)
-    return _build_access_table(c, nnet, props)
+    return _build_access_table(c, nnet, property_cache(c, nnet) if props is None else props)
+
+
+def property_cache(c: NnetComputation, nnet) -> PropertyCache:
+    """A :class:`PropertyCache` for analyses of ``c``: the open optimizer session's,
+    shared by its analyses (the network does not change while a session is open),
+    else a new one."""
+    s = current_session(c, nnet)
+    if s is None:
+        return PropertyCache(nnet)
+    if s.props is None:
+        s.props = PropertyCache(nnet)
+    return s.props
 
 
 def _build_access_table(c: NnetComputation, nnet, props: PropertyCache) -> AccessTable:
     node_props = props.props.get  # props() for a node seen before, without the call
     nm = len(c.matrices)
-    cmds_l: list[int] = []
-    subs_l: list[int] = []
-    accs_l: list[int] = []
-    ca, sa, aa = cmds_l.append, subs_l.append, accs_l.append
-    alloc = [-1] * nm
-    dealloc = [-1] * nm
+    # the (command, submatrix, access) triples, flattened: one extend() per command
+    # costs less than three appends per pair
+    flat: list[int] = []
+    put = flat.extend
+    arr = _array
     alloc_only = [-1] * nm
     dealloc_only = [-1] * nm
+    # (command, matrix) of the rarer events that also allocate / free a matrix (a
+    # swap, a releasing output): alloc / dealloc are alloc_only / dealloc_only
+    # updated with them after the loop, so a sizing command costs one store
+    alloc_more: list[tuple[int, int]] = []
+    dealloc_more: list[tuple[int, int]] = []
     accept = [-1] * nm
     comp_cmds: list[int] = []
-    is_input = [False] * nm
     is_output = [False] * nm
     n = len(c.commands)
     zeroing_l: list[int] = []
@@ -261,56 +269,53 @@ def _build_access_table(c: NnetComputation, nnet, props: PropertyCache) -> Acces
     for i, cmd in enumerate(c.commands):
         t = cmd.type
         if t is _ALLOC_MATRIX:
-            alloc[cmd.matrix] = alloc_only[cmd.matrix] = i
+            alloc_only[cmd.matrix] = i
         elif t is _DEALLOC_MATRIX:
-            dealloc[cmd.matrix] = dealloc_only[cmd.matrix] = i
+            dealloc_only[cmd.matrix] = i
         elif t is _SET_CONST:
-            ca(i), sa(cmd.dst), aa(W)
+            put((i, cmd.dst, W))
             if cmd.alpha == 0.0:
                 zeroing_l.append(i)
         elif t is _MATRIX_COPY:
-            ca(i), sa(cmd.src), aa(R)
-            ca(i), sa(cmd.dst), aa(W)
+            put((i, cmd.src, R, i, cmd.dst, W))
         elif t is _PROPAGATE:
             if cmd.in_value:
-                ca(i), sa(cmd.in_value), aa(R)
+                put((i, cmd.in_value, R))
             elif cmd.table >= 0:  # input read as column blocks
                 for s in block_submatrices(c, cmd.table):
-                    ca(i), sa(s), aa(R)
+                    put((i, s, R))
             p = node_props(cmd.node)
             if p is None:
                 p = props(cmd.node)
-            ca(i), sa(cmd.out_value), aa(RW if p & PA else W)
+            put((i, cmd.out_value, RW if p & PA else W))
             if cmd.alpha == 2.0:
                 side_l.append(i)  # stored stats
             comp_cmds.append(i)
         elif t is _MATRIX_ADD or t is _ADD_ROWS or t is _ADD_ROW_RANGES:
-            ca(i), sa(cmd.src), aa(R)
-            ca(i), sa(cmd.dst), aa(RW)
+            put((i, cmd.src, R, i, cmd.dst, RW))
         elif t is _BACKPROP or t is _BACKPROP_NO_MODEL_UPDATE:
             for s in (cmd.in_value, cmd.out_value, cmd.out_deriv):
                 if s:
-                    ca(i), sa(s), aa(R)
+                    put((i, s, R))
             if not cmd.in_value and cmd.table >= 0:  # input value read as column blocks
                 for s in block_submatrices(c, cmd.table):
-                    ca(i), sa(s), aa(R)
+                    put((i, s, R))
             if cmd.in_deriv:
                 p = node_props(cmd.node)
                 if p is None:
                     p = props(cmd.node)
-                ca(i), sa(cmd.in_deriv), aa(RW if p & BA else W)
+                put((i, cmd.in_deriv, RW if p & BA else W))
             if t is _BACKPROP:
                 side_l.append(i)  # model update
             comp_cmds.append(i)
         elif t is _SWAP_MATRIX:
-            alloc[cmd.matrix] = i
-            dealloc[cmd.src_matrix] = i
+            alloc_more.append((i, cmd.matrix))
+            dealloc_more.append((i, cmd.src_matrix))
         elif t is _COPY_ROWS:
             p = rows_partial.get(cmd.table)
             if p is None:
                 p = rows_partial[cmd.table] = bool((c.indexes[cmd.table] < 0).any())
-            ca(i), sa(cmd.src), aa(R)
-            ca(i), sa(cmd.dst), aa(RW if p else W)
+            put((i, cmd.src, R, i, cmd.dst, RW if p else W))
         elif t is _COPY_ROWS_MULTI or t is _ADD_ROWS_MULTI:
             key = ("g", cmd.table, t is _ADD_ROWS_MULTI)
             got = multi_cache.get(key)
@@ -318,43 +323,59 @@ def _build_access_table(c: NnetComputation, nnet, props: PropertyCache) -> Acces
                 got = multi_cache[key] = _gather_multi(c.indexes_multi[cmd.table], key[2])
             reads, partial = got
             for s in reads:
-                ca(i), sa(s), aa(R)
-            ca(i), sa(cmd.dst), aa(RW if partial else W)
+                put((i, s, R))
+            put((i, cmd.dst, RW if partial else W))
         elif t is _COPY_TO_ROWS_MULTI or t is _ADD_TO_ROWS_MULTI:
-            ca(i), sa(cmd.src), aa(R)
+            put((i, cmd.src, R))
             key = ("s", cmd.table, t is _COPY_TO_ROWS_MULTI)
             got = multi_cache.get(key)
             if got is None:
                 got = multi_cache[key] = _scatter_multi(c, c.indexes_multi[cmd.table], key[2])
             for s, a in got:
-                ca(i), sa(s), aa(a)
+                put((i, s, a))
         elif t is _ACCEPT_INPUT:
-            ca(i), sa(cmd.dst), aa(W)
+            put((i, cmd.dst, W))
             m = submatrices[cmd.dst].matrix
-            if not is_input[m]:
-                is_input[m] = True
+            if accept[m] == -1:
                 accept[m] = i
         elif t is _PROVIDE_OUTPUT:
-            ca(i), sa(cmd.src), aa(R)
+            put((i, cmd.src, R))
             m = submatrices[cmd.src].matrix
             is_output[m] = True
             if cmd.release:  # handed over: the matrix ends here
-                dealloc[m] = i
+                dealloc_more.append((i, m))
         elif t is _COMPRESS_MATRIX or t is _DECOMPRESS_MATRIX:
-            ca(i), sa(cmd.dst if cmd.dst else c.whole(cmd.matrix)), aa(RW)
+            put((i, cmd.dst if cmd.dst else c.whole(cmd.matrix), RW))
+    alloc_only_arr, dealloc_only_arr = arr(alloc_only, np.int64), arr(dealloc_only, np.int64)
+    accept_arr = arr(accept, np.int64)
     zeroing = np.zeros(n, dtype=bool)
     zeroing[zeroing_l] = True
     side = np.zeros(n, dtype=bool)
     side[side_l] = True
     sub_arr = submatrix_array(c)
-    arr = _array
-    arrays = (arr(cmds_l, np.int64), arr(subs_l, np.int64), arr(accs_l, np.int8),
-              arr(alloc, np.int64), arr(dealloc, np.int64), arr(is_input, bool),
+    # rows of the transposed copy are contiguous: command, submatrix, access
+    cmds, subs, accs = arr(flat, np.int64).reshape(-1, 3).T.copy()
+    arrays = (cmds, subs, accs.astype(np.int8),
+              _latest(alloc_only, alloc_only_arr, alloc_more),
+              _latest(dealloc_only, dealloc_only_arr, dealloc_more), accept_arr != -1,
               arr(is_output, bool), zeroing, side, sub_arr, sub_arr[:, 0],
-              arr(alloc_only, np.int64), arr(dealloc_only, np.int64), arr(accept, np.int64))
+              alloc_only_arr, dealloc_only_arr, accept_arr)
     for a in arrays:  # handed to passes without copying
         a.setflags(write=False)
     return AccessTable(n, *arrays, comp_cmds)
+
+
+def _latest(last: list[int], last_arr: np.ndarray, events: list[tuple[int, int]]
+            ) -> np.ndarray:
+    """Per matrix, the last command naming it: ``last`` (as ``last_arr``) updated with
+    the ``(command, matrix)`` ``events`` (the last is the largest command index)."""
+    if not events:
+        return last_arr
+    out = last.copy()
+    for i, m in events:
+        if i > out[m]:
+            out[m] = i
+    return _array(out, np.int64)
 
 
 def _array(values: list, dtype) -> np.ndarray:
@@ -484,7 +505,7 @@ def compute_command_attributes(c: NnetComputation, table: AccessTable,
     empty = np.zeros(0, dtype=np.int64)
 
     def per_command(mask: np.ndarray) -> list[np.ndarray]:
-        key = np.unique(cmd[mask] * max(variables.num_variables, 1) + var[mask])
+        key = unique_keys(cmd[mask] * max(variables.num_variables, 1) + var[mask])
         cc, vv = np.divmod(key, max(variables.num_variables, 1))
         bounds = np.searchsorted(cc, np.arange(n + 1))
         return [vv[bounds[i]:bounds[i + 1]] if bounds[i + 1] > bounds[i] else empty

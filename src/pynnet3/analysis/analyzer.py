@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..compiler.keymap import unique_keys
 from ..computation import NnetComputation
 from .accesses import (
     AccessTable,
@@ -116,7 +117,7 @@ class Analyzer:
     def first_nontrivial_access(self, s: int) -> int:
         """Like :meth:`first_access` but not counting zeroing (SET_CONST 0)."""
         cmds, _ = self._accesses_of_submatrix(s)
-        cmds = np.unique(cmds)
+        cmds = unique_keys(cmds)
         cmds = cmds[~self.table.zeroing[cmds]]
         return int(cmds[0]) if len(cmds) else self.num_commands
 

@@ -45,10 +45,12 @@ def live_floats(c: NnetComputation, upto: int | None = None) -> tuple[np.ndarray
     n = len(c.commands)
     out = [0.0] * n
     snap: dict = {}
+    stop = -1 if upto is None else upto  # an int compare per command, not int == None
     subs, mats = c.submatrices, c.matrices
     ALLOC, ACCEPT, DEALLOC = CT.ALLOC_MATRIX, CT.ACCEPT_INPUT, CT.DEALLOC_MATRIX
     PROVIDE, SWAP = CT.PROVIDE_OUTPUT, CT.SWAP_MATRIX
     COMPRESS, DECOMPRESS = CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX
+    PROPAGATE, BACKPROP, NO_UPDATE = _BLOCK_READERS
     packed: dict[int, float] = {}  # compressed submatrix -> its size in floats
     for i, cmd in enumerate(c.commands):
         t = cmd.type
@@ -72,10 +74,14 @@ def live_floats(c: NnetComputation, upto: int | None = None) -> tuple[np.ndarray
                 cur += packed[cmd.dst] - n_el
             else:
                 cur += n_el - packed.pop(cmd.dst, n_el)  # unmatched: no change
-        out[i] = cur
-        if cmd.in_value == 0 and cmd.table >= 0 and t in _BLOCK_READERS:
+        elif (t is PROPAGATE or t is BACKPROP or t is NO_UPDATE) and cmd.in_value == 0 \
+                and cmd.table >= 0:
             out[i] = cur + c.gathered_floats(cmd)  # the temporary it gathers into
-        if i == upto:
+            if i == stop:
+                snap = dict(live)
+            continue
+        out[i] = cur
+        if i == stop:
             snap = dict(live)
     if upto is None:
         snap = live

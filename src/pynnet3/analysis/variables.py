@@ -21,6 +21,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from ..compiler.keymap import unique_keys
 from ..computation import NnetComputation
 from .session import current_session, read_submatrices
 
@@ -52,7 +53,7 @@ def _cuts(nm: int, size: np.ndarray, mat: np.ndarray, lo: np.ndarray, hi: np.nda
                     int(hi.max()) if len(hi) else 0)) + 1
     ms = np.arange(nm, dtype=np.int64)
     keys = np.concatenate([ms * scale, ms * scale + size, mat * scale + lo, mat * scale + hi])
-    keys = np.unique(keys)
+    keys = unique_keys(keys)
     ptr = np.searchsorted(keys, np.arange(nm + 1, dtype=np.int64) * scale)
     return keys, ptr, scale
 

@@ -38,8 +38,7 @@ from operator import attrgetter, itemgetter
 
 import numpy as np
 
-from ..analysis.accesses import AccessType, PropertyCache, build_access_table
-from ..analysis.session import current_session
+from ..analysis.accesses import AccessType, build_access_table, property_cache
 from ..analysis.variables import matrix_sizes
 from ..components.base import Flags
 from ..computation import Command, NnetComputation, replaced_submatrix
@@ -81,11 +80,7 @@ class AccessIndex:
     def __init__(self, c: NnetComputation, nnet):
         self.c = c
         self.n = len(c.commands)
-        session = current_session(c, nnet)
-        if session is None:
-            self.props = PropertyCache(nnet)
-        else:  # the session's: the network does not change while it is optimized
-            self.props = session.props = session.props or PropertyCache(nnet)
+        self.props = property_cache(c, nnet)  # the optimizer session's, when open
         t = build_access_table(c, nnet, self.props)
         self.table = t
         nm = len(c.matrices)
