@@ -1,7 +1,8 @@
 """Renumbering (optimize/renumber.py) against a plain per-object reference written
-here, and the driver's shortcuts (no renumbering after passes that keep every
-reference; only dropping no-ops after passes that only drop commands) against
-renumbering after every changing pass."""
+here, the command-field contract it relies on, and the driver's shortcuts (no
+renumbering after passes that keep every reference; only dropping no-ops after
+passes that only drop commands or that return KeptReferences) against renumbering
+after every changing pass."""
 
 from __future__ import annotations
 
@@ -17,8 +18,15 @@ from pynnet3.compiler import compile_computation
 from pynnet3.computation import CommandType as CT
 from pynnet3.computation import SubMatrix
 from pynnet3.optimize import PIPELINE, OptimizeOptions
-from pynnet3.optimize.pipeline import KEEPS_REFERENCES, ONLY_DROPS_COMMANDS, _builtin
-from pynnet3.optimize.renumber import renumber
+from pynnet3.optimize.pipeline import (
+    KEEPS_REFERENCES,
+    ONLY_DROPS_COMMANDS,
+    KeptReferences,
+    OptimizationPass,
+    _builtin,
+    run_pipeline,
+)
+from pynnet3.optimize.renumber import _GROUPS, drop_noops, renumber
 from tests.compiler import nets
 from tests.reference import REF
 
@@ -231,3 +239,117 @@ def test_a_user_pass_is_always_followed_by_renumbering():
                  passes=[OptimizationPass("first", first, lambda o: True),
                          OptimizationPass("move_sizing_commands", touch, lambda o: True)])
     assert len(c.submatrices) == sizes[0]
+
+
+_ID_DEFAULTS = {f: 0 for f in (*_SUB, "matrix", "src_matrix", "precomputed")}
+
+
+def test_every_command_type_has_its_fields_listed():
+    listed = [t for types, _, _ in _GROUPS for t in types]
+    assert sorted(listed, key=lambda t: t.name) == sorted(CT, key=lambda t: t.name)
+    assert _GROUPS[0][0] == (CT.NO_OPERATION,)
+
+
+@pytest.mark.parametrize("variant", list(_VARIANTS))
+@pytest.mark.parametrize("which", _CASES)
+def test_unused_id_fields_stay_at_their_defaults(which, variant):
+    """renumber reads only the id fields a command's type uses (Command's contract:
+    the others stay at their defaults); every pass keeps to that."""
+    nnet, c = _case(which)
+    options = _VARIANTS[variant]
+    fields_of = {t: fields for types, fields, _ in _GROUPS for t in types}
+
+    def check(where):
+        for x in c.commands:
+            if x.type is CT.NO_OPERATION:
+                continue  # dropped unread
+            for f, default in _ID_DEFAULTS.items():
+                if f not in fields_of[x.type]:
+                    assert getattr(x, f) == default, (where, x)
+
+    check("unoptimized")
+    for p in PIPELINE:
+        if p.enabled(options) and p.fn(c, nnet, options):
+            check(p.name)
+            renumber(c)
+
+
+@pytest.mark.parametrize("variant", list(_VARIANTS))
+@pytest.mark.parametrize("which", _CASES)
+def test_kept_references_claims_hold(which, variant):
+    """Where a pass returns KeptReferences on a renumbered computation, renumbering
+    would only drop the no-ops."""
+    nnet, c = _case(which)
+    options = _VARIANTS[variant]
+    renumbered = False
+    for p in PIPELINE:
+        if not p.enabled(options):
+            continue
+        changed = p.fn(c, nnet, options)
+        if not changed:
+            continue
+        if renumbered and isinstance(changed, KeptReferences):
+            dropped = _copy(c)
+            drop_noops(dropped)
+            renumber(c)
+            assert dump(c) == dump(dropped), p.name
+        else:
+            renumber(c)
+        renumbered = True
+
+
+def _zeroing_result(which):
+    """The zeroing pass's result on ``which`` in the default pipeline, and whether
+    renumbering after it then only drops the no-ops."""
+    nnet, c = _case(which)
+    options = OptimizeOptions()
+    for p in PIPELINE:
+        if p.enabled(options):
+            changed = p.fn(c, nnet, options)
+            if changed:
+                dropped = _copy(c)
+                drop_noops(dropped)
+                renumber(c)
+                if p.name == "remove_unnecessary_zeroing":
+                    return changed, dump(c) == dump(dropped)
+    raise AssertionError("no zeroing removed")
+
+
+def test_zeroing_claims_kept_references_exactly_when_true():
+    """Not vacuous above: the zeroing pass claims where every removed zeroing's
+    destination is still named, and not where one names a submatrix nothing else
+    does (a spliced input written piecewise: renumbering moves its whole-matrix
+    submatrix to the end)."""
+    changed, only_drops = _zeroing_result("rnn")
+    assert isinstance(changed, KeptReferences) and only_drops
+    changed, only_drops = _zeroing_result("realistic/tdnn_relu_bn/decode")
+    assert changed and not isinstance(changed, KeptReferences) and not only_drops
+
+
+def test_a_user_pass_may_claim_kept_references():
+    """The driver trusts the claim: it drops the no-ops and renumbers nothing; a
+    falsy claim is no change."""
+    nnet, c = _small(nets.TDNN)
+
+    def first(comp, nnet, options):
+        return "changed"  # renumbered after
+
+    def claim(comp, nnet, options):
+        comp.new_submatrix(1, 0, 1, 0, 1)  # unreferenced, and a false claim: stays
+        comp.commands[-1].type = CT.NO_OPERATION
+        return KeptReferences("dropped the last command")
+
+    def nothing(comp, nnet, options):
+        comp.new_submatrix(1, 0, 1, 0, 1)  # and claimed unchanged: not renumbered
+        return KeptReferences("")
+
+    run_pipeline(c, nnet, OptimizeOptions(),
+                 passes=[OptimizationPass("first", first, lambda o: True)])
+    n, ns = len(c.commands), len(c.submatrices)
+    run_pipeline(c, nnet, OptimizeOptions(),
+                 passes=[OptimizationPass("first", first, lambda o: True),
+                         OptimizationPass("claim", claim, lambda o: True),
+                         OptimizationPass("nothing", nothing, lambda o: True)])
+    assert len(c.commands) == n - 1 and len(c.submatrices) == ns + 2
+    assert CT.NO_OPERATION not in {x.type for x in c.commands}
+

@@ -12,6 +12,7 @@ import importlib
 from .options import OptimizeOptions
 from .pipeline import (
     PIPELINE,
+    KeptReferences,
     OptimizationPass,
     OptimizeReport,
     PassReport,
@@ -113,5 +114,5 @@ def optimize(computation, nnet, options: OptimizeOptions | None = None, *,
     return run_pipeline(computation, nnet, options, report=report, check=check)
 
 
-__all__ = ["PIPELINE", "OptimizationPass", "OptimizeOptions", "OptimizeReport", "PassReport",
-           "optimize", "register_pass", "run_pipeline"]
+__all__ = ["PIPELINE", "KeptReferences", "OptimizationPass", "OptimizeOptions", "OptimizeReport",
+           "PassReport", "optimize", "register_pass", "run_pipeline"]

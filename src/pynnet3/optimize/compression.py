@@ -36,10 +36,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis import AccessType, Analyzer
-from ..analysis.accesses import has_command_type
+from ..analysis.accesses import command_types
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
 from ..runtime.compression import INT16, UINT8
+from .pipeline import KeptReferences
 
 _BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
 
@@ -48,7 +49,8 @@ def optimize_memory_compression(c: NnetComputation, nnet, options=None) -> str:
     """Insert COMPRESS/DECOMPRESS pairs around the forward/backward gap of each
     matrix that ``options.memory_compression_level`` allows compressing."""
     level = 1 if options is None else options.memory_compression_level
-    if level <= 0 or not c.commands or has_command_type(c, CT.GOTO_LABEL):
+    present = command_types(c)
+    if level <= 0 or not c.commands or CT.GOTO_LABEL in present:
         return ""
     MARKER = CT.NO_OPERATION_MARKER
     markers = [i for i, x in enumerate(c.commands) if x.type is MARKER]
@@ -88,8 +90,16 @@ def optimize_memory_compression(c: NnetComputation, nnet, options=None) -> str:
         out.append(cmd)
     c.commands = out
     exact = sum(p[3] == UINT8 for p in plans)
-    return (f"compressed {len(plans)} matrices between the passes "
+    done = (f"compressed {len(plans)} matrices between the passes "
             f"({exact} sign-only, {len(plans) - exact} int16)")
+    # The new commands name whole-matrix submatrices: where commands named each one
+    # already, they name the same objects as before. (The access table counts a
+    # COMPRESS/DECOMPRESS without a dst as naming the whole matrix; renumbering
+    # does not, so there is no claim where there are any.)
+    if CT.COMPRESS_MATRIX in present or CT.DECOMPRESS_MATRIX in present:
+        return done
+    named = np.isin([c.whole(p[2]) for p in plans], a.table.sub).all()
+    return KeptReferences(done) if named else done
 
 
 def _plan_matrix(c: NnetComputation, nnet, m: int, fwd: int, bwd: int, bwd_access: int,

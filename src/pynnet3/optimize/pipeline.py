@@ -11,6 +11,10 @@ not. Every pass must preserve the computation's meaning: optimized and
 unoptimized runs agree to float rounding, and the checker
 (:func:`pynnet3.analysis.check`) passes after it.
 
+A pass that knows its edits leave the commands naming the same objects may say
+so by returning its description as :class:`KeptReferences`; the driver then only
+drops the no-ops instead of renumbering.
+
 Users add passes with :func:`register_pass`; each pass names the predicate on
 :class:`OptimizeOptions` that enables it.
 """
@@ -71,6 +75,20 @@ class OptimizeReport:
         return "\n".join(lines)
 
 
+class KeptReferences(str):
+    """A pass's description that also tells the driver: the commands that are not
+    NO_OPERATION name exactly the matrices, submatrices, index tables (of each
+    kind) and precomputed indexes they named before the pass (the pass may have
+    reordered commands, turned some into NO_OPERATION or added some, as long as
+    each object the new ones name was named before and each object the removed
+    ones named is still named by another). On a computation as renumbering left
+    it, renumbering would then only drop the no-ops, so the driver does just that.
+    A wrong claim leaves unreferenced objects in place: the computation still
+    runs, but is not numbered as renumbering would number it."""
+
+    __slots__ = ()
+
+
 PIPELINE: list[OptimizationPass] = []
 
 
@@ -111,7 +129,8 @@ def _snapshot(name: str, c: NnetComputation, changed: str, seconds: float) -> Pa
 # * after a pass that also turns commands into NO_OPERATION, but leaves every
 #   object it referenced still referenced by a surviving command, it would only
 #   drop those commands.
-# tests/optimize/test_renumber.py checks both claims on real pipelines.
+# tests/optimize/test_renumber.py checks both claims on real pipelines, and the
+# KeptReferences results of passes that decide the second one per computation.
 # (convert_addition only changes command types, each to one naming the same kind of
 # index table, which is all renumbering looks at in a type.)
 KEEPS_REFERENCES = frozenset({"sizing.move_sizing_commands", "io_ops.consolidate_io_operations",
@@ -157,7 +176,8 @@ def _run(computation: NnetComputation, nnet, options: OptimizeOptions,
         changed = p.fn(computation, nnet, options) or ""
         if changed:
             kind = _builtin(p) if renumbered else None
-            if kind in ONLY_DROPS_COMMANDS:
+            if kind in ONLY_DROPS_COMMANDS or (renumbered
+                                               and isinstance(changed, KeptReferences)):
                 drop_noops(computation)
             elif kind not in KEEPS_REFERENCES:
                 renumber(computation)

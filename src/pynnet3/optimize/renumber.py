@@ -8,8 +8,9 @@ meaning "none". Input and output matrices named by I/O commands are referenced,
 so they are kept.
 
 The driver calls this after every pass that changed something, so it is written
-to cost one pass over the commands to read their ids and one to write back the
-ids that changed; everything in between is numpy over all ids at once. Inside the
+to cost one C-level pass over the command types, one that reads only the id fields
+each command's type uses and one that writes back the ids that changed;
+everything in between is numpy over all ids at once. Inside the
 driver's analysis session (:mod:`pynnet3.analysis.session`) the submatrix array
 is read only where submatrices changed, and the renumbered one is left there for
 the next pass's analysis.
@@ -18,37 +19,49 @@ the next pass's analysis.
 from __future__ import annotations
 
 from collections import deque
-from itertools import chain
+from itertools import chain, compress
 from operator import attrgetter
 
 import numpy as np
 
 from ..analysis.session import current_session, read_submatrices
 from ..analysis.variables import matrix_sizes, submatrix_array
-from ..computation import SUBMATRIX_FIELDS, NnetComputation, replaced_submatrix
+from ..computation import SUBMATRIX_FIELDS, Command, NnetComputation, replaced_submatrix
 from ..computation import CommandType as CT
 
-_SUB_FIELDS = SUBMATRIX_FIELDS
-#: the fields read into the id array's columns (submatrices, matrices, table, precomputed)
-_ID_FIELDS = (*_SUB_FIELDS, "matrix", "src_matrix", "table", "precomputed")
-_ROWS_TABLE = (CT.COPY_ROWS, CT.ADD_ROWS)
-_MULTI_TABLE = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI,
-                CT.ADD_TO_ROWS_MULTI)
-_PRE = (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
-_READ = attrgetter(*_ID_FIELDS)
-_NREAD = 10
-
-
-def _table_kind(t: CT) -> int:
-    """What kind of table a command type names when its ``table`` is set: 0 none,
-    1 rows, 2 multi, 3 ranges, 4 input blocks (a propagate or backprop)."""
-    if t in _ROWS_TABLE:
-        return 1
-    if t in _MULTI_TABLE:
-        return 2
-    if t in _PRE:  # a component command's table: its input blocks
-        return 4
-    return 3 if t is CT.ADD_ROW_RANGES else 0
+#: the id fields, in the columns of the id array renumbering reads them into
+_ID_FIELDS = (*SUBMATRIX_FIELDS, "matrix", "src_matrix", "table", "precomputed")
+_COL = {f: j for j, f in enumerate(_ID_FIELDS)}
+_TABLE, _PRECOMPUTED = _COL["table"], _COL["precomputed"]
+# what a command's ``table`` names: nothing, or an index into one of these lists
+_NO_TABLE, _ROWS, _MULTI, _RANGES, _BLOCKS = range(5)
+_TABLE_LISTS = ("indexes", "indexes_multi", "indexes_ranges", "indexes_blocks")
+_COMPONENT = ("in_value", "out_value", "out_deriv", "in_deriv", "table", "precomputed")
+#: command types by the id fields they use and the table kind their ``table`` names.
+#: Command's contract: a field a type does not use stays at its default, so only
+#: these are read (tests/optimize/test_renumber.py checks real pipelines).
+#: Group 0, NO_OPERATION, is dropped.
+_GROUPS: tuple[tuple[tuple[CT, ...], tuple[str, ...], int], ...] = (
+    ((CT.NO_OPERATION,), (), _NO_TABLE),
+    ((CT.ALLOC_MATRIX, CT.DEALLOC_MATRIX), ("matrix",), _NO_TABLE),
+    ((CT.SWAP_MATRIX,), ("matrix", "src_matrix"), _NO_TABLE),
+    ((CT.SET_CONST, CT.ACCEPT_INPUT), ("dst",), _NO_TABLE),
+    ((CT.PROVIDE_OUTPUT,), ("src",), _NO_TABLE),
+    ((CT.MATRIX_COPY, CT.MATRIX_ADD), ("dst", "src"), _NO_TABLE),
+    ((CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX), ("dst", "matrix"), _NO_TABLE),
+    ((CT.COPY_ROWS, CT.ADD_ROWS), ("dst", "src", "table"), _ROWS),
+    ((CT.ADD_ROW_RANGES,), ("dst", "src", "table"), _RANGES),
+    ((CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI), ("dst", "table"), _MULTI),
+    ((CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI), ("src", "table"), _MULTI),
+    ((CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE), _COMPONENT, _BLOCKS),
+    ((CT.NO_OPERATION_PERMANENT, CT.NO_OPERATION_MARKER, CT.NO_OPERATION_LABEL,
+      CT.GOTO_LABEL), (), _NO_TABLE),
+)
+_GROUP_OF = {t: g for g, (types, _, _) in enumerate(_GROUPS) for t in types}
+_READERS = tuple((attrgetter(*fields), [_COL[f] for f in fields]) if fields else None
+                 for _, fields, _ in _GROUPS)
+_TABLE_KIND = np.array([kind for _, _, kind in _GROUPS], dtype=np.int8)
+_TYPE = attrgetter("type")
 
 
 def _first_occurrences(arr: np.ndarray) -> np.ndarray:
@@ -67,6 +80,41 @@ def _first_occurrences(arr: np.ndarray) -> np.ndarray:
     return out
 
 
+def _read_ids(c: NnetComputation) -> tuple[list[Command], np.ndarray, np.ndarray]:
+    """Drop the NO_OPERATION commands; return the rest, their ``(n, 10)`` id array
+    (columns as ``_ID_FIELDS``; a field the type does not use at its default) and
+    each one's table kind. One C-level pass reads the types; then each group of
+    types has only the fields it uses read."""
+    cmds = c.commands
+    group = np.fromiter(map(_GROUP_OF.__getitem__, map(_TYPE, cmds)), dtype=np.int8,
+                        count=len(cmds))
+    keep = group != 0
+    if not keep.all():
+        c.commands = cmds = list(compress(cmds, keep.tolist()))
+        group = group[keep]
+    n = len(cmds)
+    ids = np.zeros((n, len(_ID_FIELDS)), dtype=np.int64)
+    ids[:, _TABLE] = -1
+    order = np.argsort(group, kind="stable")
+    ends = np.cumsum(np.bincount(group, minlength=len(_GROUPS))).tolist()
+    at = cmds.__getitem__
+    for g, end in enumerate(ends):
+        begin = ends[g - 1] if g else 0
+        reader = _READERS[g]
+        if begin == end or reader is None:
+            continue
+        rows = order[begin:end]
+        read, cols = reader
+        objs = map(at, rows.tolist())
+        if len(cols) == 1:
+            ids[rows, cols[0]] = np.fromiter(map(read, objs), dtype=np.int64, count=end - begin)
+        else:
+            ids[rows[:, None], cols] = np.fromiter(
+                chain.from_iterable(map(read, objs)), dtype=np.int64,
+                count=(end - begin) * len(cols)).reshape(-1, len(cols))
+    return cmds, ids, _TABLE_KIND[group]
+
+
 def drop_noops(c: NnetComputation) -> None:
     """In place: remove NO_OPERATION commands (and nothing else)."""
     NOOP = CT.NO_OPERATION
@@ -75,40 +123,27 @@ def drop_noops(c: NnetComputation) -> None:
 
 def renumber(c: NnetComputation) -> None:
     """In place: remove NO_OPERATION commands and unreferenced objects."""
-    NOOP = CT.NO_OPERATION
-    c.commands = cmds = [cmd for cmd in c.commands if cmd.type is not NOOP]
-    n = len(cmds)
-    ids = np.fromiter(chain.from_iterable(map(_READ, cmds)), dtype=np.int64,
-                      count=_NREAD * n).reshape(n, _NREAD)
+    cmds, ids, kind = _read_ids(c)
     fields, mats_named = ids[:, :6], ids[:, 6:8]
+    table, pre = ids[:, _TABLE], ids[:, _PRECOMPUTED]
 
-    # tables and precomputed indexes the commands name (only commands with a table
-    # / precomputed field set can name one)
-    # -, rows, multi, ranges, blocks
-    used_tab: tuple[set, ...] = (set(), set(), set(), set(), set())
-    used_pre: set[int] = set()
-    table_cmds: list[tuple[int, int, int]] = []  # (command, table kind, table)
-    for i in np.flatnonzero(ids[:, 8] != -1).tolist():
-        cmd = cmds[i]
-        k = _table_kind(cmd.type)
-        if k:
-            used_tab[k].add(cmd.table)
-            table_cmds.append((i, k, cmd.table))
-    pre_cmds = np.flatnonzero(ids[:, 9] != 0).tolist()
-    for i in pre_cmds:
-        cmd = cmds[i]
-        if cmd.type in _PRE:
-            used_pre.add(cmd.precomputed)
-    used_rows, used_multi, used_ranges, used_blocks = used_tab[1:]
+    # tables of each kind and precomputed indexes the commands name, ascending (few
+    # commands have a table: sets beat numpy's fixed costs)
+    at = np.flatnonzero(table != -1)
+    used: tuple[set[int], ...] = tuple(set() for _ in range(len(_TABLE_LISTS) + 1))
+    for k, t in zip(kind[at].tolist(), table[at].tolist(), strict=True):
+        used[k].add(t)
+    named_table = [np.array(sorted(u), dtype=np.int64) for u in used]  # [k]: of kind k
+    used_pre = np.array(sorted(set(pre[pre != 0].tolist())), dtype=np.int64)
 
     # submatrices: those commands name, plus those named inside multi tables
     ns = len(c.submatrices)
     used_sub = np.zeros(ns, dtype=bool)
     used_sub[fields.ravel()] = True
-    for k in used_multi:
+    for k in named_table[_MULTI].tolist():
         subs = c.indexes_multi[k][:, 0]
         used_sub[subs[subs > 0]] = True
-    for k in used_blocks:
+    for k in named_table[_BLOCKS].tolist():
         used_sub[c.indexes_blocks[k]] = True
     used_sub[0] = True
 
@@ -148,9 +183,10 @@ def renumber(c: NnetComputation) -> None:
     whole[0] = False
     w_idx = np.flatnonzero(whole)
     w_mat = nsa[w_idx, 0]
-    _, first_w = np.unique(w_mat, return_index=True)
-    first_w = np.sort(first_w)
-    c._whole = dict(zip(w_mat[first_w].tolist(), w_idx[first_w].tolist(), strict=True))
+    first_w = np.empty(len(c.matrices), dtype=np.int64)
+    first_w[w_mat[::-1]] = w_idx[::-1]  # of repeated indexes the last assignment holds
+    firsts = first_w[w_mat] == w_idx
+    c._whole = dict(zip(w_mat[firsts].tolist(), w_idx[firsts].tolist(), strict=True))
     if len(c._whole) < len(c.matrices) - 1:
         for m in range(1, len(c.matrices)):
             if m not in c._whole:
@@ -161,19 +197,16 @@ def renumber(c: NnetComputation) -> None:
             nsa = np.concatenate([nsa, read_submatrices(c.submatrices[len(nsa):])])
         session.remember_submatrix_array(c.submatrices, nsa)
 
-    def remap(tables, used):
-        order = sorted(used)
-        new = {old: i for i, old in enumerate(order)}
-        if len(order) == len(tables):  # all used: keep the list
-            return tables, new
-        return [tables[k] for k in order], new
-
-    c.indexes, rows_map = remap(c.indexes, used_rows)
-    c.indexes_multi, multi_map = remap(c.indexes_multi, used_multi)
-    c.indexes_ranges, ranges_map = remap(c.indexes_ranges, used_ranges)
-    c.indexes_blocks, blocks_map = remap(c.indexes_blocks, used_blocks)
-    identity_subs = len(kept) == ns
-    if not identity_subs:
+    # index tables and precomputed indexes: the named ones, in their old order
+    new_table = table.copy()
+    for k, attr in enumerate(_TABLE_LISTS, 1):
+        named = named_table[k]
+        tables = getattr(c, attr)
+        if len(named) < len(tables):  # all used: keep the list
+            setattr(c, attr, list(map(tables.__getitem__, named.tolist())))
+            at = (kind == k) & (table != -1)
+            new_table[at] = np.searchsorted(named, table[at])
+    if len(kept) < ns:
         c.indexes_blocks = [sub_map[tab] for tab in c.indexes_blocks]
         c.indexes_multi = list(c.indexes_multi)
         for k, tab in enumerate(c.indexes_multi):
@@ -183,24 +216,16 @@ def renumber(c: NnetComputation) -> None:
                 tab = tab.copy()
                 tab[pos, 0] = sub_map[subs[pos]]
                 c.indexes_multi[k] = tab
-    pre_order = sorted(used_pre)
-    pre_map = {old: i + 1 for i, old in enumerate(pre_order)}
-    identity_pre = pre_order == list(range(1, len(c.precomputed)))
-    c.precomputed = [None] + [c.precomputed[k] for k in pre_order]
+    c.precomputed = [None, *map(c.precomputed.__getitem__, used_pre.tolist())]
+    new_pre = pre.copy()
+    at = pre != 0
+    new_pre[at] = np.searchsorted(used_pre, pre[at]) + 1
 
     # write back the ids that changed (command by command, for memory locality;
     # setattr mapped over them, without a Python-level loop body)
-    old_ids = ids[:, :8]
-    new_ids = np.concatenate([sub_map[fields], mat_map[mats_named]], axis=1)
-    rows_, cols_ = np.nonzero(new_ids != old_ids)
+    new_ids = np.concatenate([sub_map[fields], mat_map[mats_named], new_table[:, None],
+                              new_pre[:, None]], axis=1)
+    rows_, cols_ = np.nonzero(new_ids != ids)
     deque(map(setattr, map(cmds.__getitem__, rows_.tolist()),
               map(_ID_FIELDS.__getitem__, cols_.tolist()), new_ids[rows_, cols_].tolist()),
           maxlen=0)
-    maps = (None, rows_map, multi_map, ranges_map, blocks_map)
-    for i, k, t in table_cmds:
-        if maps[k][t] != t:
-            cmds[i].table = maps[k][t]
-    if not identity_pre:
-        for i in pre_cmds:
-            cmd = cmds[i]
-            cmd.precomputed = pre_map[cmd.precomputed]

@@ -12,17 +12,21 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis import AccessType, Analyzer
-from ..analysis.accesses import has_command_type
+from ..analysis.accesses import command_types
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
+from .pipeline import KeptReferences
 
 
 def remove_unnecessary_zeroing(c: NnetComputation, nnet, options=None) -> str:
     """Turn into NO_OPERATION each SET_CONST 0 that is a matrix's first access
     when, for every variable the zeroing covers, the next access (if any) is a
     plain WRITE. Kept for an output matrix with a variable nothing but the
-    zeroing writes (the user sees those zeros)."""
-    if has_command_type(c, CT.GOTO_LABEL):
+    zeroing writes (the user sees those zeros). The description is a
+    :class:`~.pipeline.KeptReferences` when every removed zeroing's destination is
+    still named by another command."""
+    present = command_types(c)
+    if CT.GOTO_LABEL in present:
         return ""  # straight-line access order does not hold across a loop
     a = Analyzer(c, nnet)
     ma = a.matrix_arrays
@@ -54,7 +58,20 @@ def remove_unnecessary_zeroing(c: NnetComputation, nnet, options=None) -> str:
     needed = np.zeros(nm, dtype=bool)
     needed[m_of[needed_v]] = True
     removed = z[has & ~needed].tolist()
+    if not removed:
+        return ""
     cmds, NOOP = c.commands, CT.NO_OPERATION
     for i in removed:
         cmds[i].type = NOOP  # in place: each command object has one slot
-    return f"removed {len(removed)} zeroing commands" if removed else ""
+    done = f"removed {len(removed)} zeroing commands"
+    # A zeroing names only its dst. When every removed one's dst is still named by
+    # another command, the commands name the same objects as before. The access
+    # table lists each command's submatrix fields and table entries, one entry for
+    # a SET_CONST, except that it adds the whole matrix of a COMPRESS/DECOMPRESS
+    # without a dst, which renumbering does not count as naming it.
+    if CT.COMPRESS_MATRIX in present or CT.DECOMPRESS_MATRIX in present:
+        return done
+    dst = a.table.sub[np.searchsorted(a.table.cmd, removed)]
+    ns = len(c.submatrices)
+    named = np.bincount(a.table.sub, minlength=ns) - np.bincount(dst, minlength=ns)
+    return KeptReferences(done) if (named[dst] > 0).all() else done
