@@ -152,6 +152,16 @@ def replaced_submatrix(sm: SubMatrix, changes: dict) -> SubMatrix:
     return new
 
 
+def _new_submatrix(m: int, row_offset: int, num_rows: int, col_offset: int,
+                   num_cols: int) -> SubMatrix:
+    """``SubMatrix(...)`` in half the time, as :func:`replaced_submatrix` (the
+    command compiler makes one per matrix and thousands more)."""
+    new = _new_object(SubMatrix)
+    new.__dict__.update(matrix=m, row_offset=row_offset, num_rows=num_rows,
+                        col_offset=col_offset, num_cols=num_cols)
+    return new
+
+
 @dataclass
 class NnetComputation:
     matrices: list[MatrixInfo] = field(default_factory=lambda: [MatrixInfo(0, 0)])
@@ -173,7 +183,7 @@ class NnetComputation:
         m = len(matrices)
         matrices.append(MatrixInfo(rows, cols, node, is_deriv, indexes))
         self._whole[m] = len(submatrices)
-        submatrices.append(SubMatrix(m, 0, rows, 0, cols))
+        submatrices.append(_new_submatrix(m, 0, rows, 0, cols))
         return m
 
     def whole(self, m: int) -> int:
@@ -183,7 +193,7 @@ class NnetComputation:
     def new_submatrix(self, m: int, row_offset: int, num_rows: int, col_offset: int,
                       num_cols: int) -> int:
         submatrices = self.submatrices
-        submatrices.append(SubMatrix(m, row_offset, num_rows, col_offset, num_cols))
+        submatrices.append(_new_submatrix(m, row_offset, num_rows, col_offset, num_cols))
         return len(submatrices) - 1
 
     def add(self, cmd: Command) -> Command:

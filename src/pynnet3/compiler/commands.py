@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..components.base import Flags
+from ..components.base import Component, Flags
 from ..computation import Command, CommandType, NnetComputation
 
 # (on packed keys; the name is the one tests count resolutions through)
@@ -40,6 +40,10 @@ from ..index import pack, txn_keys, unpack
 from .graph import ComputationGraph, GraphBuilder, Step
 
 CT = CommandType
+# The types the per-step paths create (a module constant is read ~10x faster than
+# an Enum member through its class).
+_ALLOC, _SET_CONST, _COPY, _ADD, _PROPAGATE = (
+    CT.ALLOC_MATRIX, CT.SET_CONST, CT.MATRIX_COPY, CT.MATRIX_ADD, CT.PROPAGATE)
 _SIMPLE, _UPDATABLE, _USES_MEMO, _REORDERS, _NEEDS_INPUT, _NEEDS_OUTPUT = (
     int(f) for f in (Flags.SIMPLE, Flags.UPDATABLE, Flags.USES_MEMO, Flags.REORDERS_INDEXES,
                      Flags.BACKPROP_NEEDS_INPUT, Flags.BACKPROP_NEEDS_OUTPUT))
@@ -64,23 +68,26 @@ class _NodeLocations:
         else:
             self.only, self.step, self.row = None, step[order], row[order]
 
-    def lookup(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def lookup(self, idx: np.ndarray) -> tuple[np.ndarray | int, np.ndarray]:
         return self.lookup_keys(pack(idx))
 
-    def lookup_keys(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(step, row) of each packed cindex key."""
+    def lookup_keys(self, keys: np.ndarray) -> tuple[np.ndarray | int, np.ndarray]:
+        """(step, row) of each packed cindex key. The step is an int when the node
+        has one step (every node outside a recurrence): the same for all rows,
+        with no array to make and test."""
         lk = self.keys
         if not len(lk):
             found = np.zeros(len(keys), dtype=bool)
             pos = np.zeros(len(keys), dtype=np.int64)
         else:
-            pos = np.minimum(np.searchsorted(lk, keys), len(lk) - 1)
+            pos = lk.searchsorted(keys)
+            np.minimum(pos, len(lk) - 1, out=pos)
             found = lk[pos] == keys
         if not found.all():
             raise ComputeError(f"internal: cindex not scheduled: "
                                f"{unpack(keys[~found][:3]).tolist()}")
         if self.only is not None:
-            return np.full(len(pos), self.only, dtype=np.int64), self.row[pos]
+            return self.only, self.row[pos]
         return self.step[pos], self.row[pos]
 
 
@@ -126,7 +133,7 @@ class _Source:
 
     @property
     def steps(self) -> np.ndarray | None:
-        if self._steps is None and self.contig:
+        if self._steps is None and self.single:
             return np.full(self.n, self.s0, dtype=np.int64)
         return self._steps
 
@@ -138,12 +145,14 @@ class _Source:
 
 
 def _cut(node: str | None, scale: float, value: float, rows: np.ndarray,
-         steps: np.ndarray | None, srows: np.ndarray | None, bounds: np.ndarray,
+         steps: np.ndarray | int | None, srows: np.ndarray | None, bounds: np.ndarray,
          cut: list[int]) -> list[_Source | None]:
     """Cut one term (rows of several concatenated steps; ``bounds``: where each
     step's rows start, ``cut``: where each step's part of the term starts) into
     one :class:`_Source` per step (None where it has no rows), classifying every
-    piece with a few array operations for all steps together."""
+    piece with a few array operations for all steps together. ``steps``: the
+    source step of each row, or one int for all (see
+    :meth:`_NodeLocations.lookup_keys`)."""
     g = len(cut) - 1
     m = len(rows)
     if m == 0:
@@ -154,11 +163,16 @@ def _cut(node: str | None, scale: float, value: float, rows: np.ndarray,
         if steps is None:
             return [_Source(node, scale, value, m, False, False, 0, int(rows[0]) - b0, 0,
                             local, None, None)]
-        s0 = int(steps[0])
-        single = int(steps[-1]) == s0 and (m < 3 or bool((steps == s0).all()))
+        if isinstance(steps, int):
+            s0, single, steps = steps, True, None
+        else:
+            s0 = int(steps[0])
+            single = int(steps[-1]) == s0 and (m < 3 or bool((steps == s0).all()))
         contig = single and _contiguous(rows, True) and _contiguous(srows)
         return [_Source(node, scale, value, m, single, contig, s0, int(rows[0]) - b0,
                         int(srows[0]), local, steps, srows)]
+    if isinstance(steps, int):
+        steps = np.full(m, steps, dtype=np.int64)
     ca = np.asarray(cut, dtype=np.int64)
     lo, hi = ca[:-1], ca[1:]
     first = np.minimum(lo, m - 1)
@@ -212,6 +226,7 @@ class _CompInfo:
     reorders: bool
     needs_input: bool
     needs_output: bool
+    precomputes: bool  # its class has a precompute_indexes of its own
 
 
 def _contiguous(a: np.ndarray, increasing: bool = False) -> bool:
@@ -312,10 +327,11 @@ class CommandCompiler:
     # -- helpers ------------------------------------------------------------------
     def _alloc(self, m: int) -> int:
         """Allocate matrix ``m`` and zero it; returns its whole submatrix."""
-        whole = self.c.whole(m)
-        commands = self.c.commands
-        commands.append(Command(CT.ALLOC_MATRIX, matrix=m))
-        commands.append(Command(CT.SET_CONST, dst=whole, alpha=0.0))
+        c = self.c
+        whole = c.whole(m)
+        append = c.commands.append
+        append(Command(_ALLOC, matrix=m))
+        append(Command(_SET_CONST, dst=whole, alpha=0.0))
         return whole
 
     def _sub(self, s: int, row0: int, nrows: int, col0: int, ncols: int) -> int:
@@ -476,10 +492,18 @@ class CommandCompiler:
             keep[1:] = (dep_step[1:] != dep_step[:-1]) | (dep_keys[1:] != dep_keys[:-1])
         dep_idx, dep_step = unpack(dep_keys[keep]), dep_step[keep]
         cut = np.searchsorted(dep_step, np.arange(len(group) + 1)).tolist()
+        # Inputs that are exactly each step's own rows (a component reading each
+        # output's own index, BackpropTruncation say; one test for the group): the
+        # step's ``indexes`` array itself, which precompute_indexes and the
+        # descriptor (its packed keys) recognize without comparing or packing.
+        own = cut == np.cumsum([0, *sizes]).tolist() and np.array_equal(dep_idx, out)
         for q, j in enumerate(group):
-            in_idx = dep_idx[cut[q]:cut[q + 1]]
-            if len(group) > 1:
-                in_idx = in_idx.copy()
+            if own:
+                in_idx = self.steps[j].indexes
+            else:
+                in_idx = dep_idx[cut[q]:cut[q + 1]]
+                if len(group) > 1:
+                    in_idx = in_idx.copy()
             if reorders:
                 in_idx, self.steps[j].indexes = self._reordered(comp, in_idx,
                                                                 self.steps[j].indexes)
@@ -571,9 +595,10 @@ class CommandCompiler:
             comp = self.nnet.components[node.component]
             p = self._flags(node)
             info = self._props[node.name] = _CompInfo(
-                comp, comp.input_dim, comp.output_dim, bool(p & _SIMPLE),
-                bool(p & _UPDATABLE), bool(p & _USES_MEMO), bool(p & _REORDERS),
-                bool(p & _NEEDS_INPUT), bool(p & _NEEDS_OUTPUT))
+                comp, comp.input_dim, comp.output_dim,
+                bool(p & _SIMPLE), bool(p & _UPDATABLE), bool(p & _USES_MEMO),
+                bool(p & _REORDERS), bool(p & _NEEDS_INPUT), bool(p & _NEEDS_OUTPUT),
+                type(comp).precompute_indexes is not Component.precompute_indexes)
         return info
 
     def _forward_step(self, i: int, step: Step) -> None:
@@ -630,17 +655,18 @@ class CommandCompiler:
         need_bp = self._bp_needed.get(name)
         if need_bp is None:
             need_bp = self._backprop_needed(step)
-        pre = info.comp.precompute_indexes(in_idx, out_idx, need_bp)
         precomputed = 0
-        if pre is not None:
-            c.precomputed.append(pre)
-            self.precomputed[i] = precomputed = len(c.precomputed) - 1
+        if info.precomputes:
+            pre = info.comp.precompute_indexes(in_idx, out_idx, need_bp)
+            if pre is not None:
+                c.precomputed.append(pre)
+                self.precomputed[i] = precomputed = len(c.precomputed) - 1
         memo = 0
         if info.uses_memo and need_bp:
             self._memos += 1
             self.memo[i] = memo = self._memos
         c.commands.append(Command(
-            CT.PROPAGATE, node=name, precomputed=precomputed, in_value=in_value,
+            _PROPAGATE, node=name, precomputed=precomputed, in_value=in_value,
             out_value=out_value, memo=memo,
             alpha=1.0 if not self.request.store_component_stats else 2.0))
 
@@ -677,7 +703,8 @@ class CommandCompiler:
         name = self.steps[i].node
         dims = self._part_dims.get(name) or self._dims(name, self.node_map[name].descriptor)
         whole = len(dims) == 1  # (most nodes: the part is the whole input)
-        commands = self.c.commands
+        append = self.c.commands.append
+        rows, value_sub = self._rows, self.value_sub
         parts = self._sources[i] or self._step_sources(i)
         q = self._place[i]
         col = 0
@@ -690,15 +717,14 @@ class CommandCompiler:
                 if t is None:
                     continue
                 if t.contig:  # (nearly every term: _gather's first case, inline)
-                    commands.append(Command(
-                        CT.MATRIX_COPY if first else CT.MATRIX_ADD,
-                        dst=self._rows(dsub, t.r0, t.n),
-                        src=self._rows(self.value_sub[t.s0], t.sr0, t.n), alpha=t.scale))
+                    n = t.n
+                    append(Command(_COPY if first else _ADD, dst=rows(dsub, t.r0, n),
+                                   src=rows(value_sub[t.s0], t.sr0, n), alpha=t.scale))
                 elif t.node is None:
                     if not first or t.n != self.c.submatrices[dsub].num_rows:
                         raise ComputeError("Const() inside Sum/Failover/IfDefined after other "
                                            "terms is not supported")
-                    commands.append(Command(CT.SET_CONST, dst=dsub, alpha=t.value))
+                    append(Command(_SET_CONST, dst=dsub, alpha=t.value))
                 else:
                     self._gather(dsub, t, t.scale, first)
                 first = False
