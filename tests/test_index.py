@@ -123,3 +123,18 @@ def test_a_request_with_unpackable_indexes_is_rejected():
 
     with pytest.raises(ComputeError, match="'input'.*t values"):
         IoSpecification("input", np.array([[0, 1 << 30, 0]]))
+
+
+@given(st.lists(st.integers(-(2**62), 2**62), max_size=60))
+def test_unique_keys_and_inverse_match_numpy_unique(values):
+    """The sort-based uniques equal numpy's (sorted unique values; inverse maps
+    each value to its position among them)."""
+    from pynnet3.index import unique_inverse, unique_keys
+
+    arr = np.array(values, dtype=np.int64)
+    want, want_inv = np.unique(arr, return_inverse=True)
+    assert np.array_equal(unique_keys(arr), want)
+    got, inv = unique_inverse(arr)
+    assert np.array_equal(got, want)
+    assert np.array_equal(inv, want_inv.reshape(-1))
+    assert np.array_equal(got[inv], arr)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .index import unique_keys
+
 
 class CommandType(enum.Enum):
     """Command kinds; values are Kaldi's CommandType enum names."""
@@ -113,7 +115,7 @@ def command_submatrices(c: NnetComputation, cmd: Command) -> list[int]:
     out = [s for s in map(cmd.__getattribute__, SUBMATRIX_FIELDS) if s]
     if cmd.type in _MULTI_TYPES:
         subs = c.indexes_multi[cmd.table][:, 0]
-        out += np.unique(subs[subs > 0]).tolist()
+        out += unique_keys(subs[subs > 0]).tolist()
     elif cmd.type in _BLOCK_TYPES and cmd.table >= 0:
         out += c.indexes_blocks[cmd.table].tolist()
     return out

@@ -134,6 +134,32 @@ def txn_keys(keys: np.ndarray) -> np.ndarray:
     return ((keys & ((1 << (_T_BITS + _X_BITS)) - 1)) << _N_BITS) | (keys >> (_T_BITS + _X_BITS))
 
 
+def unique_keys(keys: np.ndarray) -> np.ndarray:
+    """Sorted unique values of an int64 array (packed keys, row or submatrix ids).
+    Sort-based: numpy 2's hash-based ``np.unique`` is 5-50x slower on int64."""
+    k = np.sort(np.asarray(keys, dtype=np.int64))
+    if len(k) < 2:
+        return k
+    keep = np.empty(len(k), dtype=bool)
+    keep[0] = True
+    np.not_equal(k[1:], k[:-1], out=keep[1:])
+    return k[keep]
+
+
+def unique_inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted unique keys, inverse) like ``np.unique(..., return_inverse=True)``."""
+    keys = np.asarray(keys, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    first = np.empty(len(k), dtype=bool)
+    if len(k):
+        first[0] = True
+        np.not_equal(k[1:], k[:-1], out=first[1:])
+    inv = np.empty(len(k), dtype=np.int64)
+    inv[order] = np.cumsum(first) - 1
+    return k[first], inv
+
+
 class KeySet:
     """An immutable set of packed keys with fast vectorized membership and position.
 

@@ -27,10 +27,10 @@ from operator import attrgetter
 
 import numpy as np
 
-from ..compiler.keymap import unique_keys
 from ..components.base import Flags
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
+from ..index import unique_keys
 from .session import current_session
 from .variables import ComputationVariables, submatrix_array
 

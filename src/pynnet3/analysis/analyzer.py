@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compiler.keymap import unique_keys
 from ..computation import NnetComputation
+from ..index import unique_keys
 from .accesses import (
     AccessTable,
     AccessType,

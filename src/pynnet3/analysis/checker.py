@@ -24,6 +24,7 @@ from ..components.base import Flags
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
 from ..errors import CheckError
+from ..index import unique_keys
 from .accesses import AccessType, has_command_type
 from .analyzer import Analyzer
 
@@ -115,7 +116,7 @@ class _Checker:
                 none = tab[:, 0] == -1
                 if np.any(tab[none, 1] != -1):
                     self.fail("multi table entry (-1, r) with r != -1", i)
-                for s in np.unique(tab[~none, 0]):
+                for s in unique_keys(tab[~none, 0]).tolist():
                     sm = self.sub_ok(int(s), i, "multi table submatrix")
                     rows = tab[tab[:, 0] == s, 1]
                     if rows.min() < 0 or rows.max() >= sm.num_rows or sm.num_cols != main.num_cols:

@@ -21,8 +21,8 @@ from operator import attrgetter
 
 import numpy as np
 
-from ..compiler.keymap import unique_keys
 from ..computation import NnetComputation
+from ..index import unique_keys
 from .session import current_session, read_submatrices
 
 _SIZE = attrgetter("rows", "cols")

@@ -36,7 +36,7 @@ from ..computation import Command, CommandType, NnetComputation
 # (on packed keys; the name is the one tests count resolutions through)
 from ..descriptor import resolve_part_keys
 from ..errors import ComputeError
-from ..index import pack, txn_keys, unpack
+from ..index import pack, txn_keys, unique_keys, unpack
 from .graph import ComputationGraph, GraphBuilder, Step
 
 CT = CommandType
@@ -753,7 +753,7 @@ class CommandCompiler:
             return
         k = c.submatrices[dsub].num_rows
         rows, steps, srows = src.rows, src.steps, src.srows
-        groups = np.unique(steps).tolist()
+        groups = unique_keys(steps).tolist()
         table = np.full((k, 2), -1, dtype=np.int64)
         subs = np.zeros(max(groups) + 1, dtype=np.int64)
         for g in groups:
@@ -859,7 +859,7 @@ class CommandCompiler:
             parts = [(src.s0, src.rows, src.srows)]
         else:
             parts = []
-            for g in np.unique(src.steps).tolist():
+            for g in unique_keys(src.steps).tolist():
                 sel = src.steps == g
                 parts.append((g, src.rows[sel], src.srows[sel]))
         for g, prows, drows in parts:

@@ -37,9 +37,9 @@ from ..descriptor import (
     descriptor_time_bounds,
     resolve_part_keys,
 )
-from ..index import pack, unpack
+from ..index import pack, unique_inverse, unique_keys, unpack
 from .epochs import is_recurrent_scc, node_sccs
-from .keymap import KeyMap, unique_inverse, unique_keys
+from .keymap import KeyMap
 
 UNKNOWN, YES, NO, IN_PROGRESS = 0, 1, 2, 3
 _SIMPLE = int(Flags.SIMPLE)

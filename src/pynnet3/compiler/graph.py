@@ -24,9 +24,9 @@ import numpy as np
 
 from ..descriptor import resolve_part_keys
 from ..errors import ComputeError
-from ..index import KeySet, describe, pack, txn_keys, unpack
+from ..index import KeySet, describe, pack, txn_keys, unique_inverse, unique_keys, unpack
 from .computable import Computability
-from .keymap import KeyMap, unique_inverse, unique_keys
+from .keymap import KeyMap
 
 _MAX_ROUNDS = 100000
 _STEP_KIND = {"input-node": "input", "component-node": "component",
@@ -335,7 +335,7 @@ def _longest_path_levels(total: int, src: np.ndarray, dst: np.ndarray) -> np.nda
         edges = np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())
         targets = dst[edges]
         np.subtract.at(indeg, targets, 1)
-        targets = np.unique(targets)
+        targets = unique_keys(targets)
         frontier = targets[indeg[targets] == 0]
         depth += 1
     return level if done == total else None

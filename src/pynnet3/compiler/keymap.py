@@ -9,33 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..index import unique_keys
+
 _MAX_BLOCKS = 12
-
-
-def unique_keys(keys: np.ndarray) -> np.ndarray:
-    """Sorted unique int64 keys. Sort-based: numpy's hash-based ``np.unique`` is
-    ~50x slower on packed index keys."""
-    k = np.sort(np.asarray(keys, dtype=np.int64))
-    if len(k) < 2:
-        return k
-    keep = np.empty(len(k), dtype=bool)
-    keep[0] = True
-    np.not_equal(k[1:], k[:-1], out=keep[1:])
-    return k[keep]
-
-
-def unique_inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted unique keys, inverse) like ``np.unique(..., return_inverse=True)``."""
-    keys = np.asarray(keys, dtype=np.int64)
-    order = np.argsort(keys, kind="stable")
-    k = keys[order]
-    first = np.empty(len(k), dtype=bool)
-    if len(k):
-        first[0] = True
-        np.not_equal(k[1:], k[:-1], out=first[1:])
-    inv = np.empty(len(k), dtype=np.int64)
-    inv[order] = np.cumsum(first) - 1
-    return k[first], inv
 
 
 class KeyMap:

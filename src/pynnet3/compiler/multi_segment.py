@@ -23,11 +23,10 @@ import numpy as np
 
 from ..computation import Command, CommandType, NnetComputation
 from ..errors import ComputeError
-from ..index import describe, pack
+from ..index import describe, pack, unique_keys
 from .commands import CommandCompiler
 from .computable import Computability
 from .graph import ComputationGraph, GraphBuilder, Step
-from .keymap import unique_keys
 from .request import ComputationRequest, IoSpecification
 
 CT = CommandType

@@ -31,6 +31,7 @@ from ..components.base import Flags
 from ..computation import Command, NnetComputation, SubMatrix, command_submatrices
 from ..computation import CommandType as CT
 from ..errors import ComputeError
+from ..index import unique_keys
 from .options import OptimizeOptions
 
 _MULTI = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
@@ -222,7 +223,7 @@ class _Limiter:
         left, _ = self.prune(d, dm)
         new = tab[left:left + self.c.submatrices[dm].num_rows].copy()
         dst_ok = self.kept(dm)
-        for s in np.unique(new[:, 0]).tolist():
+        for s in unique_keys(new[:, 0]).tolist():
             if s < 0:
                 continue
             sel = new[:, 0] == s

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..computation import SUBMATRIX_FIELDS, Command, NnetComputation
 from ..computation import CommandType as CT
+from ..index import unique_keys
 from .options import OptimizeOptions
 
 _ROWS = (CT.COPY_ROWS, CT.ADD_ROWS)
@@ -70,7 +71,7 @@ def _written_subs(c: NnetComputation, cmd: Command) -> list[int] | None:
         return [cmd.in_deriv] if cmd.in_deriv else []
     if t in _TO_MULTI:
         subs = c.indexes_multi[cmd.table][:, 0]
-        return np.unique(subs[subs > 0]).tolist()
+        return unique_keys(subs[subs > 0]).tolist()
     if t in _HARMLESS:
         return []
     return None
@@ -220,7 +221,7 @@ def _split_multi(c: NnetComputation, cmd: Command) -> list[Command] | None:
         if not consecutive and t in _TO_MULTI:
             if t is CT.COPY_TO_ROWS_MULTI:
                 return None  # inverted as CopyRows, the unwritten rows would be zeroed
-            if len(np.unique(r)) != len(r):
+            if len(unique_keys(r)) != len(r):
                 return None  # a row added to twice cannot be one AddRows entry
         plans.append((a, b, int(subs[a]), lo, hi, consecutive, r))
     out = []

@@ -21,6 +21,7 @@ import numpy as np
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
 from ..errors import PynnetError, RuntimeInputError
+from ..index import unique_keys
 from .backend import get_backend
 
 _IO = (CT.ACCEPT_INPUT, CT.PROVIDE_OUTPUT)
@@ -203,7 +204,7 @@ class NnetComputer:
                         cmd.alpha)
         elif t in (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI):
             table = self.c.indexes_multi[cmd.table]
-            sources = {int(s): self._sub(int(s)) for s in np.unique(table[:, 0]) if s > 0}
+            sources = {s: self._sub(s) for s in unique_keys(table[:, 0]).tolist() if s > 0}
             op = be.copy_rows_multi if t is CT.COPY_ROWS_MULTI else be.add_rows_multi
             op(self._sub(cmd.dst), sources, table, cmd.alpha)
         elif t is CT.ADD_ROW_RANGES:

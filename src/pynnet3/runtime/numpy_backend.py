@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..index import unique_keys
 from .backend import register_backend
 
 
@@ -53,7 +54,7 @@ class NumpyBackend:
 
     def _gather_multi(self, dst, sources, table):
         out = np.zeros_like(dst)
-        for s in np.unique(table[:, 0]):
+        for s in unique_keys(table[:, 0]).tolist():
             if s < 0:
                 continue
             sel = table[:, 0] == s
