@@ -74,13 +74,10 @@ def live_floats(c: NnetComputation, upto: int | None = None) -> tuple[np.ndarray
                 cur += packed[cmd.dst] - n_el
             else:
                 cur += n_el - packed.pop(cmd.dst, n_el)  # unmatched: no change
-        elif (t is PROPAGATE or t is BACKPROP or t is NO_UPDATE) and cmd.in_value == 0 \
-                and cmd.table >= 0:
-            out[i] = cur + c.gathered_floats(cmd)  # the temporary it gathers into
-            if i == stop:
-                snap = dict(live)
-            continue
         out[i] = cur
+        if (t is PROPAGATE or t is BACKPROP or t is NO_UPDATE) and cmd.in_value == 0 \
+                and cmd.table >= 0:
+            out[i] += c.gathered_floats(cmd)  # the temporary it gathers into
         if i == stop:
             snap = dict(live)
     if upto is None:

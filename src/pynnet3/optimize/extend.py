@@ -56,7 +56,7 @@ def extend_matrices(c: NnetComputation, nnet, options: OptimizeOptions | None = 
     types = None  # every command's type, with the user input / output matrices (as
     # the access table's is_input / is_output), for the first copy that passes the
     # cheap tests
-    table = None  # built only when _zeroed_after_alloc cannot tell (see there)
+    table = None  # built only when the zeroing after allocation does not tell
     extended = 0
     for i in copies:
         cmd = cmds[i]
@@ -73,10 +73,15 @@ def extend_matrices(c: NnetComputation, nnet, options: OptimizeOptions | None = 
             types = list(map(_TYPE, cmds))
             inputs = {subs[cmds[j].dst].matrix for j in _positions(types, CT.ACCEPT_INPUT)}
             outputs = {subs[cmds[j].src].matrix for j in _positions(types, CT.PROVIDE_OUTPUT)}
+            alloc_at = {cmds[j].matrix: j for j in _positions(types, CT.ALLOC_MATRIX)}
         if d.matrix in inputs or d.matrix in outputs:
             continue
+        # Usually the command right after the source's allocation zeroes all of it:
+        # that is then its first access (a valid computation allocates a matrix
+        # once, before any use), so the access table need not be built.
         if not (s.matrix in inputs
-                or _zeroed_after_alloc(c, s.matrix, orig_rows[s.matrix], i)):
+                or _sets_all(c, alloc_at.get(s.matrix, -2) + 1, s.matrix,
+                             orig_rows[s.matrix], i)):
             if table is None:
                 table = build_access_table(c, nnet)
                 # first access of each matrix (-1: none); the table is in command order
@@ -84,7 +89,7 @@ def extend_matrices(c: NnetComputation, nnet, options: OptimizeOptions | None = 
                 ms, pos = np.unique(table.matrix, return_index=True)
                 first[ms] = table.cmd[pos]
                 first = first.tolist()
-            if not _rows_defined(c, first[s.matrix], s.matrix, orig_rows[s.matrix], i):
+            if not _sets_all(c, first[s.matrix], s.matrix, orig_rows[s.matrix], i):
                 continue
         info = mats[d.matrix]
         new_rows = d.row_offset + src_rows
@@ -107,44 +112,19 @@ def _is_whole(c: NnetComputation, s: int) -> bool:
         and sm.num_cols == info.cols
 
 
-def _zeroed_after_alloc(c: NnetComputation, matrix: int, orig_rows: int, i: int) -> bool:
-    """Whether the command right after ``matrix``'s allocation zeroes all of it, before
-    command ``i`` (the usual case). Then that zeroing is its first access (a valid
-    computation allocates a matrix once, before any use: the checker's lifetime
-    rule), so :func:`_rows_defined` would say yes, and the access table it needs is
-    not built. The allocation is looked for backwards from ``i`` (it is usually a
-    few commands before)."""
-    cmds = c.commands
-    ALLOC = CT.ALLOC_MATRIX
-    for a in range(i - 1, -1, -1):
-        cmd = cmds[a]
-        if cmd.type is ALLOC and cmd.matrix == matrix:
-            break
-    else:
+def _sets_all(c: NnetComputation, j: int, matrix: int, orig_rows: int, i: int) -> bool:
+    """Whether command ``j`` (before ``i``; -1: none) sets every row of ``matrix`` (a
+    SET_CONST over all of it as it was; :func:`_fix` makes that cover rows the
+    matrix grows by). Called with the matrix's first access, this says its rows
+    hold defined data at command ``i``."""
+    if not 0 <= j < i:
         return False
-    if a + 1 >= i:
-        return False
-    cmd = cmds[a + 1]
+    cmd = c.commands[j]
     if cmd.type is not CT.SET_CONST:
         return False
     sm = c.submatrices[cmd.dst]
     return sm.matrix == matrix and sm.row_offset == 0 and sm.col_offset == 0 \
         and sm.num_rows == orig_rows and sm.num_cols == c.matrices[matrix].cols
-
-
-def _rows_defined(c: NnetComputation, first: int, matrix: int, orig_rows: int,
-                  i: int) -> bool:
-    """Whether every row of ``matrix`` (not a user input) holds defined data at
-    command ``i``: its first access ``first`` (before ``i``) sets all of it (the
-    zeroing after allocation; :func:`_fix` makes that cover rows the matrix grows by)."""
-    if first == -1 or first >= i:
-        return False
-    cmd = c.commands[first]
-    if cmd.type is not CT.SET_CONST:
-        return False
-    sm = c.submatrices[cmd.dst]
-    return sm.row_offset == 0 and sm.col_offset == 0 and sm.num_rows == orig_rows \
-        and sm.num_cols == c.matrices[matrix].cols
 
 
 def _fix(c: NnetComputation, orig_rows: list[int], zeroings: list[int]) -> None:

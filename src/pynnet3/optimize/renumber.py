@@ -202,7 +202,7 @@ def renumber(c: NnetComputation) -> None:
     for k, attr in enumerate(_TABLE_LISTS, 1):
         named = named_table[k]
         tables = getattr(c, attr)
-        if len(named) < len(tables):  # all used: keep the list
+        if len(named) < len(tables):  # (all named: the list stays as it is)
             setattr(c, attr, list(map(tables.__getitem__, named.tolist())))
             at = (kind == k) & (table != -1)
             new_table[at] = np.searchsorted(named, table[at])
