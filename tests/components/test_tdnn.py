@@ -219,8 +219,6 @@ def test_stretched_precomputed_indexes_equal_recomputed_ones():
     """Shortcut expansion's hook: the two-sequence object stretched along n equals
     precompute_indexes on the expanded indexes; an incomplete object (whose
     precompute_indexes raises) is not stretched."""
-    from functools import partial
-
     from pynnet3.cache.expand import RowMapStretch
 
     comp = from_config("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
@@ -230,20 +228,82 @@ def test_stretched_precomputed_indexes_equal_recomputed_ones():
     inp = np.array([(n, t, 0) for t in ts_in for n in (0, 1)], dtype=np.int64)
     out = np.array([(n, t, 0) for t in reversed(ts_out) for n in (0, 1)], dtype=np.int64)
     mini = comp.precompute_indexes(inp, out, False)
+    assert mini.starts is None  # reversed in t: not runs
     stretch = RowMapStretch(len(inp), 1, len(out), 1)
     for num_n in (2, 3, 16):
         ns = range(num_n)
         new_in = np.array([(n, t, 0) for t in ts_in for n in ns], dtype=np.int64)
         new_out = np.array([(n, t, 0) for t in reversed(ts_out) for n in ns], dtype=np.int64)
-        got = comp.stretch_precomputed(mini, new_in, new_out, False,
-                                       partial(stretch, num_n=num_n))
+        got = comp.stretch_precomputed(mini, new_in, new_out, False, stretch.bind(num_n))
         want = comp.precompute_indexes(new_in, new_out, False)
         assert got.num_in == want.num_in == len(new_in)
         assert got.src.dtype == want.src.dtype and got.src.tobytes() == want.src.tobytes()
     incomplete = type(mini)(np.where(mini.src == 0, -1, mini.src), mini.num_in)
-    assert comp.stretch_precomputed(incomplete, inp, out, False,
-                                    partial(stretch, num_n=2)) is None
-    assert comp.stretch_precomputed(None, inp, out, False, partial(stretch, num_n=2)) is None
+    assert comp.stretch_precomputed(incomplete, inp, out, False, stretch.bind(2)) is None
+    assert comp.stretch_precomputed(None, inp, out, False, stretch.bind(2)) is None
+
+
+@pytest.mark.parametrize("n_inner", [True, False])
+def test_run_maps_stretch_from_their_starts(n_inner):
+    """Inputs and outputs in one row order make each offset's map a run of rows:
+    the object knows its starts, propagate/backprop read slices with the results
+    of the gathering form, and the stretched object is built from the starts alone
+    (when n is innermost) and equals the recomputed one."""
+    from pynnet3.cache.expand import RowMapStretch
+    from pynnet3.components.tdnn import OffsetGather
+
+    comp = from_config("component name=c type=TdnnComponent input-dim=2 output-dim=3 "
+                       "time-offsets=-2,0,1")
+
+    def rows(ns, ts):
+        if n_inner:
+            return np.array([(n, t, 0) for t in ts for n in ns], dtype=np.int64)
+        return np.array([(n, t, 0) for n in ns for t in ts], dtype=np.int64)
+
+    ts_in, ts_out = range(-2, 9), range(0, 8)
+    inp, out = rows((0, 1), ts_in), rows((0, 1), ts_out)
+    mini = comp.precompute_indexes(inp, out, False)
+    if n_inner:
+        assert mini.starts == (0, 4, 6)  # t + offset - (-2), times 2 rows per t
+    else:
+        assert mini.starts is None  # each sequence's input is longer than its output
+    stretch = RowMapStretch(len(inp), 1 if n_inner else len(ts_in),
+                            len(out), 1 if n_inner else len(ts_out))
+    for num_n in (2, 5):
+        new_in, new_out = rows(range(num_n), ts_in), rows(range(num_n), ts_out)
+        bound = stretch.bind(num_n)
+        got = comp.stretch_precomputed(mini, new_in, new_out, False, bound)
+        want = comp.precompute_indexes(new_in, new_out, False)
+        if n_inner:
+            assert got._src is None  # made from the starts; rows built on demand
+        assert got == want and got.starts == want.starts
+        # slices and gathers give identical numbers
+        x = np.random.default_rng(num_n).standard_normal((len(new_in), 2)).astype(np.float32)
+        gathered = OffsetGather(want.src, want.num_in)
+        gathered.starts = None
+        y1, y2 = (np.zeros((len(new_out), 3), np.float32) for _ in range(2))
+        comp.propagate(got, x, y1)
+        comp.propagate(gathered, x, y2)
+        assert y1.tobytes() == y2.tobytes()
+        d = np.random.default_rng(7).standard_normal(y1.shape).astype(np.float32)
+        g1, g2 = (np.zeros_like(x) for _ in range(2))
+        comp.backprop(got, x, y1, d, None, None, g1)
+        comp.backprop(gathered, x, y2, d, None, None, g2)
+        assert g1.tobytes() == g2.tobytes()
+
+
+def test_run_starts_rejects_maps_that_are_not_runs():
+    from pynnet3.cache.expand import RowMapStretch
+    from pynnet3.components.tdnn import run_starts
+
+    assert run_starts(np.array([[3, 4, 5], [0, 1, 2]])) == (3, 0)
+    assert run_starts(np.array([[3, 4, 6]])) is None
+    assert run_starts(np.array([[-1, 0, 1]])) is None
+    assert run_starts(np.zeros((2, 0), dtype=np.int64)) is None
+    # a within-sequence map that is a run in the two-sequence layout only when the
+    # strides differ is not taken for a run after stretching
+    stretch = RowMapStretch(8, 2, 4, 1)
+    assert stretch.run_starts(np.array([[0, 2, 4, 6]], dtype=np.int64), 3) is None
 
 
 def test_properties():

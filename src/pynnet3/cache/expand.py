@@ -40,7 +40,6 @@ from __future__ import annotations
 import copy
 import operator
 from dataclasses import dataclass
-from functools import partial
 from itertools import chain
 
 import numpy as np
@@ -122,11 +121,13 @@ class RowMapStretch:
 
     A component's hook ``stretch_precomputed(mini_indexes, input_indexes,
     output_indexes, need_backprop, stretch_rows)`` gets ``stretch_rows(rows)``
-    (this object bound to N) and must return what ``precompute_indexes(
-    input_indexes, output_indexes, need_backprop)`` would, or None to have it
-    called; it may use the stretch only for maps whose rows depend on n only
-    through "the same sequence" (like a time offset's). ``stretch_rows`` returns
-    None for a map without the form above."""
+    (this object bound to N: :meth:`bind`) and must return what
+    ``precompute_indexes(input_indexes, output_indexes, need_backprop)`` would, or
+    None to have it called; it may use the stretch only for maps whose rows depend
+    on n only through "the same sequence" (like a time offset's). ``stretch_rows``
+    returns None for a map without the form above; ``stretch_rows.run_starts(rows)``
+    gives, without building the stretched map, the first row of each map when each
+    stretches to one contiguous run of rows (else None)."""
 
     def __init__(self, in_rows: int, in_stride: int, out_rows: int, out_stride: int):
         self.in_rows, self.in_stride = in_rows, in_stride
@@ -152,6 +153,37 @@ class RowMapStretch:
             np.copyto(new, -1, where=absent[:, :, None, :])
         return new.reshape(*shape, -1)
 
+    def bind(self, num_n: int) -> BoundRowMapStretch:
+        """This stretch for ``num_n`` sequences (what the components' hook gets)."""
+        return BoundRowMapStretch(self, num_n)
+
+    def run_starts(self, rows: np.ndarray, num_n: int) -> tuple[int, ...] | None:
+        """For a map ``rows`` [K, out-rows] of the class doc's form in which every row
+        k stretches to a contiguous run ``s_k, s_k + 1, ...`` over the expanded
+        output rows: the K starts; else None. With equal strides S, output row
+        (o, n, w) goes to (o', n, w'); the run holds when o' - o and w' - w are
+        constant, and then starts at (o' - o) * N * S + (w' - w)."""
+        if self.in_stride != self.out_stride or not isinstance(rows, np.ndarray) \
+                or rows.ndim != 2:
+            return None
+        got = self._parts.get(id(rows))
+        if got is None:
+            got = self._parts[id(rows)] = (rows, self._analyse(rows))
+        parts = got[1]
+        if parts is None or parts[2] is not None:  # (not of the form, or absent rows)
+            return None
+        o, w = parts[0], parts[1]  # [K, O, S]
+        d_o = o - np.arange(o.shape[1], dtype=np.int64)[:, None]
+        d_w = w - np.arange(o.shape[2], dtype=np.int64)
+        if not ((d_o == d_o[:, :1, :1]).all() and (d_w == d_w[:, :1, :1]).all()):
+            return None
+        s = self.in_stride
+        starts = d_o[:, 0, 0] * (num_n * s) + d_w[:, 0, 0]
+        end = starts + o.shape[1] * num_n * s
+        if (starts < 0).any() or (end > self.in_rows // 2 * num_n).any():
+            return None
+        return tuple(starts.tolist())
+
     def _analyse(self, rows) -> tuple | None:
         """(o', w', absent or None, leading shape) of the n = 0 entries, or None
         when ``rows`` is not a map of the form of the class doc."""
@@ -167,6 +199,21 @@ class RowMapStretch:
                 or not np.array_equal(one, np.where(absent, -1, zero + s_in)):
             return None
         return o, w, (absent if absent.any() else None), rows.shape[:-1]
+
+
+class BoundRowMapStretch:
+    """A :class:`RowMapStretch` for one N: ``self(rows)`` and ``self.run_starts(rows)``."""
+
+    __slots__ = ("stretch", "num_n")
+
+    def __init__(self, stretch: RowMapStretch, num_n: int):
+        self.stretch, self.num_n = stretch, num_n
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray | None:
+        return self.stretch(rows, self.num_n)
+
+    def run_starts(self, rows: np.ndarray) -> tuple[int, ...] | None:
+        return self.stretch.run_starts(rows, self.num_n)
 
 
 @dataclass
@@ -615,7 +662,7 @@ class ExpansionPlan:
             obj = None
             if stretch is not None:
                 obj = comp.stretch_precomputed(mini[p], new_in, new_out, info.need_backprop,
-                                               partial(stretch, num_n=num_n))
+                                               stretch.bind(num_n))
             if obj is None:
                 obj = comp.precompute_indexes(new_in, new_out, info.need_backprop)
             out[p] = obj

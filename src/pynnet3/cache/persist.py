@@ -1,7 +1,7 @@
 """Saving and loading a CachingCompiler's entries.
 
-File format (version 1): a pickle of ``{"format": "pynnet3-compile-cache",
-"version": 1, "entries": [...]}`` where each entry is a dict with ``nnet`` (the
+File format (version 2): a pickle of ``{"format": "pynnet3-compile-cache",
+"version": 2, "entries": [...]}`` where each entry is a dict with ``nnet`` (the
 structural fingerprint of the network), ``options`` (fingerprint of the
 optimizer options and shortcut switch), ``pynnet3`` (package version), ``key``,
 ``arrays`` and ``shift`` (what the entry answers for, see
@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import FormatError
 
 FORMAT = "pynnet3-compile-cache"
-VERSION = 1
+VERSION = 2
 
 
 def _settings(obj, depth: int = 0) -> list:

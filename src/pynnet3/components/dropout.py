@@ -17,6 +17,7 @@ accept the same set of indexes in another order (a permutation is then applied).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -285,23 +286,54 @@ class RowMaskIndexes:
     gather: np.ndarray | None
 
 
-@dataclass
+@dataclass(eq=False)
 class GeneralDropoutIndexes(RowMaskIndexes):
     """``mask_rows[i]``: the mask row of output row i, one per distinct
     ``(n, floor(t / time_period))`` (``t`` ignored when the period is 0), numbered
-    in order of first appearance; ``num_mask_rows`` of them."""
+    in order of first appearance; ``num_mask_rows`` of them. They are numbered
+    when first asked for (from ``output_indexes``, which is not copied): a network
+    in test mode never draws a mask, so it never needs them."""
 
-    mask_rows: np.ndarray
-    num_mask_rows: int
+    output_indexes: np.ndarray
+    time_period: int
+
+    @cached_property
+    def _numbering(self) -> tuple[np.ndarray, int]:
+        out = np.asarray(self.output_indexes, dtype=np.int64).reshape(-1, 3)
+        if len(out) == 0:
+            return np.zeros(0, dtype=np.int64), 0
+        t_block = (out[:, 1] // self.time_period if self.time_period > 0
+                   else np.zeros(len(out), dtype=np.int64))
+        return _first_appearance_ids(out[:, 0], t_block)
+
+    @property
+    def mask_rows(self) -> np.ndarray:
+        return self._numbering[0]
+
+    @property
+    def num_mask_rows(self) -> int:
+        return self._numbering[1]
 
 
-@dataclass
+@dataclass(eq=False)
 class TimeMaskIndexes(RowMaskIndexes):
     """``sequences``: for each distinct n (ascending), the output rows of that
-    sequence ordered by t (ties by row)."""
+    sequence ordered by t (ties by row); ``num_rows`` output rows. The sequences
+    are found when first asked for (test mode never does)."""
 
-    sequences: list[np.ndarray]
-    num_rows: int
+    output_indexes: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.output_indexes)
+
+    @cached_property
+    def sequences(self) -> list[np.ndarray]:
+        out = np.asarray(self.output_indexes, dtype=np.int64).reshape(-1, 3)
+        rows = np.arange(len(out))
+        order = np.lexsort((rows, out[:, 1], out[:, 0]))  # by n, then t, then row
+        cuts = np.flatnonzero(np.diff(out[order, 0])) + 1
+        return np.split(order, cuts) if len(order) else []
 
 
 def _first_appearance_ids(n: np.ndarray, t_block: np.ndarray) -> tuple[np.ndarray, int]:
@@ -502,15 +534,9 @@ class GeneralDropoutComponent(RandomComponent, SameDimComponent):
     def precompute_indexes(self, input_indexes: np.ndarray, output_indexes: np.ndarray,
                            need_backprop: bool) -> GeneralDropoutIndexes:
         out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
-        gather = _row_gather(input_indexes, out)
-        t_block = (out[:, 1] // self.time_period if self.time_period > 0
-                   else np.zeros(len(out), dtype=np.int64))
-        if len(out) == 0:
-            return GeneralDropoutIndexes(gather, np.zeros(0, dtype=np.int64), 0)
-        # Number the mask rows (one per (n, t block)) in order of first appearance,
-        # as Kaldi's hash map does.
-        mask_rows, num_masks = _first_appearance_ids(out[:, 0], t_block)
-        return GeneralDropoutIndexes(gather, mask_rows, num_masks)
+        # mask rows: one per (n, t block), numbered in order of first appearance as
+        # Kaldi's hash map does (when first needed)
+        return GeneralDropoutIndexes(_row_gather(input_indexes, out), out, self.time_period)
 
     def _is_identity(self) -> bool:
         return self.test_mode or (self.dropout_proportion == 0.0
@@ -651,13 +677,7 @@ class SpecAugmentTimeMaskComponent(RandomComponent, SameDimComponent):
     def precompute_indexes(self, input_indexes: np.ndarray, output_indexes: np.ndarray,
                            need_backprop: bool) -> TimeMaskIndexes:
         out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
-        gather = _row_gather(input_indexes, out)
-        rows = np.arange(len(out))
-        order = np.lexsort((rows, out[:, 1], out[:, 0]))  # by n, then t, then row
-        n_sorted = out[order, 0]
-        cuts = np.flatnonzero(np.diff(n_sorted)) + 1
-        sequences = np.split(order, cuts) if len(order) else []
-        return TimeMaskIndexes(gather, sequences, len(out))
+        return TimeMaskIndexes(_row_gather(input_indexes, out), out)
 
     def _make_mask(self, indexes: TimeMaskIndexes, dtype) -> np.ndarray:
         """Per-row 0/1 mask (Kaldi's GetMemo), in output-row order."""

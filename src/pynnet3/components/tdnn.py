@@ -14,7 +14,6 @@ the generic stream reader does not handle.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -141,18 +140,80 @@ def time_offset_deps(output_indexes: np.ndarray, time_offsets,
     return InputDeps(owner, deps, req)
 
 
-@dataclass
 class OffsetGather:
     """Precomputed indexes of Tdnn/TimeHeightConvolution: ``src`` [num-offsets,
-    rows-out] (input row per time offset and output row, -1 = absent and then a
-    zero contribution), and ``num_in`` the number of input rows."""
+    rows-out], the input row per time offset and output row (-1 = absent, then a
+    zero contribution), and ``num_in``, the number of input rows.
 
-    src: np.ndarray
-    num_in: int
+    When every offset's rows are one contiguous run (the usual case: inputs and
+    outputs in the same row order, e.g. n innermost), ``starts[k]`` is where offset
+    k's run begins, and the components read slices of their input instead of
+    gathering rows (Kaldi's TdnnComponent keeps a row offset and stride likewise);
+    otherwise ``starts`` is None. An object may be made from the starts alone
+    (shortcut expansion does); ``src`` is then built on first use."""
+
+    def __init__(self, src: np.ndarray | None, num_in: int, *,
+                 starts: tuple[int, ...] | None = None, num_out: int = 0):
+        if src is not None:
+            num_out = src.shape[1]
+            starts = run_starts(src)
+        elif starts is None:
+            raise ValueError("OffsetGather needs src or starts")
+        self._src = src
+        self.num_in, self.num_out, self.starts = int(num_in), int(num_out), starts
+
+    @property
+    def src(self) -> np.ndarray:
+        if self._src is None:  # (computed at most once per object; racing threads agree)
+            self._src = (np.asarray(self.starts, dtype=np.int64)[:, None]
+                         + np.arange(self.num_out, dtype=np.int64))
+        return self._src
 
     @property
     def complete(self) -> bool:
-        return bool(np.all(self.src >= 0))
+        return self.starts is not None or bool(np.all(self.src >= 0))
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, OffsetGather):
+            return NotImplemented
+        return (self.num_in, self.num_out, self.starts) == (other.num_in, other.num_out,
+                                                           other.starts) \
+            and self.src.shape == other.src.shape and np.array_equal(self.src, other.src)
+
+    __hash__ = None  # mutable-looking, compared by content
+
+    def __repr__(self) -> str:
+        k = len(self.src) if self.starts is None else len(self.starts)
+        return (f"OffsetGather(num_offsets={k}, num_out={self.num_out}, "
+                f"num_in={self.num_in}, starts={self.starts})")
+
+
+def run_starts(src: np.ndarray) -> tuple[int, ...] | None:
+    """Per row of ``src`` [K, J]: its first entry when every row is a contiguous
+    run ``s, s + 1, ..., s + J - 1`` of real rows (s >= 0); else None."""
+    if src.ndim != 2 or src.shape[1] == 0:
+        return None
+    first = src[:, 0]
+    if (first < 0).any():
+        return None
+    if src.shape[1] > 1 and not (np.diff(src, axis=1) == 1).all():
+        return None
+    return tuple(first.tolist())
+
+
+def stretch_offset_gather(mini: OffsetGather, input_indexes: np.ndarray,
+                          output_indexes: np.ndarray, stretch_rows) -> OffsetGather | None:
+    """The shortcut-expansion hook's work for an :class:`OffsetGather`: from the
+    starts alone when the stretched maps are runs (``stretch_rows.run_starts``),
+    else from the stretched rows; None when the maps do not stretch."""
+    run = getattr(stretch_rows, "run_starts", None)
+    if mini.starts is not None and run is not None:
+        starts = run(mini.src)
+        if starts is not None:
+            return OffsetGather(None, len(input_indexes), starts=starts,
+                                num_out=len(output_indexes))
+    src = stretch_rows(mini.src)
+    return None if src is None else OffsetGather(src, len(input_indexes))
 
 
 def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -368,12 +429,17 @@ class TdnnComponent(UpdatableComponent):
         error is precompute_indexes') or its map does not have the stretchable form."""
         if not isinstance(mini_indexes, OffsetGather) or not mini_indexes.complete:
             return None
-        src = stretch_rows(mini_indexes.src)
-        return None if src is None else OffsetGather(src, len(input_indexes))
+        return stretch_offset_gather(mini_indexes, input_indexes, output_indexes,
+                                     stretch_rows)
 
     # -- math ------------------------------------------------------------------------
     def _spliced(self, indexes: OffsetGather, in_value: np.ndarray) -> np.ndarray:
         """[rows-out, input-dim * num-offsets]: the input rows of every offset side by side."""
+        if indexes.starts is not None:
+            n = indexes.num_out
+            if len(indexes.starts) == 1:  # a view: no copy at all
+                return in_value[indexes.starts[0]:indexes.starts[0] + n]
+            return np.concatenate([in_value[s:s + n] for s in indexes.starts], axis=1)
         return np.concatenate([gather_rows(in_value, rows) for rows in indexes.src], axis=1)
 
     def propagate(self, indexes, in_value, out_value):
@@ -395,5 +461,10 @@ class TdnnComponent(UpdatableComponent):
                 gb += out_deriv.sum(axis=0).astype(gb.dtype)
         if in_deriv is not None:
             w = self.linear_params.astype(out_deriv.dtype, copy=False)
+            if indexes.starts is not None:
+                n = indexes.num_out
+                for k, s in enumerate(indexes.starts):  # BACKPROP_ADDS
+                    in_deriv[s:s + n] += out_deriv @ w[:, k * d:(k + 1) * d]
+                return
             for k, rows in enumerate(indexes.src):  # BACKPROP_ADDS
                 scatter_add_rows(in_deriv, rows, out_deriv @ w[:, k * d:(k + 1) * d])

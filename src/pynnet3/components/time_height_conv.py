@@ -25,6 +25,7 @@ from ..errors import ComputeError
 from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closing, register
 from .tdnn import (
     OffsetGather,
+    stretch_offset_gather,
     time_offset_deps,
     time_offset_sources,
 )
@@ -342,8 +343,8 @@ class TimeHeightConvolutionComponent(UpdatableComponent):
         the two-sequence object (its precompute_indexes would have raised)."""
         if not isinstance(mini_indexes, OffsetGather):
             return None
-        src = stretch_rows(mini_indexes.src)
-        return None if src is None else OffsetGather(src, len(input_indexes))
+        return stretch_offset_gather(mini_indexes, input_indexes, output_indexes,
+                                     stretch_rows)
 
     # -- math ------------------------------------------------------------------------
     def _pixel_maps(self, indexes: OffsetGather):
@@ -365,7 +366,7 @@ class TimeHeightConvolutionComponent(UpdatableComponent):
         """[rows-out * height-out, num-offsets * num-filters-in]: for each output pixel
         the input pixels its kernel sees (zero where padded)."""
         m = self.model
-        num_out = indexes.src.shape[1]
+        num_out = indexes.num_out
         x3 = in_value.reshape(len(in_value), m.height_in, m.num_filters_in)
         patches = np.zeros((num_out, m.height_out, len(m.offsets), m.num_filters_in),
                            dtype=in_value.dtype)
