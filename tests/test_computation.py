@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pynnet3.computation import Command, NnetComputation, command_submatrices
 from pynnet3.computation import CommandType as CT
@@ -52,14 +53,15 @@ def test_command_submatrices_includes_tables():
     assert command_submatrices(c, prop) == [c.whole(b), c.whole(a), c.whole(b)]
 
 
-def test_replaced_submatrix_equals_dataclasses_replace():
-    import dataclasses
-
-    from pynnet3.computation import SubMatrix, replaced_submatrix
+def test_submatrix_is_an_immutable_named_tuple():
+    """Made by the compiler's fast constructor or by name, a SubMatrix reads its
+    fields by name and position, compares and hashes by value, and cannot change."""
+    from pynnet3.computation import SubMatrix, _new_submatrix
 
     sm = SubMatrix(1, 2, 3, 4, 5)
-    for changes in ({"matrix": 7}, {"row_offset": 6, "num_rows": 8}, {}):
-        got = replaced_submatrix(sm, changes)
-        assert got == dataclasses.replace(sm, **changes) and got is not sm
-        assert hash(got) == hash(dataclasses.replace(sm, **changes))
-    assert sm == SubMatrix(1, 2, 3, 4, 5)  # the original is untouched
+    fast = _new_submatrix(1, 2, 3, 4, 5)
+    assert type(fast) is SubMatrix and fast == sm and hash(fast) == hash(sm)
+    assert (sm.matrix, sm.row_offset, sm.num_rows, sm.col_offset, sm.num_cols) == tuple(sm)
+    assert sm._replace(row_offset=6) == SubMatrix(1, 6, 3, 4, 5)
+    with pytest.raises(AttributeError):
+        sm.num_rows = 9

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -130,8 +131,12 @@ class MatrixInfo:
     indexes: np.ndarray | None = None
 
 
-@dataclass(frozen=True)
-class SubMatrix:
+class SubMatrix(NamedTuple):
+    """Rows ``[row_offset, row_offset + num_rows)`` and columns ``[col_offset,
+    col_offset + num_cols)`` of matrix ``matrix``. A tuple: immutable, so
+    computations (and the cache's copies) share them, and cheap to make in the
+    thousands (the compiler, renumbering, merging and expansion do)."""
+
     matrix: int
     row_offset: int
     num_rows: int
@@ -139,29 +144,14 @@ class SubMatrix:
     num_cols: int
 
 
-_new_object = object.__new__
-
-
-def replaced_submatrix(sm: SubMatrix, changes: dict) -> SubMatrix:
-    """``dataclasses.replace(sm, **changes)``, in half the time: a frozen
-    dataclass's __init__ sets each field through object.__setattr__, while a copy
-    of the instance dict gives an equal object (renumbering and expansion make
-    thousands)."""
-    new = _new_object(SubMatrix)
-    d = new.__dict__
-    d.update(sm.__dict__)
-    d.update(changes)
-    return new
+_new_tuple = tuple.__new__
 
 
 def _new_submatrix(m: int, row_offset: int, num_rows: int, col_offset: int,
                    num_cols: int) -> SubMatrix:
-    """``SubMatrix(...)`` in half the time, as :func:`replaced_submatrix` (the
+    """``SubMatrix(...)`` without the Python-level ``__new__`` of a NamedTuple (the
     command compiler makes one per matrix and thousands more)."""
-    new = _new_object(SubMatrix)
-    new.__dict__.update(matrix=m, row_offset=row_offset, num_rows=num_rows,
-                        col_offset=col_offset, num_cols=num_cols)
-    return new
+    return _new_tuple(SubMatrix, (m, row_offset, num_rows, col_offset, num_cols))
 
 
 @dataclass

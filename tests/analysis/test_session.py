@@ -56,7 +56,7 @@ def _case(name, seed):
 
 def _snapshot(c) -> tuple:
     return ([dataclasses.astuple(x) for x in c.commands],
-            [dataclasses.astuple(s) for s in c.submatrices],
+            [tuple(s) for s in c.submatrices],
             [(m.rows, m.cols) for m in c.matrices],
             [[t.tobytes() for t in getattr(c, k)]
              for k in ("indexes", "indexes_multi", "indexes_ranges", "indexes_blocks")],
@@ -138,7 +138,7 @@ def test_submatrix_array_follows_replacements_and_appends():
         c.submatrices[3] = SubMatrix(sm.matrix, sm.row_offset, sm.num_rows, sm.col_offset,
                                      sm.num_cols)  # equal, but another object
         c.new_submatrix(1, 0, 1, 0, 1)
-        c.submatrices[1] = SubMatrix(*dataclasses.astuple(c.submatrices[2]))
+        c.submatrices[1] = SubMatrix(*c.submatrices[2])
         b = submatrix_array(c)
         assert np.array_equal(b, read_submatrices(c.submatrices))
         del c.submatrices[-3:]

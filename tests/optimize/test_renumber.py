@@ -120,7 +120,7 @@ def dump(c) -> tuple:
 
     return (
         [(m.rows, m.cols, m.node, m.is_deriv, arr(m.indexes)) for m in c.matrices],
-        [dataclasses.astuple(s) for s in c.submatrices],
+        [tuple(s) for s in c.submatrices],
         [arr(t) for t in c.indexes], [arr(t) for t in c.indexes_multi],
         [arr(t) for t in c.indexes_ranges], [arr(t) for t in c.indexes_blocks],
         [id(p) for p in c.precomputed],

@@ -24,19 +24,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from itertools import chain
-from operator import attrgetter, is_not
+from operator import is_not
 
 import numpy as np
 
 from ..computation import NnetComputation
 
-_SUB_FIELDS = attrgetter("matrix", "row_offset", "num_rows", "col_offset", "num_cols")
-
 
 def read_submatrices(subs: list) -> np.ndarray:
     """``(len(subs), 5)`` int64 array of (matrix, row offset, rows, column offset,
     columns) of the given SubMatrix objects."""
-    return np.fromiter(chain.from_iterable(map(_SUB_FIELDS, subs)), dtype=np.int64,
+    return np.fromiter(chain.from_iterable(subs), dtype=np.int64,
                        count=5 * len(subs)).reshape(-1, 5)
 
 

@@ -44,7 +44,7 @@ from itertools import chain
 
 import numpy as np
 
-from ..computation import CommandType, MatrixInfo, NnetComputation, SubMatrix, replaced_submatrix
+from ..computation import CommandType, MatrixInfo, NnetComputation, SubMatrix
 from .stretch import ExpansionError, Stretcher, distinct_arrays, n_strides
 from .stretch import require as _check
 
@@ -52,7 +52,7 @@ CT = CommandType
 _MULTI = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
 _TO_MULTI = (CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
 _BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
-_ROW_FIELDS = operator.attrgetter("matrix", "row_offset", "num_rows")
+_ROW_FIELDS = operator.itemgetter(0, 1, 2)  # (matrix, row offset, rows) of a SubMatrix
 _COPIES = (CT.MATRIX_COPY, CT.MATRIX_ADD)
 _COMPONENT = (CT.PROPAGATE, *_BACKPROPS)
 _TABLED = (CT.COPY_ROWS, CT.ADD_ROWS, CT.ADD_ROW_RANGES, *_MULTI)
@@ -672,7 +672,8 @@ class ExpansionPlan:
 def _with_rows(subs: list[SubMatrix], offsets: list[int], rows: list[int]
                ) -> list[SubMatrix]:
     """``subs`` with new row offsets and row counts."""
-    return [replaced_submatrix(s, {"row_offset": o, "num_rows": r})
+    new = tuple.__new__
+    return [new(SubMatrix, (s[0], o, r, s[3], s[4]))
             for s, o, r in zip(subs, offsets, rows, strict=True)]
 
 

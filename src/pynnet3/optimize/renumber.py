@@ -26,7 +26,7 @@ import numpy as np
 
 from ..analysis.session import current_session, read_submatrices
 from ..analysis.variables import matrix_sizes, submatrix_array
-from ..computation import SUBMATRIX_FIELDS, Command, NnetComputation, replaced_submatrix
+from ..computation import SUBMATRIX_FIELDS, Command, NnetComputation, SubMatrix
 from ..computation import CommandType as CT
 
 #: the id fields, in the columns of the id array renumbering reads them into
@@ -62,6 +62,7 @@ _READERS = tuple((attrgetter(*fields), [_COL[f] for f in fields]) if fields else
                  for _, fields, _ in _GROUPS)
 _TABLE_KIND = np.array([kind for _, _, kind in _GROUPS], dtype=np.int8)
 _TYPE = attrgetter("type")
+_new_tuple = tuple.__new__
 
 
 def _first_occurrences(arr: np.ndarray) -> np.ndarray:
@@ -171,7 +172,8 @@ def renumber(c: NnetComputation) -> None:
     new_subs = list(map(old_subs.__getitem__, kept.tolist()))
     if moved.any():
         for j, m in zip(np.flatnonzero(moved).tolist(), new_mat[moved].tolist(), strict=True):
-            new_subs[j] = replaced_submatrix(new_subs[j], {"matrix": m})
+            sm = new_subs[j]
+            new_subs[j] = _new_tuple(SubMatrix, (m, sm[1], sm[2], sm[3], sm[4]))
     c.submatrices = new_subs
 
     # the whole-matrix submatrix of each matrix: the first such one, else a new one
