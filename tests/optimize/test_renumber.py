@@ -21,6 +21,7 @@ from pynnet3.optimize import PIPELINE, OptimizeOptions
 from pynnet3.optimize.pipeline import (
     KEEPS_REFERENCES,
     ONLY_DROPS_COMMANDS,
+    ONLY_LEAVES_UNUSED,
     KeptReferences,
     OptimizationPass,
     _builtin,
@@ -214,6 +215,8 @@ def test_driver_shortcuts_change_nothing(which, variant):
 def test_shortcut_passes_are_the_builtin_ones():
     names = {_builtin(p) for p in PIPELINE}
     assert KEEPS_REFERENCES <= names and ONLY_DROPS_COMMANDS <= names
+    assert ONLY_LEAVES_UNUSED <= names
+    assert {p.name for p in PIPELINE if _builtin(p) in ONLY_LEAVES_UNUSED} == {"extend_matrices"}
     assert {p.name for p in PIPELINE if _builtin(p) in KEEPS_REFERENCES} == \
         {"move_sizing_commands", "consolidate_io", "free_provided_outputs", "fix_goto_label",
          "convert_addition"}

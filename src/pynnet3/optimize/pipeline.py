@@ -138,6 +138,10 @@ KEEPS_REFERENCES = frozenset({"sizing.move_sizing_commands", "io_ops.consolidate
                               "addition.convert_addition_to_assignment"})
 ONLY_DROPS_COMMANDS = frozenset({"sizing.remove_unnecessary_allocation",
                                  "noops.remove_needless_noops"})
+#: passes that make no no-ops and only leave some objects unreferenced (matrix
+#: extension: the submatrices its copies no longer use); a later renumber drops
+#: them, so none runs right after such a pass
+ONLY_LEAVES_UNUSED = frozenset({"extend.extend_matrices"})
 
 
 def _builtin(p: OptimizationPass) -> str | None:
@@ -175,11 +179,13 @@ def _run(computation: NnetComputation, nnet, options: OptimizeOptions,
         t0 = time.perf_counter()
         changed = p.fn(computation, nnet, options) or ""
         if changed:
-            kind = _builtin(p) if renumbered else None
-            if kind in ONLY_DROPS_COMMANDS or (renumbered
-                                               and isinstance(changed, KeptReferences)):
+            kind = _builtin(p)
+            if renumbered and (kind in ONLY_DROPS_COMMANDS
+                               or isinstance(changed, KeptReferences)):
                 drop_noops(computation)
-            elif kind not in KEEPS_REFERENCES:
+            elif kind in ONLY_LEAVES_UNUSED:
+                renumbered = False
+            elif not renumbered or kind not in KEEPS_REFERENCES:
                 renumber(computation)
                 renumbered = True
         dt = time.perf_counter() - t0
