@@ -176,6 +176,23 @@ def test_backprop_truncation_zeroing_follows_n():
     assert comp.num_zeroed == 6 and comp.count_zeroing_boundaries == 6 and comp.count == 20
 
 
+def test_backprop_truncation_without_backprop_needs_no_zeroing_rows():
+    """Compiled without a backprop, the precomputed object has no zeroing rows; the
+    forward pass is the same, and a backprop through it is refused."""
+    comp = make("type=BackpropTruncationComponent dim=2 scale=2 zeroing-interval=4")
+    out_idx = np.array([[n, t, 0] for n in (0, 1) for t in range(6)])
+    in_idx = out_idx[::-1].copy()
+    with_bp = comp.precompute_indexes(in_idx, out_idx, True)
+    without = comp.precompute_indexes(in_idx, out_idx, False)
+    assert without.zeroing is None and without.zeroing_sum == 0.0
+    assert with_bp.zeroing is not None and with_bp.zeroing_sum == 4.0
+    np.testing.assert_array_equal(without.in_rows, with_bp.in_rows)
+    x = np.arange(24, dtype=np.float64).reshape(12, 2)
+    np.testing.assert_array_equal(forward(comp, x, without), forward(comp, x, with_bp))
+    with pytest.raises(ComputeError):
+        backward(comp, x, x, x, without)
+
+
 def test_backprop_truncation_other_row_order():
     comp = make("type=BackpropTruncationComponent dim=2 scale=2 zeroing-threshold=1 "
                 "zeroing-interval=2")

@@ -431,10 +431,11 @@ class ClipGradientComponent(_Dim):
 @dataclass
 class BackpropTruncationIndexes:
     """Precomputed for BackpropTruncation: ``zeroing[i]`` is -1.0 for output rows at a
-    zeroing boundary, else 0; ``in_rows[i]`` the input row of output row i (None when
-    the rows are in the same order)."""
+    zeroing boundary, else 0 (None, and ``zeroing_sum`` 0, when the computation has
+    no backprop for it: only the backprop reads them); ``in_rows[i]`` the input row
+    of output row i (None when the rows are in the same order)."""
 
-    zeroing: np.ndarray
+    zeroing: np.ndarray | None
     zeroing_sum: float
     in_rows: np.ndarray | None
 
@@ -559,14 +560,16 @@ class BackpropTruncationComponent(_Dim):
 
     def precompute_indexes(self, input_indexes, output_indexes,
                            need_backprop: bool) -> BackpropTruncationIndexes:
+        in_rows = match_rows(input_indexes, output_indexes)
+        if not need_backprop:
+            return BackpropTruncationIndexes(None, 0.0, in_rows)
         out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
         # Kaldi's test (t - n) // zi != (t - ri - n) // zi (floor division): with
         # m = (t - n) mod zi in [0, zi) and ri >= 1 it holds exactly when m < ri.
         boundary = np.mod(out[:, 1] - out[:, 0], self.zeroing_interval) \
             < self.recurrence_interval
         zeroing = np.subtract(0.0, boundary, dtype=np.float32)  # -1.0 or +0.0
-        return BackpropTruncationIndexes(zeroing, float(np.count_nonzero(boundary)),
-                                         match_rows(input_indexes, output_indexes))
+        return BackpropTruncationIndexes(zeroing, float(np.count_nonzero(boundary)), in_rows)
 
     def propagate(self, indexes, in_value, out_value):
         x = in_value if indexes is None or indexes.in_rows is None \
@@ -588,8 +591,9 @@ class BackpropTruncationComponent(_Dim):
         scales = 1 / np.sqrt(np.maximum(ratio, dt(1)))
         zthr = self.zeroing_threshold if self.zeroing_threshold > 0.0 else 1.0e10
         over = (norms_sq - dt(f32(zthr ** 2))) > 0
-        if indexes is None:
-            raise ComputeError("BackpropTruncationComponent needs precompute_indexes()")
+        if indexes is None or indexes.zeroing is None:
+            raise ComputeError("BackpropTruncationComponent needs precompute_indexes() "
+                               "with need_backprop")
         zero = over * indexes.zeroing  # -1 where zeroed
         if grad is not None:  # Kaldi's "to_update != NULL"
             self.num_clipped += float((ratio >= 1).sum())
