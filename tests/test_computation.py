@@ -56,10 +56,10 @@ def test_command_submatrices_includes_tables():
 def test_submatrix_is_an_immutable_named_tuple():
     """Made by the compiler's fast constructor or by name, a SubMatrix reads its
     fields by name and position, compares and hashes by value, and cannot change."""
-    from pynnet3.computation import SubMatrix, _new_submatrix
+    from pynnet3.computation import SubMatrix, make_submatrix
 
     sm = SubMatrix(1, 2, 3, 4, 5)
-    fast = _new_submatrix(1, 2, 3, 4, 5)
+    fast = make_submatrix(1, 2, 3, 4, 5)
     assert type(fast) is SubMatrix and fast == sm and hash(fast) == hash(sm)
     assert (sm.matrix, sm.row_offset, sm.num_rows, sm.col_offset, sm.num_cols) == tuple(sm)
     assert sm._replace(row_offset=6) == SubMatrix(1, 6, 3, 4, 5)

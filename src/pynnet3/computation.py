@@ -147,10 +147,10 @@ class SubMatrix(NamedTuple):
 _new_tuple = tuple.__new__
 
 
-def _new_submatrix(m: int, row_offset: int, num_rows: int, col_offset: int,
+def make_submatrix(m: int, row_offset: int, num_rows: int, col_offset: int,
                    num_cols: int) -> SubMatrix:
     """``SubMatrix(...)`` without the Python-level ``__new__`` of a NamedTuple (the
-    command compiler makes one per matrix and thousands more)."""
+    compiler, renumbering, merging and expansion make thousands)."""
     return _new_tuple(SubMatrix, (m, row_offset, num_rows, col_offset, num_cols))
 
 
@@ -175,7 +175,7 @@ class NnetComputation:
         m = len(matrices)
         matrices.append(MatrixInfo(rows, cols, node, is_deriv, indexes))
         self._whole[m] = len(submatrices)
-        submatrices.append(_new_submatrix(m, 0, rows, 0, cols))
+        submatrices.append(make_submatrix(m, 0, rows, 0, cols))
         return m
 
     def whole(self, m: int) -> int:
@@ -185,7 +185,7 @@ class NnetComputation:
     def new_submatrix(self, m: int, row_offset: int, num_rows: int, col_offset: int,
                       num_cols: int) -> int:
         submatrices = self.submatrices
-        submatrices.append(_new_submatrix(m, row_offset, num_rows, col_offset, num_cols))
+        submatrices.append(make_submatrix(m, row_offset, num_rows, col_offset, num_cols))
         return len(submatrices) - 1
 
     def add(self, cmd: Command) -> Command:

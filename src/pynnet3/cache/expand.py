@@ -38,13 +38,12 @@ shared), per table and per component, with no Python loop over rows.
 from __future__ import annotations
 
 import copy
-import operator
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
-from ..computation import CommandType, MatrixInfo, NnetComputation, SubMatrix
+from ..analysis.session import read_submatrices
+from ..computation import CommandType, MatrixInfo, NnetComputation, SubMatrix, make_submatrix
 from .stretch import ExpansionError, Stretcher, distinct_arrays, n_strides
 from .stretch import require as _check
 
@@ -52,7 +51,6 @@ CT = CommandType
 _MULTI = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
 _TO_MULTI = (CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
 _BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
-_ROW_FIELDS = operator.itemgetter(0, 1, 2)  # (matrix, row offset, rows) of a SubMatrix
 _COPIES = (CT.MATRIX_COPY, CT.MATRIX_ADD)
 _COMPONENT = (CT.PROPAGATE, *_BACKPROPS)
 _TABLED = (CT.COPY_ROWS, CT.ADD_ROWS, CT.ADD_ROW_RANGES, *_MULTI)
@@ -304,8 +302,7 @@ class ExpansionPlan:
         matrix (Kaldi's rule); it then runs from the new place of its first row
         (n = 0) to the new place of its last row taken at n = N - 1."""
         subs = self.mini.submatrices
-        arr = np.fromiter(chain.from_iterable(map(_ROW_FIELDS, subs)), np.int64,
-                          3 * len(subs)).reshape(-1, 3)
+        arr = read_submatrices(subs)[:, :3]  # (matrix, row offset, rows)
         arr[0] = (0, 0, 2)  # the empty submatrix: a harmless stand-in
         stride = self.stride[arr[:, 0]]
         first, last = arr[:, 1], arr[:, 1] + arr[:, 2] - 1
@@ -672,8 +669,7 @@ class ExpansionPlan:
 def _with_rows(subs: list[SubMatrix], offsets: list[int], rows: list[int]
                ) -> list[SubMatrix]:
     """``subs`` with new row offsets and row counts."""
-    new = tuple.__new__
-    return [new(SubMatrix, (s[0], o, r, s[3], s[4]))
+    return [make_submatrix(s[0], o, r, s[3], s[4])
             for s, o, r in zip(subs, offsets, rows, strict=True)]
 
 

@@ -41,7 +41,7 @@ import numpy as np
 from ..analysis.accesses import AccessType, build_access_table, property_cache
 from ..analysis.variables import matrix_sizes
 from ..components.base import Flags
-from ..computation import Command, NnetComputation, SubMatrix
+from ..computation import Command, NnetComputation, make_submatrix
 from ..computation import CommandType as CT
 from .options import OptimizeOptions
 
@@ -62,8 +62,6 @@ _CMD, _SUB, _ACC, _ZERO = range(4)
 _EVERYWHERE = (0, 1 << 62, 0, 1 << 62)
 # candidate kinds
 _ASSIGN, _PROPAGATE, _BACKPROP = range(3)
-
-_new_tuple = tuple.__new__
 
 
 class AccessIndex:
@@ -198,7 +196,7 @@ class _Merger(AccessIndex):
         subs, rects, sub_mat = self.c.submatrices, self.rects, self.sub_mat
         for s in self.moved_subs:
             r0, r1, c0, c1 = rects[s]
-            subs[s] = _new_tuple(SubMatrix, (sub_mat[s], r0, r1 - r0, c0, c1 - c0))
+            subs[s] = make_submatrix(sub_mat[s], r0, r1 - r0, c0, c1 - c0)
 
     # -- the sweep -------------------------------------------------------------------
     def _candidates(self, copies: list[int]) -> list[list]:

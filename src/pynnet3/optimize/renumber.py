@@ -26,7 +26,7 @@ import numpy as np
 
 from ..analysis.session import current_session, read_submatrices
 from ..analysis.variables import matrix_sizes, submatrix_array
-from ..computation import SUBMATRIX_FIELDS, Command, NnetComputation, SubMatrix
+from ..computation import SUBMATRIX_FIELDS, Command, NnetComputation, make_submatrix
 from ..computation import CommandType as CT
 
 #: the id fields, in the columns of the id array renumbering reads them into
@@ -62,7 +62,6 @@ _READERS = tuple((attrgetter(*fields), [_COL[f] for f in fields]) if fields else
                  for _, fields, _ in _GROUPS)
 _TABLE_KIND = np.array([kind for _, _, kind in _GROUPS], dtype=np.int8)
 _TYPE = attrgetter("type")
-_new_tuple = tuple.__new__
 
 
 def _first_occurrences(arr: np.ndarray) -> np.ndarray:
@@ -173,7 +172,7 @@ def renumber(c: NnetComputation) -> None:
     if moved.any():
         for j, m in zip(np.flatnonzero(moved).tolist(), new_mat[moved].tolist(), strict=True):
             sm = new_subs[j]
-            new_subs[j] = _new_tuple(SubMatrix, (m, sm[1], sm[2], sm[3], sm[4]))
+            new_subs[j] = make_submatrix(m, sm[1], sm[2], sm[3], sm[4])
     c.submatrices = new_subs
 
     # the whole-matrix submatrix of each matrix: the first such one, else a new one
