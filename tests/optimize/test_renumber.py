@@ -1,8 +1,9 @@
 """Renumbering (optimize/renumber.py) against a plain per-object reference written
 here, the command-field contract it relies on, and the driver's shortcuts (no
 renumbering after passes that keep every reference; only dropping no-ops after
-passes that only drop commands or that return KeptReferences) against renumbering
-after every changing pass."""
+passes that only drop commands or that return KeptReferences; one renumbering for
+several passes that tolerate a computation not renumbered yet) against
+renumbering after every changing pass."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pynnet3.optimize.pipeline import (
     KEEPS_REFERENCES,
     ONLY_DROPS_COMMANDS,
     ONLY_LEAVES_UNUSED,
+    TOLERATES_PENDING,
     KeptReferences,
     OptimizationPass,
     _builtin,
@@ -169,6 +171,9 @@ _VARIANTS = {
     "swaps_and_compression": OptimizeOptions(allocate_from_other_peak_aware=False,
                                              memory_compression_level=2),
     "no_merging": OptimizeOptions(allow_left_merge=False, allow_right_merge=False),
+    # limit_derivative_times changes much before remove_dead_input_derivatives,
+    # which does not tolerate a computation left unrenumbered
+    "deriv_limited": OptimizeOptions(max_deriv_time=2, min_deriv_time=-2),
 }
 
 
@@ -212,9 +217,44 @@ def test_driver_shortcuts_change_nothing(which, variant):
     assert dump(c) == dump(naive)
 
 
+@pytest.mark.parametrize("seed", range(0, 40, 3))
+def test_driver_shortcuts_change_nothing_on_random_networks(seed):
+    from pynnet3.testing import case_for_seed
+
+    case = case_for_seed(seed)
+    nnet = pynnet3.Nnet.from_config(case.config, seed=case.nnet_seed)
+    c = compile_computation(nnet, case.request)
+    naive = _copy(c)
+    _naive_pipeline(naive, nnet, OptimizeOptions())
+    pynnet3.optimize.optimize(c, nnet, OptimizeOptions())
+    assert dump(c) == dump(naive)
+
+
+def test_driver_renumbers_once_for_several_passes(monkeypatch):
+    """Not vacuous above: on a training computation the driver renumbers fewer
+    times than there are passes that leave work for renumbering, and a report
+    (which shows each pass's result) brings back renumbering after each."""
+    import pynnet3.optimize.renumber as renumber_module
+
+    calls = []
+    real = renumber_module.renumber
+    monkeypatch.setattr(renumber_module, "renumber", lambda c: calls.append(1) or real(c))
+    nnet, c = _case("realistic/tdnn_lstm/train")
+    eager = _copy(c)
+    pynnet3.optimize.optimize(c, nnet, OptimizeOptions())
+    lazy_calls = len(calls)
+    calls.clear()
+    pynnet3.optimize.optimize(eager, nnet, OptimizeOptions(),
+                              report=pynnet3.optimize.OptimizeReport())
+    assert dump(c) == dump(eager)
+    assert 1 <= lazy_calls < len(calls)
+
+
 def test_shortcut_passes_are_the_builtin_ones():
     names = {_builtin(p) for p in PIPELINE}
     assert KEEPS_REFERENCES <= names and ONLY_DROPS_COMMANDS <= names
+    assert TOLERATES_PENDING <= names
+    assert "dead_derivs.remove_dead_input_derivatives" not in TOLERATES_PENDING
     assert ONLY_LEAVES_UNUSED <= names
     assert {p.name for p in PIPELINE if _builtin(p) in ONLY_LEAVES_UNUSED} == {"extend_matrices"}
     assert {p.name for p in PIPELINE if _builtin(p) in KEEPS_REFERENCES} == \

@@ -13,7 +13,11 @@ unoptimized runs agree to float rounding, and the checker
 
 A pass that knows its edits leave the commands naming the same objects may say
 so by returning its description as :class:`KeptReferences`; the driver then only
-drops the no-ops instead of renumbering.
+drops the no-ops instead of renumbering. Built-in passes that work the same on a
+computation not yet renumbered (``TOLERATES_PENDING``) run before the pending
+renumbering, so one renumbering serves several passes (until no-ops pile up);
+a user's pass always gets a renumbered computation, and so does every pass when
+a report or the checker looks at each pass's result.
 
 Users add passes with :func:`register_pass`; each pass names the predicate on
 :class:`OptimizeOptions` that enables it.
@@ -25,8 +29,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..analysis.accesses import command_types
 from ..analysis.session import analysis_session
-from ..computation import NnetComputation
+from ..computation import CommandType, NnetComputation
 from ..errors import PynnetError
 from ..gcpause import gc_paused
 from .options import OptimizeOptions
@@ -142,6 +147,24 @@ ONLY_DROPS_COMMANDS = frozenset({"sizing.remove_unnecessary_allocation",
 #: extension: the submatrices its copies no longer use); a later renumber drops
 #: them, so none runs right after such a pass
 ONLY_LEAVES_UNUSED = frozenset({"extend.extend_matrices"})
+#: passes whose result, once renumbered, is the same whether or not the computation
+#: they got had been renumbered after the previous passes (they skip no-ops and
+#: take no decision from the numbering or from unreferenced objects): the driver
+#: runs them on a computation that still has the no-ops and unreferenced objects
+#: of earlier passes and renumbers once for several passes. Not
+#: remove_dead_input_derivatives: its analysis adds whole-matrix submatrices in
+#: an order that renumbering would have fixed first. (tests/optimize/
+#: test_renumber.py compares with renumbering after every pass.)
+TOLERATES_PENDING = frozenset({
+    "deriv_time.limit_derivative_times", "model_update.consolidate_model_update",
+    "addition.convert_addition_to_assignment", "row_ops.snip_row_ops",
+    "row_ops.split_row_ops", "row_ops.replace_row_with_matrix_ops",
+    "splice.splice_free_affine", "extend.extend_matrices", "merging.variable_merging",
+    "zeroing.remove_unnecessary_zeroing", "sizing.move_sizing_commands",
+    "looped.optimize_looped_computation", "sizing.remove_unnecessary_allocation",
+    "io_ops.consolidate_io_operations", "looped.fix_goto_label",
+    "outputs.free_provided_outputs", "noops.remove_needless_noops",
+    "compression.optimize_memory_compression"})
 
 
 def _builtin(p: OptimizationPass) -> str | None:
@@ -172,22 +195,32 @@ def _run(computation: NnetComputation, nnet, options: OptimizeOptions,
          report: OptimizeReport | None, check: bool, passes: list[OptimizationPass]) -> None:
     from .renumber import drop_noops, renumber
 
-    renumbered = False  # the computation is as renumber left it
+    cleanups = (None, drop_noops, renumber)  # by _PENDING value
+    # a report or the checker looks at each pass's result: clean it up right away
+    eager = report is not None or check
+    pending = _CLEAN
+    fresh = True  # not renumbered since compiled (or since an ONLY_LEAVES_UNUSED pass)
     for p in passes:
         if not p.enabled(options):
             continue
         t0 = time.perf_counter()
+        kind = _builtin(p)
+        if pending and (kind not in TOLERATES_PENDING or _mostly_noops(computation)):
+            cleanups[pending](computation)
+            pending = _CLEAN
         changed = p.fn(computation, nnet, options) or ""
         if changed:
-            kind = _builtin(p)
-            if renumbered and (kind in ONLY_DROPS_COMMANDS
-                               or isinstance(changed, KeptReferences)):
-                drop_noops(computation)
-            elif kind in ONLY_LEAVES_UNUSED:
-                renumbered = False
-            elif not renumbered or kind not in KEEPS_REFERENCES:
-                renumber(computation)
-                renumbered = True
+            if kind in ONLY_LEAVES_UNUSED:
+                fresh = True
+            elif fresh:
+                pending, fresh = _RENUMBER, False
+            elif kind in ONLY_DROPS_COMMANDS or isinstance(changed, KeptReferences):
+                pending = max(pending, _DROP)
+            elif kind not in KEEPS_REFERENCES:
+                pending = _RENUMBER
+            if eager and pending:
+                cleanups[pending](computation)
+                pending = _CLEAN
         dt = time.perf_counter() - t0
         if check:
             from ..analysis.checker import check_computation
@@ -195,3 +228,18 @@ def _run(computation: NnetComputation, nnet, options: OptimizeOptions,
             check_computation(computation, nnet, context=f"after pass {p.name!r}")
         if report is not None:
             report.passes.append(_snapshot(p.name, computation, changed, dt))
+    if pending:
+        cleanups[pending](computation)
+
+
+# what the computation needs before a pass that wants it as renumbering leaves it
+_CLEAN, _DROP, _RENUMBER = range(3)
+_NOOP = CommandType.NO_OPERATION
+#: a pending cleanup runs before a tolerant pass too once this share of the
+#: commands are no-ops: every pass scans the commands, and renumbering costs
+#: about as much as one scan
+_NOOP_SHARE = 8
+
+
+def _mostly_noops(c: NnetComputation) -> bool:
+    return command_types(c).count(_NOOP) * _NOOP_SHARE >= len(c.commands)
