@@ -3,6 +3,7 @@ context and recurrence, compared with what Kaldi made of the same configs."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -373,3 +374,35 @@ output-node name=output input=a2
     nnet.read_config("output-node name=output input=affine\n")
     assert nnet.context() == (0, 0)
     assert copy.context() == (2, 1)
+
+
+def test_context_cache_survives_a_replaced_component_at_a_reused_address():
+    """A component replaced by a new object is seen even when the new one lands at
+    the old one's address (CPython reuses freed memory at once): the cache keeps
+    the objects it was computed for, so their ids stay taken."""
+    config = """\
+input-node name=input dim=4
+component name=tdnn type=TdnnComponent input-dim=4 output-dim=3 time-offsets=-1,0,1
+component-node name=tdnn component=tdnn input=input
+output-node name=output input=tdnn
+"""
+    nnet = Nnet.from_config(config)
+    assert nnet.context() == (1, 1)
+    wider = Nnet.from_config(config.replace("-1,0,1", "-3,0,2")).components["tdnn"]
+    for _ in range(50):  # try to make the replacement reuse the old address
+        old_id = id(nnet.components["tdnn"])
+        nnet.components["tdnn"] = None
+        replacement = copy.deepcopy(wider)
+        nnet.components["tdnn"] = replacement
+        assert nnet.context() == (3, 2), id(replacement) == old_id
+        nnet.components["tdnn"] = copy.deepcopy(
+            Nnet.from_config(config).components["tdnn"])
+        assert nnet.context() == (1, 1)
+
+
+def test_node_lookup():
+    nnet = Nnet.from_config(BASE)
+    assert nnet.node("affine").name == "affine" and nnet.has_node("affine")
+    assert not nnet.has_node("nope")
+    with pytest.raises(GraphError, match="nope"):
+        nnet.node("nope")

@@ -164,13 +164,13 @@ class Nnet:
 
     # -- queries -------------------------------------------------------------------
     def node(self, name: str) -> Node:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise GraphError(f"no node named {name!r}")
+        n = self.node_map.get(name)
+        if n is None:
+            raise GraphError(f"no node named {name!r}")
+        return n
 
     def has_node(self, name: str) -> bool:
-        return any(n.name == name for n in self.nodes)
+        return name in self.node_map
 
     @property
     def node_map(self) -> dict[str, Node]:
@@ -245,14 +245,15 @@ class Nnet:
 
         Cached; the cache is keyed on the node lines and the component objects, so
         that adding or replacing nodes or components (``read_config``, rewrites)
-        never returns a stale context."""
+        never returns a stale context. (The cache holds the components it was
+        computed for: while it does, no new object can take one's id.)"""
         key = (tuple(n.config_line() for n in self.nodes),
                tuple((name, id(c)) for name, c in self.components.items()))
         cached = getattr(self, "_context_cache", None)
         if cached is None or cached[0] != key:
             from .compiler.context import compute_simple_context
 
-            cached = (key, compute_simple_context(self))
+            cached = (key, compute_simple_context(self), tuple(self.components.values()))
             object.__setattr__(self, "_context_cache", cached)
         return cached[1]
 
