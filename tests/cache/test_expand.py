@@ -245,7 +245,9 @@ def test_stretched_precomputed_objects_equal_recomputed_ones():
     expanded indexes (same type, fields and array bytes)."""
     import dataclasses
 
-    seen = runs = 0
+    from pynnet3.components.statistics import RangeIndexes
+
+    seen = runs = ranges = 0
     for plan, _ in _plans(range(300)):
         for num_n in (2, 5):
             expanded = plan.stretcher.expand(num_n)
@@ -266,6 +268,7 @@ def test_stretched_precomputed_objects_equal_recomputed_ones():
                     runs += got.starts is not None
                     seen += 1
                     continue
+                ranges += isinstance(got, RangeIndexes)
                 for f in dataclasses.fields(want):
                     a, b = getattr(got, f.name), getattr(want, f.name)
                     if isinstance(b, np.ndarray):
@@ -276,3 +279,27 @@ def test_stretched_precomputed_objects_equal_recomputed_ones():
                 seen += 1
     assert seen > 0, "no component with the hook among the random networks"
     assert runs > 0, "no stretched object made from run starts alone"
+    assert ranges > 0, "no statistics ranges stretched"
+
+
+def test_statistics_ranges_not_sequence_major_or_across_sequences_are_not_stretched():
+    """stretch_range_indexes takes only sequence-major rows whose windows stay in
+    one sequence; anything else is left to precompute_indexes."""
+    from pynnet3.cache.expand import RowMapStretch
+    from pynnet3.components.statistics import RangeIndexes, stretch_range_indexes
+
+    s_in = s_out = 3
+    perm = np.arange(6, dtype=np.int64)
+    lo = np.array([0, 0, 1, 3, 3, 4], dtype=np.int64)
+    hi = lo + 2 - (np.arange(6) % 3 == 2)
+    good = RangeIndexes(perm, lo, hi, 6)
+    bound = RowMapStretch(6, s_in, 6, s_out).bind(4)
+    got = stretch_range_indexes(good, bound)
+    assert got is not None and got.num_input_rows == 12
+    np.testing.assert_array_equal(got.perm, np.arange(12))
+    np.testing.assert_array_equal(got.lo, np.concatenate([lo[:3] + 3 * k for k in range(4)]))
+    np.testing.assert_array_equal(got.hi, np.concatenate([hi[:3] + 3 * k for k in range(4)]))
+    across = RangeIndexes(perm, lo, np.where(np.arange(6) == 2, 4, hi), 6)  # n=0 window into n=1
+    assert stretch_range_indexes(across, bound) is None
+    interleaved = RowMapStretch(6, 1, 6, 1).bind(4)  # (3, 2, 1) layouts: n innermost
+    assert stretch_range_indexes(good, interleaved) is None

@@ -125,7 +125,9 @@ class RowMapStretch:
     on n only through "the same sequence" (like a time offset's). ``stretch_rows``
     returns None for a map without the form above; ``stretch_rows.run_starts(rows)``
     gives, without building the stretched map, the first row of each map when each
-    stretches to one contiguous run of rows (else None)."""
+    stretches to one contiguous run of rows (else None); ``stretch_rows.in_layout``
+    / ``out_layout`` / ``num_n`` tell the layouts and N, for objects that are not
+    row maps (the statistics components' ranges)."""
 
     def __init__(self, in_rows: int, in_stride: int, out_rows: int, out_stride: int):
         self.in_rows, self.in_stride = in_rows, in_stride
@@ -212,6 +214,19 @@ class BoundRowMapStretch:
 
     def run_starts(self, rows: np.ndarray) -> tuple[int, ...] | None:
         return self.stretch.run_starts(rows, self.num_n)
+
+    @property
+    def in_layout(self) -> tuple[int, int]:
+        """(O, S) of the component's input rows: ``(O, 2, S)`` in the mini
+        computation, ``(O, N, S)`` expanded."""
+        st = self.stretch
+        return st.in_rows // (2 * st.in_stride), st.in_stride
+
+    @property
+    def out_layout(self) -> tuple[int, int]:
+        """(O, S) of the component's output rows, as :attr:`in_layout`."""
+        st = self.stretch
+        return st.out_rows // (2 * st.out_stride), st.out_stride
 
 
 @dataclass

@@ -75,6 +75,43 @@ class RangeIndexes:
         return out
 
 
+def stretch_range_indexes(mini: RangeIndexes, stretch_rows) -> RangeIndexes | None:
+    """:func:`window_ranges` for N sequences from the two-sequence object, when
+    the input and output rows are sequence-major (``(1, 2, S)``: what sorting by
+    ``(n, x, t)`` gives) and each sequence's windows hold rows of that sequence
+    only: ``perm`` is then the n = 0 part repeated with each sequence's row
+    offset, and ``lo`` / ``hi`` the n = 0 ranges moved by one part per sequence
+    (every sequence has the same (t, x), so the same sorted order and windows).
+    None when ``mini`` has another form (the caller computes it instead).
+    ``stretch_rows``: the expansion's :class:`~pynnet3.cache.expand.RowMapStretch`
+    for N, read for its layouts and N only."""
+    (o_in, s_in), (o_out, s_out) = stretch_rows.in_layout, stretch_rows.out_layout
+    perm, lo, hi = mini.perm, mini.lo, mini.hi
+    m = len(perm) // 2
+    if o_in != 1 or o_out != 1 or mini.num_input_rows != 2 * s_in \
+            or len(perm) != 2 * m or len(lo) != 2 * s_out:
+        return None
+    head = perm[:m]
+    lo0, hi0 = lo[:s_out], hi[:s_out]
+    if not (np.array_equal(perm[m:], head + s_in) and (head < s_in).all()
+            and np.array_equal(lo[s_out:], lo0 + m) and np.array_equal(hi[s_out:], hi0 + m)
+            and (lo0 >= 0).all() and (hi0 <= m).all()):
+        return None
+    num_n = stretch_rows.num_n
+    seq = np.arange(num_n, dtype=np.int64)[:, None]
+    return RangeIndexes((head + seq * s_in).ravel(), (lo0 + seq * m).ravel(),
+                        (hi0 + seq * m).ravel(), num_n * s_in)
+
+
+def _stretch_precomputed(self, mini_indexes, input_indexes, output_indexes,
+                         need_backprop: bool, stretch_rows) -> RangeIndexes | None:
+    """The statistics components' shortcut-expansion hook: :func:`stretch_range_indexes`
+    (None: then ``precompute_indexes`` runs)."""
+    if not isinstance(mini_indexes, RangeIndexes):
+        return None
+    return stretch_range_indexes(mini_indexes, stretch_rows)
+
+
 def _nx_groups(input_indexes: np.ndarray, output_indexes: np.ndarray):
     """Ids of the ``(n, x)`` pairs, shared by inputs and outputs, in ``(n, x)``
     order (only their order matters): positions in the pairs' bounding box where
@@ -298,6 +335,8 @@ class StatisticsExtractionComponent(Component):
         return window_ranges(input_indexes, out, first, first + self.output_period - 1,
                              self.input_period, self.type_name)
 
+    stretch_precomputed = _stretch_precomputed
+
     # -- math ------------------------------------------------------------------------
     def propagate(self, indexes: RangeIndexes, in_value, out_value):
         d = self._input_dim
@@ -480,6 +519,8 @@ class StatisticsPoolingComponent(Component):
         return window_ranges(input_indexes, out, out[:, 1] - self.left_context,
                              out[:, 1] + self.right_context, self.input_period,
                              self.type_name)
+
+    stretch_precomputed = _stretch_precomputed
 
     # -- math ------------------------------------------------------------------------
     def propagate(self, indexes: RangeIndexes, in_value, out_value):
