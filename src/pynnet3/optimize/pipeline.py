@@ -195,7 +195,7 @@ def _run(computation: NnetComputation, nnet, options: OptimizeOptions,
          report: OptimizeReport | None, check: bool, passes: list[OptimizationPass]) -> None:
     from .renumber import drop_noops, renumber
 
-    cleanups = (None, drop_noops, renumber)  # by _PENDING value
+    cleanups = (None, drop_noops, renumber)  # indexed by the pending state below
     # a report or the checker looks at each pass's result: clean it up right away
     eager = report is not None or check
     pending = _CLEAN
@@ -242,4 +242,5 @@ _NOOP_SHARE = 8
 
 
 def _mostly_noops(c: NnetComputation) -> bool:
+    """At least 1/_NOOP_SHARE of the commands are NO_OPERATION."""
     return command_types(c).count(_NOOP) * _NOOP_SHARE >= len(c.commands)
