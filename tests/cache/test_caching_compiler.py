@@ -355,3 +355,109 @@ def test_replaced_component_empties_the_cache():
     b = cc.compile(_req())
     assert b is not a and cc.info()["invalidations"] == 1
     assert cc.compile(_req()) is b
+
+
+# -- regressions: entries that must not be shared or kept ----------------------------------
+
+_BT = (
+    "input-node name=input dim=2\n"
+    "component name=bt type=BackpropTruncationComponent dim=2 clipping-threshold=0 "
+    "zeroing-threshold=0.001 zeroing-interval=4 recurrence-interval=1\n"
+    "component-node name=bt component=bt input=input\n"
+    "output-node name=output input=bt\n")
+
+
+@pytest.mark.parametrize("n0", [0, 1])
+def test_absolute_n_network_expands_only_from_n0_zero(n0):
+    """BackpropTruncation zeroes derivative rows by (t - n): the shortcut, which
+    numbers the expanded sequences 0 .. N-1, is exact only for requests from n = 0
+    (others compile in full); both give the direct compilation's derivatives."""
+    nnet = pynnet3.Nnet.from_config(_BT, seed=0)
+    req = request({"input": frames(4, 0, 8, n0=n0)}, {"output": frames(4, 0, 8, n0=n0)},
+                  input_deriv=True, output_deriv=True)
+    cc = CachingCompiler(nnet)
+    comp = cc.compile(req)
+    assert cc.info()["shortcut"] == (1 if n0 == 0 else 0)
+    inputs, derivs = random_data(nnet, req)
+    got = run_on_copy(nnet, comp, inputs, derivs)
+    want = run_on_copy(nnet, pynnet3.compile(nnet, req), inputs, derivs)
+    zeroed = (want.input_derivs["input"] == 0).all(axis=1)
+    assert zeroed.any() and not zeroed.all()  # the test exercises the zeroing
+    assert_same_results(got, want)
+
+
+def test_absolute_derivative_times_switch_off_the_time_shift():
+    """min_deriv_time is an absolute time: a request shifted in time is not the
+    same computation, so it must not share the unshifted request's entry."""
+    nnet = _tdnn()
+    opts = pynnet3.OptimizeOptions(min_deriv_time=3)
+    cc = CachingCompiler(nnet, optimize=opts)
+    assert cc.policy().t_period == 0
+    assert CachingCompiler(nnet, optimize=pynnet3.OptimizeOptions(
+        max_deriv_time_relative=2)).policy().t_period != 0  # relative: shifts with t
+    cc.compile(_req(t0=0, t1=6, deriv=True))
+    shifted = request({"input": frames(1, 7, 19)}, {"output": frames(1, 10, 16)},
+                      input_deriv=True, output_deriv=True, model=True)
+    comp = cc.compile(shifted)
+    assert cc.info()["misses"] == 2
+    inputs, derivs = random_data(nnet, shifted)
+    assert_same_results(run_on_copy(nnet, comp, inputs, derivs),
+                        run_on_copy(nnet, pynnet3.compile(nnet, shifted, optimize=opts),
+                                    inputs, derivs))
+
+
+_TDNN_COMPONENT = """
+input-node name=input dim=3
+component name=a type=TdnnComponent input-dim=3 output-dim=3 time-offsets={}
+component-node name=a component=a input=input
+output-node name=output input=a
+"""
+
+
+def test_build_overtaken_by_a_network_change_is_not_stored():
+    """A compile that began before the network changed, and ends after another
+    call emptied the cache for the change, must not store its stale computation."""
+    nnet = pynnet3.Nnet.from_config(_TDNN_COMPONENT.format("-1,0,1"), seed=1)
+    other = pynnet3.Nnet.from_config(_TDNN_COMPONENT.format("-2,0,2"), seed=1)
+    cc = CachingCompiler(nnet, use_shortcut=False)
+    compiled, resume = threading.Event(), threading.Event()
+    optimize = cc._optimize
+
+    def paused(comp):
+        if threading.current_thread().name == "slow":
+            compiled.set()
+            resume.wait(10)
+        return optimize(comp)
+
+    cc._optimize = paused
+    req = _req(t1=6)
+    slow = threading.Thread(target=cc.compile, args=(req,), name="slow")
+    slow.start()
+    assert compiled.wait(10)
+    nnet.components["a"] = other.components["a"]  # the network changes meanwhile
+    cc.compile(_req(t1=5))  # another call sees the change and empties the cache
+    resume.set()
+    slow.join()
+    comp = cc.compile(req)
+    assert cc.info()["hits"] == 0  # compiled again, for the current network
+    inputs, derivs = random_data(nnet, req)
+    assert_same_results(run_on_copy(nnet, comp, inputs, derivs),
+                        run_on_copy(nnet, pynnet3.compile(nnet, req), inputs, derivs))
+
+
+def test_save_drops_entries_of_a_changed_network(tmp_path):
+    """save() right after the network changed (no compile between) writes no entry
+    made for the old network under the new network's fingerprint."""
+    nnet = pynnet3.Nnet.from_config(_TDNN_COMPONENT.format("-1,0,1"), seed=1)
+    cc = CachingCompiler(nnet)
+    req = _req(t1=6)
+    cc.compile(req)
+    nnet.read_config("component name=a type=TdnnComponent input-dim=3 output-dim=3 "
+                     "time-offsets=-2,0,2\n")
+    cc.save(tmp_path / "c")
+    fresh = CachingCompiler(nnet)
+    assert fresh.load(tmp_path / "c") == 0
+    comp = fresh.compile(req)
+    inputs, derivs = random_data(nnet, req)
+    assert_same_results(run_on_copy(nnet, comp, inputs, derivs),
+                        run_on_copy(nnet, pynnet3.compile(nnet, req), inputs, derivs))

@@ -105,6 +105,9 @@ class CachingCompiler:
         self._serial = 0
         self._inflight: dict[tuple, threading.Event] = {}
         self._stamp: tuple | None = None
+        # bumped when a network change empties the cache: a build that began
+        # before it does not store its (stale) result
+        self._generation = 0
         self._policy = ShiftPolicy(False, 0)
         self._reset_counters()
 
@@ -216,7 +219,8 @@ class CachingCompiler:
                 self._entries.clear()
                 self._buckets.clear()
                 self._counts["invalidations"] += 1
-            self._policy = shift_policy(self.nnet)
+                self._generation += 1
+            self._policy = shift_policy(self.nnet, self.options)
             self._stamp = self.network_stamp()
 
     def _lookup(self, rk: RequestKey):
@@ -243,20 +247,27 @@ class CachingCompiler:
                 if owner:
                     event = self._inflight[rk.key] = threading.Event()
                     self._counts["misses"] += 1
+                    generation = self._generation
             if not owner:
                 event.wait()
                 continue  # the owner stored it (or failed / compiled another request)
             try:
                 value = build()
-                self._store(rk.key, [a.copy() for a in rk.arrays], rk.shift, value)
+                self._store(rk.key, [a.copy() for a in rk.arrays], rk.shift, value,
+                            generation)
                 return value
             finally:
                 with self._lock:
                     del self._inflight[rk.key]
                 event.set()
 
-    def _store(self, key: tuple, arrays: list, shift: tuple, value) -> None:
+    def _store(self, key: tuple, arrays: list, shift: tuple, value,
+               generation: int | None = None) -> None:
+        """Add an entry (not when ``generation``, the one its build began in, has
+        passed: it was made for the network before a change)."""
         with self._lock:
+            if generation is not None and generation != self._generation:
+                return
             self._serial += 1
             self._entries[self._serial] = _Entry(key, arrays, shift, value)
             self._buckets.setdefault(key, []).append(self._serial)
@@ -277,7 +288,11 @@ class CachingCompiler:
     def _build_unpaused(self, request) -> NnetComputation:
         if self.use_shortcut:
             layouts = request_layouts(request)
-            mini = mini_request(request, layouts)
+            # The mini request is numbered from n = 0, and expansion numbers the
+            # sequences 0 .. N-1: exact for other first n only where the network
+            # ignores absolute n (Kaldi's shortcut also wants n from 0).
+            mini = mini_request(request, layouts) if self._policy.n_shift or (
+                layouts and layouts[0] is not None and layouts[0].n0 == 0) else None
             if mini is not None:
                 comp = self._shortcut(request, mini, layouts[0].num_n)
                 if comp is not None:

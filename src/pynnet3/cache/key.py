@@ -19,8 +19,9 @@ Offsets. The key is taken relative to a global ``(n, t)`` offset of the request
 only when that is provably harmless (see :func:`shift_policy`): descriptors and
 components never look at absolute ``n`` (except BackpropTruncation's staggered
 zeroing), and a time shift is harmless when it is a multiple of the network's
-time period (Round / Switch moduli, component periods) and no descriptor pins
-time with ``ReplaceIndex(.., t, c)``. Two requests that differ only by such a
+time period (Round / Switch moduli, component periods), no descriptor pins
+time with ``ReplaceIndex(.., t, c)`` and the optimizer options pin no absolute
+time (``min_deriv_time`` / ``max_deriv_time``). Two requests that differ only by such a
 shift share one cache entry; that entry's ``MatrixInfo.indexes`` and ``request``
 name the times and sequence numbers of the request that compiled it. The runtime
 never reads absolute indexes, so running the shared computation is exact.
@@ -83,8 +84,9 @@ def _pins_time(e) -> bool:
     return False
 
 
-def shift_policy(nnet) -> ShiftPolicy:
-    """What offsets are safe to canonicalize away for ``nnet`` (see module doc)."""
+def shift_policy(nnet, options=None) -> ShiftPolicy:
+    """What offsets are safe to canonicalize away for ``nnet`` compiled with the
+    OptimizeOptions ``options`` (see module doc)."""
     n_ok, t_ok, period = True, True, max(1, nnet.modulus())
     for comp in nnet.components.values():
         name = comp.type_name
@@ -103,6 +105,9 @@ def shift_policy(nnet) -> ShiftPolicy:
     for node in nnet.nodes:
         if node.descriptor is not None and any(_pins_time(p) for p in node.descriptor.parts):
             t_ok = False
+    if options is not None and (options.min_deriv_time is not None
+                                or options.max_deriv_time is not None):
+        t_ok = False  # absolute times: a shifted request keeps other derivatives
     return ShiftPolicy(n_ok, period if t_ok else 0)
 
 
