@@ -191,3 +191,28 @@ def test_default_pipeline():
     c0 = pynnet3.compile(nnet, req, optimize=False)
     mc.assert_same_results(mc.run(nnet, c0, inputs, derivs, backend="numpy"),
                            mc.run(nnet, c, inputs, derivs))
+
+
+@pytest.mark.parametrize("seed", [692])
+def test_partly_written_matrix_is_not_compressed(seed):
+    """Compression reads the whole matrix: one with a part that the forward pass
+    has not written (random networks whose component inputs are filled partly
+    only) is left alone, and the pipeline's result passes the checker at level 2."""
+    from pynnet3.analysis.checker import check_computation
+    from pynnet3.testing import case_for_seed
+
+    case = case_for_seed(seed)
+    nnet, rq = case.build_nnet(), case.request
+    specs = rq.inputs + rq.outputs
+    n_keep = min(set.intersection(*[set(s.indexes[:, 0].tolist()) for s in specs]))
+    made = []
+    for s in specs:
+        one = s.indexes[s.indexes[:, 0] == n_keep]
+        one = one[np.lexsort((one[:, 2], one[:, 1]))]
+        made.append(pynnet3.IoSpecification(
+            s.name, np.concatenate([one + [n - n_keep, 0, 0] for n in range(3)]), True))
+    k = len(rq.inputs)
+    req = pynnet3.ComputationRequest(made[:k], made[k:], True, False)
+    c = pynnet3.compile(nnet, req, optimize=_level(2), check=True)
+    check_computation(c, nnet)
+    assert _compressed(c)  # the other matrices still are

@@ -73,7 +73,7 @@ def optimize_memory_compression(c: NnetComputation, nnet, options=None) -> str:
         fwd, bwd = int(acc_cmd[j - 1]), int(acc_cmd[j])
         last = k[m] == num[m] - 1
         plan = _plan_matrix(c, nnet, m, fwd, bwd, int(acc_type[j]), bool(last), level)
-        if plan is not None:
+        if plan is not None and _defined_by(a, m, fwd):
             plans.append(plan)
     if not plans:
         return ""
@@ -113,6 +113,18 @@ def _plan_matrix(c: NnetComputation, nnet, m: int, fwd: int, bwd: int, bwd_acces
     if level >= 2:
         return fwd, bwd, m, INT16, 10.0
     return None
+
+
+def _defined_by(a: Analyzer, m: int, fwd: int) -> bool:
+    """Every part (variable) of matrix ``m`` has been written by command ``fwd``:
+    compression reads the whole matrix, so a part that only the backward pass
+    fills (a merged or reused matrix) would be read undefined."""
+    va = a.variable_accesses
+    for v in a.variables.matrix_variables(m).tolist():
+        cmds, accs = va.of(v)
+        if not ((cmds <= fwd) & ((accs & AccessType.WRITE) != 0)).any():
+            return False
+    return True
 
 
 def _relu_reads_only_output(c: NnetComputation, nnet, cmd: Command, m: int) -> bool:
