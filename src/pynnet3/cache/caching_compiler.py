@@ -105,7 +105,7 @@ class CachingCompiler:
         self._serial = 0
         self._inflight: dict[tuple, threading.Event] = {}
         self._stamp: tuple | None = None
-        # bumped when a network change empties the cache: a build that began
+        # bumped when the cache is emptied (clear(), a network change): a build that began
         # before it does not store its (stale) result
         self._generation = 0
         self._policy = ShiftPolicy(False, 0)
@@ -136,10 +136,12 @@ class CachingCompiler:
             return out
 
     def clear(self) -> None:
-        """Forget every entry (counters are kept)."""
+        """Forget every entry (counters are kept; a compile already under way does
+        not store its result)."""
         with self._lock:
             self._entries.clear()
             self._buckets.clear()
+            self._generation += 1
 
     def __len__(self) -> int:
         return len(self._entries)
