@@ -37,6 +37,7 @@ import numpy as np
 
 from ..analysis import AccessType, Analyzer
 from ..analysis.accesses import command_types
+from ..analysis.variables import matrix_sizes
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
 from ..runtime.compression import INT16, UINT8
@@ -68,12 +69,17 @@ def optimize_memory_compression(c: NnetComputation, nnet, options=None) -> str:
     num = np.diff(ptr)
     cand = (k > 0) & (k < num) & ~a.table.is_output
     cand[0] = False
+    full_write = None
     for m in np.flatnonzero(cand).tolist():
         j = int(ptr[m] + k[m])
         fwd, bwd = int(acc_cmd[j - 1]), int(acc_cmd[j])
         last = k[m] == num[m] - 1
         plan = _plan_matrix(c, nnet, m, fwd, bwd, int(acc_type[j]), bool(last), level)
-        if plan is not None and _defined_by(a, m, fwd):
+        if plan is None:
+            continue
+        if full_write is None:
+            full_write = _first_full_writes(c, a)
+        if full_write[m] <= fwd or _defined_by(a, m, fwd):
             plans.append(plan)
     if not plans:
         return ""
@@ -115,10 +121,26 @@ def _plan_matrix(c: NnetComputation, nnet, m: int, fwd: int, bwd: int, bwd_acces
     return None
 
 
+def _first_full_writes(c: NnetComputation, a: Analyzer) -> np.ndarray:
+    """Per matrix, the first command that writes all of it (a plain write of a
+    whole-matrix submatrix; len(commands) if none): the common way a matrix is
+    defined, found for all matrices in one vectorized pass."""
+    t = a.table
+    sa = t.sub_array
+    rows, cols = matrix_sizes(c).T
+    whole = (sa[:, 1] == 0) & (sa[:, 3] == 0) & (sa[:, 2] == rows[sa[:, 0]]) \
+        & (sa[:, 4] == cols[sa[:, 0]])
+    hit = (t.acc == AccessType.WRITE) & whole[t.sub]
+    out = np.full(len(c.matrices), len(c.commands), dtype=np.int64)
+    np.minimum.at(out, t.sub_matrix[t.sub[hit]], t.cmd[hit])
+    return out
+
+
 def _defined_by(a: Analyzer, m: int, fwd: int) -> bool:
     """Every part (variable) of matrix ``m`` has been written by command ``fwd``:
     compression reads the whole matrix, so a part that only the backward pass
-    fills (a merged or reused matrix) would be read undefined."""
+    fills (a merged or reused matrix) would be read undefined. (The slower test,
+    for matrices that no single command writes whole.)"""
     va = a.variable_accesses
     for v in a.variables.matrix_variables(m).tolist():
         cmds, accs = va.of(v)
