@@ -146,3 +146,13 @@ def test_mini_request_renumbers_n_from_zero():
     req = _req(n_seqs=4, n0=3)
     mini = mini_request(req, request_layouts(req))
     assert set(mini.inputs[0].indexes[:, 0].tolist()) == {0, 1}
+
+
+def test_mini_request_from_other_n0_only_when_allowed():
+    req = request({"input": frames(4, -3, 9, n0=2)}, {"output": frames(4, 0, 6, n0=2)})
+    lay = request_layouts(req)
+    mini = mini_request(req, lay)
+    assert mini is not None and mini.inputs[0].indexes[:, 0].min() == 0
+    assert mini_request(req, lay, any_n0=False) is None
+    zero = request({"input": frames(4, -3, 9)}, {"output": frames(4, 0, 6)})
+    assert mini_request(zero, request_layouts(zero), any_n0=False) is not None

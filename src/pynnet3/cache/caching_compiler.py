@@ -290,11 +290,7 @@ class CachingCompiler:
     def _build_unpaused(self, request) -> NnetComputation:
         if self.use_shortcut:
             layouts = request_layouts(request)
-            # The mini request is numbered from n = 0, and expansion numbers the
-            # sequences 0 .. N-1: exact for other first n only where the network
-            # ignores absolute n (Kaldi's shortcut also wants n from 0).
-            mini = mini_request(request, layouts) if self._policy.n_shift or (
-                layouts and layouts[0] is not None and layouts[0].n0 == 0) else None
+            mini = mini_request(request, layouts, any_n0=self._policy.n_shift)
             if mini is not None:
                 comp = self._shortcut(request, mini, layouts[0].num_n)
                 if comp is not None:

@@ -244,16 +244,19 @@ def request_layouts(request) -> list:
     return [regular_layout(s.indexes) for s in request.inputs + request.outputs]
 
 
-def mini_request(request, layouts: list, num_mini: int = 2):
+def mini_request(request, layouts: list, num_mini: int = 2, *, any_n0: bool = True):
     """The request restricted to ``n = n0 .. n0 + num_mini - 1`` of every spec (all
     regular with one ``num_n`` and ``n0``), renumbered to ``n = 0 ..``: what the
-    shortcut compiles. None when the request is not of that form."""
+    shortcut compiles. None when the request is not of that form, or when
+    ``any_n0`` is False (the network reads absolute n, ``ShiftPolicy.n_shift``) and
+    ``n0`` is not 0: expansion numbers the sequences 0 .. N-1."""
     from ..compiler.request import ComputationRequest, IoSpecification
 
     if not layouts or any(lay is None for lay in layouts):
         return None
     num_n, n0 = layouts[0].num_n, layouts[0].n0
-    if any(lay.num_n != num_n or lay.n0 != n0 for lay in layouts) or num_n <= num_mini:
+    if any(lay.num_n != num_n or lay.n0 != n0 for lay in layouts) or num_n <= num_mini \
+            or (n0 != 0 and not any_n0):
         return None
     specs = request.inputs + request.outputs
     made = []

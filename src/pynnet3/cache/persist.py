@@ -37,6 +37,7 @@ from ..errors import FormatError
 
 FORMAT = "pynnet3-compile-cache"
 VERSION = 3
+_HEAD = f"{FORMAT} ".encode()  # then the version and a newline
 _DIGEST = 32  # bytes of SHA-256
 _ENTRY_FIELDS = ("nnet", "options", "pynnet3", "key", "arrays", "shift", "value")
 
@@ -87,10 +88,6 @@ def options_fingerprint(cc) -> str:
     return hashlib.sha256(repr((sorted(fields.items()), cc.use_shortcut)).encode()).hexdigest()
 
 
-def _header(version: int) -> bytes:
-    return f"{FORMAT} {version}\n".encode()
-
-
 def save_cache(cc, path) -> None:
     """Write ``cc``'s entries to ``path`` atomically."""
     from .. import __version__
@@ -104,7 +101,7 @@ def save_cache(cc, path) -> None:
                 "arrays": e.arrays, "shift": e.shift, "value": e.value} for e in items]
     payload = pickle.dumps({"format": FORMAT, "version": VERSION, "entries": entries},
                            protocol=pickle.HIGHEST_PROTOCOL)
-    atomic_write(path, _header(VERSION) + hashlib.sha256(payload).digest() + payload)
+    atomic_write(path, _HEAD + f"{VERSION}\n".encode() + hashlib.sha256(payload).digest() + payload)
 
 
 def _unpickle(data: bytes, path) -> object:
@@ -120,10 +117,9 @@ def _read(path) -> dict | None:
     another format version."""
     with open(path, "rb") as f:
         data = f.read()
-    head = f"{FORMAT} ".encode()
-    if data.startswith(head):
+    if data.startswith(_HEAD):
         line, sep, rest = data.partition(b"\n")
-        version = line[len(head):].decode("ascii", "replace")
+        version = line[len(_HEAD):].decode("ascii", "replace")
         if not sep or version != str(VERSION):
             warnings.warn(f"{path}: compile cache format version {version} is not "
                           f"{VERSION}; nothing loaded", stacklevel=4)
