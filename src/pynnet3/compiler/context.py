@@ -3,7 +3,9 @@
 Give the ``input`` node a window of frames (and ``ivector``, when present, a wider
 one), see which ``output`` frames are computable, and read the context off the
 first and last computable frame. Repeat for every time shift modulo the network's
-modulus and take the maximum; double the window until it exceeds the context.
+modulus and take the maximum. A window narrower than the total context leaves no
+output computable (or too few to trust), so the window doubles, from 40 frames
+up to ``MAX_WINDOW``, until the context fits in it for every shift.
 """
 
 from __future__ import annotations
@@ -13,18 +15,27 @@ import numpy as np
 from ..errors import ComputeError
 from .computable import Computability
 
+FIRST_WINDOW = 40
+# The widest window tried; like Kaldi's, whose doubling search stops near here.
+# A network with a total context this wide is taken as not simple.
+MAX_WINDOW = 1000
 
-def _context_for_shift(nnet, start: int, window: int) -> tuple[int, int]:
-    t = np.arange(start, start + window, dtype=np.int64)
-    frames = np.stack([np.zeros_like(t), t, np.zeros_like(t)], axis=1)
+
+def _frames(start: int, stop: int) -> np.ndarray:
+    t = np.arange(start, stop, dtype=np.int64)
+    return np.stack([np.zeros_like(t), t, np.zeros_like(t)], axis=1)
+
+
+def _context_for_shift(nnet, start: int, window: int) -> tuple[int, int] | None:
+    """(left, right) seen through the input window ``[start, start + window)``,
+    or None when no output frame in it is computable (the window is too narrow)."""
+    frames = _frames(start, start + window)
     inputs = {"input": frames}
     if nnet.has_node("ivector") and nnet.node("ivector").kind == "input-node":
-        tv = np.arange(start - nnet.modulus(), start + window, dtype=np.int64)
-        inputs["ivector"] = np.stack([np.zeros_like(tv), tv, np.zeros_like(tv)], axis=1)
+        inputs["ivector"] = _frames(start - nnet.modulus(), start + window)
     ok = Computability(nnet, inputs).computable("output", frames)
     if not ok.any():
-        raise ComputeError("no output frames are computable: not a simple network "
-                           "(needs nodes 'input' and 'output')")
+        return None
     first = int(np.argmax(ok))
     rest = ok[first:]
     first_not = first + (int(np.argmin(rest)) if not rest.all() else len(rest))
@@ -32,17 +43,22 @@ def _context_for_shift(nnet, start: int, window: int) -> tuple[int, int]:
 
 
 def compute_simple_context(nnet) -> tuple[int, int]:
+    """(left, right) context of ``nnet``; ComputeError if its ``output`` is not
+    computable from a window of ``MAX_WINDOW`` ``input`` frames."""
     if not nnet.has_node("input") or not nnet.has_node("output"):
         raise ComputeError("context is defined for networks with 'input' and 'output' nodes")
     modulus = nnet.modulus()
-    window, max_window = 40, 800
+    window = FIRST_WINDOW
     while True:
-        lefts, rights = [], []
-        for shift in range(modulus + 1):
-            left, right = _context_for_shift(nnet, shift, window)
-            lefts.append(left)
-            rights.append(right)
-        left, right = max(lefts), max(rights)
-        if left + right < window - 1 or window >= max_window:
-            return left, right
-        window *= 2
+        spans = [_context_for_shift(nnet, shift, window) for shift in range(modulus + 1)]
+        if all(s is not None for s in spans):
+            left = max(s[0] for s in spans)
+            right = max(s[1] for s in spans)
+            if left + right < window - 1:
+                return left, right
+        if window >= MAX_WINDOW:
+            raise ComputeError(
+                f"no output frames are computable from a window of {MAX_WINDOW} input "
+                "frames: not a simple network (needs nodes 'input' and 'output'), or "
+                "its context is wider than that")
+        window = min(2 * window, MAX_WINDOW)
