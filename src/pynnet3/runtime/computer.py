@@ -40,6 +40,12 @@ class RunResult:
     gradients: dict = field(default_factory=dict)
 
 
+def _zero_gradient(comp, dtype) -> dict[str, np.ndarray]:
+    """A gradient dict shaped like ``comp.params()``, all zeros (what BACKPROP
+    commands add into, and what an updatable component no command reached has)."""
+    return {k: np.zeros(v.shape, dtype=dtype) for k, v in comp.params().items()}
+
+
 class NnetComputer:
     """Runs one computation; holds its matrices, memos and gradients.
 
@@ -180,9 +186,7 @@ class NnetComputer:
                 # turns on self-repair and stats as Kaldi's to-update pointer does.
                 grad = self.grads.get(name)
                 if grad is None:
-                    grad = {k: np.zeros(v.shape, dtype=self.dtype)
-                            for k, v in comp.params().items()}
-                    self.grads[name] = grad
+                    grad = self.grads[name] = _zero_gradient(comp, self.dtype)
             args = (self.c.precomputed[cmd.precomputed], self._sub(cmd.in_value),
                     self._sub(cmd.out_value), self._sub(cmd.out_deriv),
                     self.memos.pop(cmd.memo, None) if cmd.memo else None, grad,
@@ -272,13 +276,23 @@ class NnetComputer:
 
     def gradients(self) -> dict:
         """Model gradients accumulated by BACKPROP commands so far, per updatable
-        component (composite sub-components as ``name#i``)."""
+        component (composite sub-components as ``name#i``). When the computation
+        wants model derivatives, every updatable component of the network has an
+        entry, as in Kaldi's delta network: all zeros where no command reached it
+        (e.g. an IfDefined recurrence the request never feeds)."""
         out = {}
         comps = self.nnet.components
-        for name, grad in self.grads.items():
+        names = list(self.grads)
+        if self.c.need_model_derivative:
+            names += [n for n, comp in comps.items()
+                      if comp.is_updatable() and n not in self.grads]
+        for name in names:
             comp = comps[name]
             if not comp.is_updatable():
                 continue
+            grad = self.grads.get(name)
+            if grad is None:
+                grad = _zero_gradient(comp, self.dtype)
             if hasattr(comp, "sub_gradients"):  # composite: sub-component i is "name#i"
                 for i, g in comp.sub_gradients(grad).items():
                     out[f"{name}#{i}"] = g
