@@ -150,6 +150,15 @@ class BatchNormComponent(Component):
         self.test_mode = bool(test_mode)
         self._compute_derived(None)
 
+    def test_transform(self) -> tuple[np.ndarray, np.ndarray]:
+        """The test-mode map ``y = x * scale + offset`` as float32 ``(scale, offset)``
+        of ``block-dim`` values each (what network-level folding uses)."""
+        if not self.test_mode:
+            raise ValueError("BatchNormComponent: test_transform() needs test mode")
+        if self.scale is None:
+            self._compute_derived(None)
+        return self.scale, self.offset
+
     def _compute_derived(self, rng: np.random.Generator | None) -> None:
         """The test-mode transform from the stats (float32, in Kaldi's order)."""
         if not self.test_mode:

@@ -1,0 +1,183 @@
+"""Constant folding rules (the ``fold`` registry): fixed per-element maps and
+affine chains folded into the parameters of neighbouring linear components.
+
+This covers Kaldi's CollapseModel with all four options (batchnorm, dropout,
+affine, scale) and goes beyond it: any elementwise map (test-mode BatchNorm,
+FixedScale, FixedBias, ScaleAndOffset, PerElementScale/Offset, test-mode Dropout)
+folds into the *next* linear component when it reads the map through plain
+offsets, scales and sums in any of its column blocks (``fold-*-into-next-linear``;
+the map stays for other consumers, as Kaldi keeps a BatchNorm read by a Sum), or
+into the *previous* one when it is that component's only consumer
+(``fold-*-into-previous-linear``). Affine-after-affine merges only when the merged
+product costs no more multiply-adds per frame than the two layers (a TDNN-F
+bottleneck stays factored: ``merge-affine-into-affine`` declines and says why).
+
+New components are named ``<a>.<b>`` after the two they replace, as Kaldi names
+them; a merge used by several nodes is built once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..nnet import Node
+from ..rewrite.algebra import (
+    SubstitutionError,
+    offsets_of_single_node,
+    part_scale_sum,
+    substitute,
+)
+from ..rewrite.pattern import Match, Pattern
+from ..rewrite.rules import NewComponent, Replacement, RewriteContext, Rule, register_rule
+from .linear import (
+    AFFINE_TYPES,
+    ELEMENTWISE_TYPES,
+    LINEAR_TYPES,
+    elementwise,
+    has_bias,
+    linear_params,
+    with_linear_params,
+)
+
+_TEST_MODE_ONLY = {"BatchNormComponent": {"test_mode": True},
+                   "DropoutComponent": {"test_mode": True}}
+
+
+def _short(type_name: str) -> str:
+    return type_name.removesuffix("Component").lower()
+
+
+def _comp_name(ctx: RewriteContext, node: str) -> str:
+    return ctx.nnet.node(node).component
+
+
+def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | str:
+    """Root: a linear component reading an elementwise map ``y = x*s + o`` in some
+    column blocks; the blocks' weights absorb ``s`` and the bias absorbs ``W o``."""
+    root, inner = match.nodes
+    lin, ew_comp = match.components
+    ew = elementwise(ew_comp, ctx.keep_derivatives)
+    if ew is None:
+        return f"{inner!r} ({ew_comp.type_name}) is not a fixed elementwise map in its mode"
+    s, o = ew
+    desc = match.inputs[0]
+    w, b = linear_params(lin)
+    w = w.copy()
+    b = b.copy()
+    if lin.type_name == "TdnnComponent":
+        if len(desc.parts) != 1 or len(match.links[0]) != 1 or match.links[0][0].wrappers \
+                or match.links[0][0].scale != 1.0:
+            return (f"TdnnComponent {root!r} reads {inner!r} through {desc}; only a plain "
+                    "input folds")
+        d = lin.input_dim
+        for k in range(len(lin.time_offsets)):
+            cols = slice(k * d, (k + 1) * d)
+            b += w[:, cols] @ o
+            w[:, cols] *= s
+        layout: tuple = ("tdnn",)
+    else:
+        dims = desc.part_dims(ctx.nnet.node_dim)
+        starts = np.concatenate([[0], np.cumsum(dims)])
+        parts = sorted({r.part for r in match.links[0]})
+        sums = []
+        for p in parts:
+            cols = slice(int(starts[p]), int(starts[p + 1]))
+            c = part_scale_sum(desc.parts[p])
+            sums.append(c)
+            b += w[:, cols] @ (c * o)
+            w[:, cols] *= s
+        layout = (tuple(parts), tuple(sums), tuple(dims))
+    try:
+        new_desc = substitute(desc, inner, match.inputs[1])
+    except SubstitutionError as e:
+        return f"cannot read {inner!r}'s input instead: {e}"
+    bias = b if (has_bias(lin) or b.any()) else None
+    lin_name, ew_name = _comp_name(ctx, root), _comp_name(ctx, inner)
+    new_name = f"{ew_name}.{lin_name}"
+    comp = with_linear_params(lin, w, bias)
+    return Replacement(
+        [Node("component-node", root, component=new_name, descriptor=new_desc)],
+        [NewComponent(new_name, comp, key=("next", ew_name, lin_name, layout))],
+        note=f"{ew_comp.type_name} {inner} folded into {lin.type_name}")
+
+
+def fold_into_previous_linear(match: Match, ctx: RewriteContext) -> Replacement | str:
+    """Root: an elementwise map reading a linear component that nothing else
+    reads; its rows absorb ``s`` and its bias becomes ``s*b + o``."""
+    root, inner = match.nodes
+    ew_comp, lin = match.components
+    ew = elementwise(ew_comp, ctx.keep_derivatives)
+    if ew is None:
+        return f"{root!r} ({ew_comp.type_name}) is not a fixed elementwise map in its mode"
+    s, o = ew
+    w, b = linear_params(lin)
+    w = w * s[:, None]
+    b = b * s + o
+    bias = b if (has_bias(lin) or b.any()) else None
+    lin_name, ew_name = _comp_name(ctx, inner), _comp_name(ctx, root)
+    new_name = f"{lin_name}.{ew_name}"
+    return Replacement(
+        [Node("component-node", root, component=new_name, descriptor=match.inputs[1])],
+        [NewComponent(new_name, with_linear_params(lin, w, bias), key=("prev", lin_name, ew_name))],
+        note=f"{ew_comp.type_name} {root} folded into {lin.type_name} {inner}")
+
+
+def merge_affine_into_affine(match: Match, ctx: RewriteContext) -> Replacement | str:
+    """Root: an affine map reading another affine map (plain or at several time
+    offsets, Kaldi's block-diagonal case): one affine map of the first one's input,
+    when that costs no more multiply-adds per output frame."""
+    root, inner = match.nodes
+    l2, l1 = match.components
+    found = offsets_of_single_node(match.inputs[0])
+    if found is None:
+        return f"{root!r} does not read {inner!r} only at time offsets"
+    k = len(found[1])
+    in1, out1, out2 = l1.input_dim, l1.output_dim, l2.output_dim
+    before = in1 * out1 + k * out1 * out2
+    after = k * in1 * out2
+    if after > before:
+        return (f"merged cost {after} multiply-adds per frame > {before} for the two "
+                f"layers ({in1}->{out1}, then {k}x{out1}->{out2}): the factored form is cheaper")
+    w2, b2 = linear_params(l2)
+    w1, b1 = linear_params(l1)
+    blocks = [w2[:, j * out1:(j + 1) * out1] for j in range(k)]
+    w = np.hstack([blk @ w1 for blk in blocks])
+    b = b2 + sum(blk @ b1 for blk in blocks)
+    try:
+        new_desc = substitute(match.inputs[0], inner, match.inputs[1])
+    except SubstitutionError as e:
+        return f"cannot read {inner!r}'s input instead: {e}"
+    bias = b if (has_bias(l1) or has_bias(l2) or b.any()) else None
+    n1, n2 = _comp_name(ctx, inner), _comp_name(ctx, root)
+    new_name = f"{n1}.{n2}"
+    return Replacement(
+        [Node("component-node", root, component=new_name, descriptor=new_desc)],
+        [NewComponent(new_name, with_linear_params(l2, w, bias), key=("affine", n1, n2, k))],
+        note=f"{l1.type_name} {inner} merged into {l2.type_name} ({after} <= {before} "
+             "multiply-adds per frame)")
+
+
+def _register() -> None:
+    for t in ELEMENTWISE_TYPES:
+        cfg = _TEST_MODE_ONLY.get(t, {})
+        register_rule("fold", Rule(
+            f"fold-{_short(t)}-into-next-linear",
+            Pattern(f"{_short(t)}->linear", entries=(LINEAR_TYPES, t),
+                    config_patterns=({}, cfg), edges=("columns",), shared_inner=True),
+            fold_into_next_linear, priority=2,
+            description=f"{t} folded into the linear component that reads it"))
+        register_rule("fold", Rule(
+            f"fold-{_short(t)}-into-previous-linear",
+            Pattern(f"linear->{_short(t)}", entries=(t, LINEAR_TYPES),
+                    config_patterns=(cfg, {}), edges=("plain",)),
+            fold_into_previous_linear, priority=1,
+            description=f"{t} folded into the linear component it reads"))
+    register_rule("fold", Rule(
+        "merge-affine-into-affine",
+        Pattern("affine->affine", entries=(AFFINE_TYPES, AFFINE_TYPES), edges=("spliced",)),
+        merge_affine_into_affine, priority=0,
+        description="two affine layers as one, when not more expensive (Kaldi's "
+                    "collapse-affine, with a cost model)"))
+
+
+_register()

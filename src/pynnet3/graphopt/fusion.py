@@ -1,0 +1,80 @@
+"""Fusion rules: the ``parameter`` registry (components that read the same input
+computed as one) and the ``fuse`` registry.
+
+``fuse-sibling-affines``: affine components whose nodes read the identical
+descriptor become one affine component over their stacked weights (one GEMM
+that reads the input once); each original node becomes a dim-range node of the
+fused one under its own name, so consumers need no rewiring. Only siblings that
+lead to the same output nodes fuse: a decode request that asks for one output
+must not start computing a head it did not need (TDNN-F's chain and xent heads
+stay apart).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..nnet import Node
+from ..rewrite.pattern import Match, Pattern
+from ..rewrite.rules import NewComponent, Replacement, RewriteContext, Rule, register_rule
+from .linear import AFFINE_TYPES, has_bias, linear_params, with_linear_params
+
+
+def _outputs_reached(nnet, name: str) -> frozenset[str]:
+    consumers: dict[str, list[str]] = {}
+    for n in nnet.nodes:
+        for src in n.inputs():
+            consumers.setdefault(src, []).append(n.name)
+    seen, stack, outs = set(), [name], set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if nnet.node(x).kind == "output-node":
+            outs.add(x)
+        stack.extend(consumers.get(x, ()))
+    return frozenset(outs)
+
+
+def fuse_sibling_affines(match: Match, ctx: RewriteContext) -> Replacement | str:
+    root = match.root
+    nnet = ctx.nnet
+    text = str(match.inputs[0])
+    group = [n for n in nnet.nodes if n.kind == "component-node" and str(n.descriptor) == text
+             and nnet.components[n.component].type_name in AFFINE_TYPES]
+    if len(group) < 2:
+        return "no other affine node reads the same input"
+    if group[0].name != root:
+        return f"fused from its first sibling {group[0].name!r}"
+    reach = _outputs_reached(nnet, root)
+    group = [n for n in group if _outputs_reached(nnet, n.name) == reach]
+    if len(group) < 2:
+        return "its siblings lead to other outputs (a request may want only some)"
+    comps = [nnet.components[n.component] for n in group]
+    params = [linear_params(c) for c in comps]
+    w = np.vstack([p[0] for p in params])
+    b = np.concatenate([p[1] for p in params])
+    bias = b if any(has_bias(c) for c in comps) else None
+    fused_name = ".".join(n.name for n in group)
+    taken = {n.name for n in nnet.nodes}
+    base, k = fused_name, 1
+    while fused_name in taken:
+        k += 1
+        fused_name = f"{base}.{k}"
+    comp_name = ".".join(n.component for n in group)
+    fused = Node("component-node", fused_name, component=comp_name, descriptor=match.inputs[0])
+    ranges, offset = [], 0
+    for n, c in zip(group, comps, strict=True):
+        ranges.append(Node("dim-range-node", n.name, source=fused_name, dim_offset=offset,
+                           dim=c.output_dim))
+        offset += c.output_dim
+    return Replacement([fused, ranges[0]],
+                       [NewComponent(comp_name, with_linear_params(comps[0], w, bias))],
+                       replaces=ranges[1:], note=f"{len(group)} affines as one GEMM")
+
+
+register_rule("parameter", Rule(
+    "fuse-sibling-affines", Pattern("sibling-affines", entries=(AFFINE_TYPES,)),
+    fuse_sibling_affines,
+    description="affine layers reading the same input computed as one GEMM"))
