@@ -9,6 +9,7 @@ from .analysis import check_computation
 from .cache import CachingCompiler
 from .compiler import ComputationRequest, IoSpecification, compile_computation
 from .computation import NnetComputation
+from .graphopt import NetworkOptions, NetworkReport, optimize_network
 from .nnet import Nnet, read_nnet
 from .optimize import OptimizeOptions, OptimizeReport
 from .optimize import optimize as _optimize
@@ -37,6 +38,6 @@ def check(computation: NnetComputation, nnet: Nnet) -> None:
     check_computation(computation, nnet)
 
 
-__all__ = ["CachingCompiler", "ComputationRequest", "IoSpecification", "Nnet", "NnetComputation",
-           "OptimizeOptions", "OptimizeReport", "RunResult", "check", "compile", "errors",
-           "read_nnet", "run"]
+__all__ = ["CachingCompiler", "ComputationRequest", "IoSpecification", "NetworkOptions",
+           "NetworkReport", "Nnet", "NnetComputation", "OptimizeOptions", "OptimizeReport",
+           "RunResult", "check", "compile", "errors", "optimize_network", "read_nnet", "run"]
