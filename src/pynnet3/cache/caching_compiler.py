@@ -28,11 +28,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import repeat
 
-from ..compiler import compile_computation
+from ..compiler import check_matrix_sizes, compile_computation
 from ..components.base import Component
 from ..computation import NnetComputation
 from ..errors import PynnetError
 from ..gcpause import gc_paused
+from ..graphopt import NetworkOptions, optimize_network
 from ..optimize import OptimizeOptions
 from ..optimize import optimize as run_optimizer
 from .expand import (
@@ -80,10 +81,14 @@ class CachingCompiler:
     an :class:`OptimizeOptions`. ``capacity``: entries kept (least recently used
     evicted). ``use_shortcut``: Kaldi's shortcut compilation. ``check``: run the
     computation checker on every computation made (slow; for debugging).
+    ``network_optimize``: None (compile ``nnet`` itself), True or a
+    :class:`~pynnet3.NetworkOptions`: compile for a network-optimized copy of
+    ``nnet`` (:attr:`compiled_nnet`, remade when ``nnet`` changes); computations
+    from this compiler must be run with :attr:`compiled_nnet`.
     """
 
     def __init__(self, nnet, optimize: bool | OptimizeOptions = True, capacity: int = 64,
-                 use_shortcut: bool = True, check: bool = False):
+                 use_shortcut: bool = True, check: bool = False, network_optimize=None):
         if capacity < 1:
             raise PynnetError(f"CachingCompiler capacity must be >= 1, got {capacity}")
         if optimize is True:
@@ -94,6 +99,15 @@ class CachingCompiler:
             raise PynnetError(f"optimize must be a bool or OptimizeOptions, got {optimize!r}")
         self.nnet = nnet
         self.options = optimize
+        if network_optimize is True:
+            network_optimize = NetworkOptions()
+        elif network_optimize is False:
+            network_optimize = None
+        if network_optimize is not None and not isinstance(network_optimize, NetworkOptions):
+            raise PynnetError("network_optimize must be None, a bool or NetworkOptions, got "
+                              f"{network_optimize!r}")
+        self.network_options = network_optimize
+        self._compiled_nnet = nnet
         self.capacity = int(capacity)
         # Looped computations are not expanded (Kaldi compiles them in full too).
         self.use_shortcut = bool(use_shortcut) and not optimize.optimize_looped_computation
@@ -166,15 +180,23 @@ class CachingCompiler:
         if nnet is None:
             nnet = copy.deepcopy(self.nnet, memo)
         return CachingCompiler(nnet, self.options, self.capacity, self.use_shortcut,
-                               self.check)
+                               self.check, self.network_options)
 
     def __getstate__(self):
         return {"nnet": self.nnet, "options": self.options, "capacity": self.capacity,
-                "use_shortcut": self.use_shortcut, "check": self.check}
+                "use_shortcut": self.use_shortcut, "check": self.check,
+                "network_options": self.network_options}
 
     def __setstate__(self, state):
         self.__init__(state["nnet"], state["options"], state["capacity"],
-                      state["use_shortcut"], state["check"])
+                      state["use_shortcut"], state["check"], state.get("network_options"))
+
+    @property
+    def compiled_nnet(self):
+        """The network computations are compiled for: ``nnet`` itself, or its
+        network-optimized copy (see ``network_optimize``)."""
+        self._check_network()
+        return self._compiled_nnet
 
     # -- internals --------------------------------------------------------------------------
     def _reset_counters(self) -> None:
@@ -222,7 +244,9 @@ class CachingCompiler:
                 self._buckets.clear()
                 self._counts["invalidations"] += 1
                 self._generation += 1
-            self._policy = shift_policy(self.nnet, self.options)
+            if self.network_options is not None:
+                self._compiled_nnet = optimize_network(self.nnet, self.network_options)
+            self._policy = shift_policy(self._compiled_nnet, self.options)
             self._stamp = self.network_stamp()
 
     def _lookup(self, rk: RequestKey):
@@ -309,8 +333,10 @@ class CachingCompiler:
             if entry.failed:
                 raise ExpansionError("known not to expand")
             if entry.plan is None:
-                entry.plan = ExpansionPlan(entry.computation, entry.snapshot, self.nnet)
+                entry.plan = ExpansionPlan(entry.computation, entry.snapshot,
+                                           self._compiled_nnet)
             comp = entry.plan.expand(num_n, request)
+            check_matrix_sizes(comp)
         except ExpansionError:
             entry.failed = True
             with self._lock:
@@ -337,7 +363,7 @@ class CachingCompiler:
         """``compile_computation`` (exactly: the cache must return what the plain
         compiler returns), with its phases timed when it reports them."""
         timings: dict[str, float] = {}
-        comp = compile_computation(self.nnet, request, timings=timings)
+        comp = compile_computation(self._compiled_nnet, request, timings=timings)
         for phase, seconds in timings.items():
             self._add_time(phase, seconds)
         return comp
@@ -346,7 +372,7 @@ class CachingCompiler:
         if not (self.options.optimize or self.options.optimize_looped_computation):
             return comp
         t0 = time.perf_counter()
-        comp = run_optimizer(comp, self.nnet, self.options, check=self.check)
+        comp = run_optimizer(comp, self._compiled_nnet, self.options, check=self.check)
         self._add_time("optimize", time.perf_counter() - t0)
         return comp
 
@@ -357,7 +383,7 @@ class CachingCompiler:
 
         t0 = time.perf_counter()
         try:
-            check_computation(comp, self.nnet, context="CachingCompiler")
+            check_computation(comp, self._compiled_nnet, context="CachingCompiler")
         finally:
             self._add_time("check", time.perf_counter() - t0)
 
@@ -391,9 +417,21 @@ def _dtype_name(dtype) -> str:
 _NNET_CACHE_LOCK = threading.Lock()
 
 
-def cache_for(nnet) -> CachingCompiler:
+def cache_for(nnet, network_optimize=None) -> CachingCompiler:
     """The CachingCompiler a network carries (made with default options on first
-    use and kept on the network object)."""
+    use and kept on the network object); with ``network_optimize`` (True or a
+    NetworkOptions), the one that compiles for its network-optimized copy."""
+    if network_optimize is not None and network_optimize is not False:
+        opts = NetworkOptions() if network_optimize is True else network_optimize
+        with _NNET_CACHE_LOCK:
+            table = nnet.__dict__.get("_network_optimized_caches")
+            if table is None or table[0] is not nnet:
+                table = (nnet, {})
+                object.__setattr__(nnet, "_network_optimized_caches", table)
+            cc = table[1].get(opts.key())
+            if cc is None:
+                cc = table[1][opts.key()] = CachingCompiler(nnet, network_optimize=opts)
+        return cc
     cc = nnet.__dict__.get("_compile_cache")
     if cc is None or cc.nnet is not nnet:  # (a shallow copy shares the attribute)
         with _NNET_CACHE_LOCK:

@@ -1,0 +1,167 @@
+#!/usr/bin/env python
+"""Forward-pass speed with and without the network optimizer, next to the GEMMs
+alone and Kaldi.
+
+For the four realistic networks at the decode shapes of ``scaling.json``
+(N sequences of 150 output frames; x-vector: 157 input frames, one output per
+sequence), one BLAS thread, in one process, prints per (network, N):
+
+* ``plain``: our forward time (compiled through a CachingCompiler, run with the
+  NumPy backend) on the network as read, in test mode;
+* ``netopt``: the same on ``optimize_network(nnet)``;
+* ``gemm``: the time of the network-optimized computation's GEMMs alone, same
+  shapes (each propagate of an affine / linear / TDNN layer replayed as NumPy
+  matmuls into preallocated buffers; a TDNN layer as one matmul per time offset,
+  as it runs);
+* ``torch``: PyTorch eager for the network-optimized computation's GEMMs (only
+  when torch is installed);
+* ``kaldi``: ``forward_ms`` from ``scaling.json``;
+
+and the ratios netopt/kaldi, netopt/gemm, plain/netopt. Times are the minimum
+over ``--reps`` runs (the host is shared; the minimum is the least disturbed).
+No assertions.
+
+    python benchmarks/forward.py [--nets tdnnf_chain,xvector] [--ns 1,8,32,128] [--reps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+if importlib.util.find_spec("pynnet3") is None:
+    sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from realistic import NETS, reference_dir, scaling_request  # noqa: E402
+
+import pynnet3  # noqa: E402
+from pynnet3.computation import CommandType  # noqa: E402
+from pynnet3.runtime.computer import NnetComputer  # noqa: E402
+
+LINEAR = {"AffineComponent", "NaturalGradientAffineComponent", "FixedAffineComponent",
+          "LinearComponent", "TdnnComponent"}
+
+
+def best_ms(fn, reps: int) -> float:
+    fn()  # warm-up: allocator, BLAS, lazy imports
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def gemm_shapes(nnet, comp) -> list[tuple[int, int, int]]:
+    """(rows, in, out) of every GEMM the computation's forward propagates run."""
+    shapes = []
+    for cmd in comp.commands:
+        if cmd.type is CommandType.NO_OPERATION_MARKER:
+            break
+        if cmd.type is not CommandType.PROPAGATE:
+            continue
+        c = nnet.components[nnet.node(cmd.node).component]
+        if c.type_name not in LINEAR:
+            continue
+        rows = comp.submatrices[cmd.out_value][2]
+        if c.type_name == "TdnnComponent":
+            shapes += [(rows, c.input_dim, c.output_dim)] * len(c.time_offsets)
+        else:
+            shapes.append((rows, c.input_dim, c.output_dim))
+    return shapes
+
+
+def gemm_runner(shapes, rng):
+    bufs = [(rng.standard_normal((r, i)).astype(np.float32),
+             rng.standard_normal((o, i)).astype(np.float32).T,
+             np.empty((r, o), np.float32)) for r, i, o in shapes]
+
+    def run():
+        for x, wt, y in bufs:
+            np.matmul(x, wt, out=y)
+    return run
+
+
+def torch_runner(shapes, rng):
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    bufs = [(torch.from_numpy(rng.standard_normal((r, i)).astype(np.float32)),
+             torch.from_numpy(rng.standard_normal((o, i)).astype(np.float32)).T,
+             torch.empty((r, o))) for r, i, o in shapes]
+
+    def run():
+        for x, wt, y in bufs:
+            torch.matmul(x, wt, out=y)
+    return run
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nets", default=",".join(NETS))
+    ap.add_argument("--ns", default="1,8,32,128")
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args(argv)
+    ref = reference_dir()
+    kaldi = {(e["network"], e["N"]): e["forward_ms"]
+             for e in json.loads((ref / "scaling.json").read_text()) if e["shape"] == "decode"}
+    rng = np.random.default_rng(0)
+    head = (f"{'network':<13} {'N':>4} {'plain':>8} {'netopt':>8} {'gemm':>8} {'torch':>8} "
+            f"{'kaldi':>8} {'opt/kaldi':>9} {'opt/gemm':>8} {'plain/opt':>9} "
+            f"{'cmds':>9} {'peak MF':>11}")
+    print(f"forward ms (min of {args.reps}), decode shapes, "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
+    print(head)
+    print("-" * len(head))
+    for net in args.nets.split(","):
+        nnet = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")
+        nnet.set_test_mode(True)
+        fast = pynnet3.optimize_network(nnet)
+        for n in map(int, args.ns.split(",")):
+            req = scaling_request(nnet, net, "decode", n)
+            inputs = {s.name: rng.standard_normal((len(s.indexes), nnet.input_dim(s.name)))
+                      .astype(np.float32) for s in req.inputs}
+            times, stats = {}, {}
+            for tag, model in (("plain", nnet), ("netopt", fast)):
+                comp = pynnet3.CachingCompiler(model).compile(req)
+                stats[tag] = comp.stats()
+                times[tag] = best_ms(
+                    lambda m=model, c=comp, x=inputs: NnetComputer(m, c).run(dict(x)), args.reps)
+                if tag == "netopt":
+                    shapes = gemm_shapes(model, comp)
+            times["gemm"] = best_ms(gemm_runner(shapes, rng), args.reps)
+            tr = torch_runner(shapes, rng)
+            times["torch"] = best_ms(tr, args.reps) if tr is not None else None
+            k = kaldi.get((net, n))
+
+            def f(v):
+                return f"{v:8.2f}" if v is not None else f"{'-':>8}"
+            print(f"{net:<13} {n:>4} {f(times['plain'])} {f(times['netopt'])} "
+                  f"{f(times['gemm'])} {f(times['torch'])} {f(k)} "
+                  f"{times['netopt'] / k if k else float('nan'):>9.2f} "
+                  f"{times['netopt'] / times['gemm']:>8.2f} "
+                  f"{times['plain'] / times['netopt']:>9.2f} "
+                  f"{stats['plain']['num_commands']:>4}/{stats['netopt']['num_commands']:<4} "
+                  f"{stats['plain']['peak_memory_floats'] / 1e6:>5.2f}/"
+                  f"{stats['netopt']['peak_memory_floats'] / 1e6:<5.2f}", flush=True)
+    print("\nplain: network as read (test mode); netopt: pynnet3.optimize_network; gemm: the "
+          "netopt computation's GEMMs alone; cmds and peak (millions of floats): plain/netopt.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
