@@ -16,6 +16,8 @@ conversion) are shared with ``scale_offset`` and ``composite``.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +106,21 @@ def _cast(a: np.ndarray, dtype) -> np.ndarray:
     return a.astype(dtype, copy=False)
 
 
+_REFINE = contextvars.ContextVar("pynnet3_refine_near_zero", default=True)
+
+
+@contextlib.contextmanager
+def near_zero_refinement(enabled: bool):
+    """Within this context (per thread / task), :func:`refine_near_zero` runs only
+    when ``enabled``. The runtime turns it off for computations with no backward
+    pass, where the sign of a near-zero pre-activation gates no derivative."""
+    token = _REFINE.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _REFINE.reset(token)
+
+
 def refine_near_zero(out: np.ndarray, x: np.ndarray, w: np.ndarray,
                      b: np.ndarray | None = None) -> None:
     """Recompute, in float64, the float32 entries of ``out = x @ w.T (+ b)`` that
@@ -111,9 +128,11 @@ def refine_near_zero(out: np.ndarray, x: np.ndarray, w: np.ndarray,
 
     Why: a following ReLU gates its derivative on that sign, so one flipped entry
     changes gradients visibly (Kaldi's reference tdnn_relu_bn/train has one at
-    -1.4e-7). The entries are few; the rest keep the fast float32 product.
+    -1.4e-7). The entries are few; the rest keep the fast float32 product. A
+    forward-only computation skips it (:func:`near_zero_refinement`): there the
+    entries differ from sgemm's by float32 rounding only.
     """
-    if out.dtype != np.float32 or out.size == 0:
+    if out.dtype != np.float32 or out.size == 0 or not _REFINE.get():
         return
     k = x.shape[1]
     xn = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
@@ -265,7 +284,8 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
 
     def propagate(self, indexes, in_value, out_value):
         dt = in_value.dtype
-        out_value[...] = in_value @ _cast(self.linear_params, dt).T
+        # (into the output: no product temporary; the same sgemm, the same bits)
+        np.matmul(in_value, _cast(self.linear_params, dt).T, out=out_value)
         out_value += _cast(self.bias_params, dt)
         refine_near_zero(out_value, in_value, self.linear_params, self.bias_params)
         return None

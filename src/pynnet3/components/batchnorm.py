@@ -205,6 +205,10 @@ class BatchNormComponent(Component):
         if self.test_mode:
             if self.scale is None:
                 self._compute_derived(None)
+            if self.block_dim == self.dim:  # straight into the output: no temporaries
+                np.multiply(in_value, self.scale.astype(dt), out=out_value)
+                out_value += self.offset.astype(dt)
+                return None
             y = x * self.scale.astype(dt) + self.offset.astype(dt)
             out_value[...] = y.reshape(out_value.shape)
             return None

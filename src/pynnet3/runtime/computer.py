@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..components.affine import near_zero_refinement
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
 from ..errors import PynnetError, RuntimeInputError
@@ -68,6 +69,10 @@ class NnetComputer:
         self._goto_target: int | None = None
         self._components = {n.name: nnet.components[n.component]
                             for n in nnet.nodes if n.kind == "component-node"}
+        # forward-only computations skip the affine near-zero refinement (no
+        # ReLU derivative depends on those signs)
+        self._has_backward = any(cmd.type in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
+                                 for cmd in computation.commands)
 
     # -- validation -------------------------------------------------------------
     def _check(self, what: str, name: str, value, rows: int, cols: int):
@@ -258,6 +263,13 @@ class NnetComputer:
                                     "get_output")
         checked = self._validate(inputs, output_derivs)
         result = RunResult()
+        with near_zero_refinement(self._has_backward):
+            self._run_all(checked, result)
+        self.pc = len(self.c.commands)
+        result.gradients = self.gradients()
+        return result
+
+    def _run_all(self, checked: dict, result: RunResult) -> None:
         be = self.backend
         for cmd in self.c.commands:
             t = cmd.type
@@ -270,9 +282,6 @@ class NnetComputer:
                     self.matrices.pop(self.c.submatrices[cmd.src].matrix, None)
             else:
                 self._execute(cmd)
-        self.pc = len(self.c.commands)
-        result.gradients = self.gradients()
-        return result
 
     def gradients(self) -> dict:
         """Model gradients accumulated by BACKPROP commands so far, per updatable
