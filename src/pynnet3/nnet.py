@@ -14,7 +14,6 @@ component-node to an existing component, and dimensions agree.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from .components.base import Component
 from .config import ConfigLine, is_valid_name, split_config_lines
 from .descriptor import Descriptor, RoundOf, SwitchOf, parse_descriptor
 from .errors import DescriptorError, DimensionError, GraphError
+from .io.atomic import atomic_write  # (also importable from here, as before)
 from .io.model_file import ModelParts, parse_model_bytes, write_model_parts
 
 NODE_KINDS = ("input-node", "component-node", "dim-range-node", "output-node")
@@ -156,7 +156,8 @@ class Nnet:
 
     # -- files ---------------------------------------------------------------------
     def write(self, path: str | os.PathLike, binary: bool = False) -> None:
-        """Write as Kaldi does (``nnet3-copy --binary=...``); atomically."""
+        """Write as Kaldi does (``nnet3-copy --binary=...``); atomically, removing
+        temporaries that killed earlier writes left (:mod:`pynnet3.io.atomic`)."""
         atomic_write(path, self.to_bytes(binary))
 
     def to_bytes(self, binary: bool = False) -> bytes:
@@ -404,35 +405,3 @@ def read_nnet(path: str | os.PathLike) -> Nnet:
     data = path.read_bytes()
     parts = parse_model_bytes(data, str(path))
     return Nnet.from_model_parts(parts, str(path))
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers never see a partial file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".",
-                               prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp makes the file 0600; give it the mode a plain open() would
-        # (or keep the mode of the file being replaced).
-        try:
-            mode = path.stat().st_mode & 0o7777
-        except OSError:
-            mode = 0o666 & ~_umask()
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -4,10 +4,11 @@ sees, and how damaged, foreign or old files are refused before any entry is used
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
+import struct
 import warnings
 
-import numpy as np
 import pytest
 
 import pynnet3
@@ -90,23 +91,37 @@ def test_truncated_file_is_refused(tmp_path):
             CachingCompiler(nnet).load(path)
 
 
-def _write(path, obj) -> None:
-    payload = pickle.dumps(obj)
+def _write(path, head: dict) -> None:
+    """A format-4 file with this JSON header and no array data."""
+    text = json.dumps(head).encode()
+    payload = struct.pack("<Q", len(text)) + text + b"\0" * (-len(text) % 8)
     path.write_bytes(f"{FORMAT} {VERSION}\n".encode() + hashlib.sha256(payload).digest()
                      + payload)
 
 
-@pytest.mark.parametrize("entries", [
-    "not a list",
-    [{"nnet": "x"}],  # fields missing
-    [{"nnet": "x", "options": "y", "pynnet3": "z", "key": (), "arrays": [np.zeros((2, 2))],
-      "shift": (0, 0), "value": None}],
+@pytest.mark.parametrize("entries, message", [
+    ("not a list", "no entry list"),
+    ([{"nnet": "x"}], "entry 0 is malformed: fields missing"),
+    ([{"nnet": "x", "options": "y", "pynnet3": "z", "key": [], "arrays": [0],
+       "shift": [0, 0], "value": None}], "entry 0 is malformed: request indexes: no array 0"),
+    ([{"nnet": "x", "options": "y", "pynnet3": "z", "key": [], "arrays": [],
+       "shift": [0, 0.5], "value": None}], "entry 0 is malformed: bad shift"),
 ])
-def test_malformed_entries_are_refused(tmp_path, entries):
+def test_malformed_entries_are_refused(tmp_path, entries, message):
     path = tmp_path / "c"
-    _write(path, {"format": FORMAT, "version": VERSION, "entries": entries})
-    with pytest.raises(FormatError, match="entr"):
+    _write(path, {"format": FORMAT, "version": VERSION, "arrays": [], "entries": entries})
+    with pytest.raises(FormatError) as e:
         CachingCompiler(pynnet3.Nnet.from_config(_TDNN)).load(path)
+    assert message in str(e.value)
+
+
+def test_version_3_file_loads_nothing_with_a_warning(tmp_path):
+    """Format 3 (a checksummed pickle) is not read, let alone unpickled."""
+    payload = pickle.dumps({"format": FORMAT, "version": 3, "entries": []})
+    path = tmp_path / "old"
+    path.write_bytes(f"{FORMAT} 3\n".encode() + hashlib.sha256(payload).digest() + payload)
+    with pytest.warns(UserWarning, match=f"version 3 is not {VERSION}"):
+        assert CachingCompiler(pynnet3.Nnet.from_config(_TDNN)).load(path) == 0
 
 
 def test_version_2_file_loads_nothing_with_a_warning(tmp_path):

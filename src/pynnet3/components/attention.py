@@ -26,11 +26,13 @@ import numpy as np
 from ..errors import ComputeError
 from ..index import KeySet, describe, pack
 from .base import Component, Flags, InputDeps, check_finite, register, require
+from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 
 # Kaldi's kNoTime: the t of the padding rows that reorder_indexes() adds.
 NO_TIME = int(np.iinfo(np.int32).min)
 
 
+@plain_indexes("RestrictedAttentionComponent")
 @dataclass
 class AttentionIndexes:
     """``context_rows[o, j]``: input row of output ``o``'s context position ``j``,
@@ -39,6 +41,25 @@ class AttentionIndexes:
 
     context_rows: np.ndarray  # (rows_out, context_dim) int64
     num_input_rows: int
+
+    # -- plain data (pynnet3.components.precomputed) -----------------------------------
+    def to_data(self) -> dict:
+        return {"context_rows": self.context_rows, "num_input_rows": self.num_input_rows}
+
+    @classmethod
+    def from_data(cls, data: dict) -> AttentionIndexes:
+        expect_fields(data, {"context_rows", "num_input_rows"}, "AttentionIndexes")
+        num_in = int_field(data, "num_input_rows")
+        return cls(int_array(data, "context_rows", (None, None), 0, num_in + 1), num_in)
+
+    def check_use(self, component, num_in: int | None, num_out: int) -> None:
+        same_rows("AttentionIndexes input", self.num_input_rows, num_in)
+        same_rows("AttentionIndexes output", len(self.context_rows), num_out)
+        if self.context_rows.shape[1] != component.context_dim:
+            raise ValueError(f"AttentionIndexes: context of {self.context_rows.shape[1]}, "
+                             f"the component's is {component.context_dim}")
+        if len(self.context_rows) and self.num_input_rows == 0:
+            raise ValueError("AttentionIndexes: outputs without input rows")
 
 
 def _read_double_array(r, matrix: bool) -> np.ndarray:

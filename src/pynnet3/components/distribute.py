@@ -21,8 +21,10 @@ from .base import (
     register,
     require,
 )
+from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 
 
+@plain_indexes("DistributeComponent")
 @dataclass
 class DistributeIndexes:
     """Output row ``o`` is ``in[rows[o], offsets[o]:offsets[o] + output_dim]``."""
@@ -30,6 +32,26 @@ class DistributeIndexes:
     rows: np.ndarray  # (rows_out,) int64
     offsets: np.ndarray  # (rows_out,) int64 column offsets (block * output_dim)
     num_input_rows: int
+
+    # -- plain data (pynnet3.components.precomputed) -----------------------------------
+    def to_data(self) -> dict:
+        return {"rows": self.rows, "offsets": self.offsets,
+                "num_input_rows": self.num_input_rows}
+
+    @classmethod
+    def from_data(cls, data: dict) -> DistributeIndexes:
+        expect_fields(data, {"rows", "offsets", "num_input_rows"}, "DistributeIndexes")
+        num_in = int_field(data, "num_input_rows")
+        rows = int_array(data, "rows", (None,), 0, num_in)
+        return cls(rows, int_array(data, "offsets", rows.shape, 0), num_in)
+
+    def check_use(self, component, num_in: int | None, num_out: int) -> None:
+        same_rows("DistributeIndexes input", self.num_input_rows, num_in)
+        same_rows("DistributeIndexes output", len(self.rows), num_out)
+        out_dim = component.output_dim
+        if len(self.offsets) and (self.offsets.max() > component.input_dim - out_dim
+                                  or (self.offsets % out_dim).any()):
+            raise ValueError("DistributeIndexes: a column offset is not a block of the input")
 
 
 @register

@@ -30,6 +30,7 @@ from .base import (
     register,
     require,
 )
+from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 
 
 def _check_proportion(r, name: str, value: float, pos: int) -> None:
@@ -285,7 +286,20 @@ class RowMaskIndexes:
 
     gather: np.ndarray | None
 
+    @staticmethod
+    def _gather_from(data: dict, num_rows: int) -> np.ndarray | None:
+        gather = int_array(data, "gather", (num_rows,), 0, num_rows, optional=True)
+        if gather is not None and not np.array_equal(np.sort(gather), np.arange(num_rows)):
+            raise ValueError("gather is not a permutation of the rows")
+        return gather
 
+    def check_use(self, component, num_in: int | None, num_out: int) -> None:
+        rows = len(self.output_indexes)
+        same_rows(f"{type(self).__name__} input", rows, num_in)
+        same_rows(f"{type(self).__name__} output", rows, num_out)
+
+
+@plain_indexes("GeneralDropoutComponent")
 @dataclass(eq=False)
 class GeneralDropoutIndexes(RowMaskIndexes):
     """``mask_rows[i]``: the mask row of output row i, one per distinct
@@ -310,11 +324,23 @@ class GeneralDropoutIndexes(RowMaskIndexes):
     def mask_rows(self) -> np.ndarray:
         return self._numbering[0]
 
+    def to_data(self) -> dict:
+        return {"gather": self.gather, "output_indexes": self.output_indexes,
+                "time_period": self.time_period}
+
+    @classmethod
+    def from_data(cls, data: dict) -> GeneralDropoutIndexes:
+        expect_fields(data, {"gather", "output_indexes", "time_period"},
+                      "GeneralDropoutIndexes")
+        out = int_array(data, "output_indexes", (None, 3))
+        return cls(cls._gather_from(data, len(out)), out, int_field(data, "time_period"))
+
     @property
     def num_mask_rows(self) -> int:
         return self._numbering[1]
 
 
+@plain_indexes("SpecAugmentTimeMaskComponent")
 @dataclass(eq=False)
 class TimeMaskIndexes(RowMaskIndexes):
     """``sequences``: for each distinct n (ascending), the output rows of that
@@ -326,6 +352,15 @@ class TimeMaskIndexes(RowMaskIndexes):
     @property
     def num_rows(self) -> int:
         return len(self.output_indexes)
+
+    def to_data(self) -> dict:
+        return {"gather": self.gather, "output_indexes": self.output_indexes}
+
+    @classmethod
+    def from_data(cls, data: dict) -> TimeMaskIndexes:
+        expect_fields(data, {"gather", "output_indexes"}, "TimeMaskIndexes")
+        out = int_array(data, "output_indexes", (None, 3))
+        return cls(cls._gather_from(data, len(out)), out)
 
     @cached_property
     def sequences(self) -> list[np.ndarray]:

@@ -30,6 +30,14 @@ from .base import (
     require,
 )
 from .nonlinear import f32
+from .precomputed import (
+    expect_fields,
+    float_array,
+    float_field,
+    int_array,
+    plain_indexes,
+    same_rows,
+)
 
 
 def _read_positive_int(r, tag: str) -> int:
@@ -428,6 +436,7 @@ class ClipGradientComponent(_Dim):
 
 
 # ----------------------------------------------------------------------------------
+@plain_indexes("BackpropTruncationComponent")
 @dataclass
 class BackpropTruncationIndexes:
     """Precomputed for BackpropTruncation: ``zeroing[i]`` is -1.0 for output rows at a
@@ -438,6 +447,31 @@ class BackpropTruncationIndexes:
     zeroing: np.ndarray | None
     zeroing_sum: float
     in_rows: np.ndarray | None
+
+    # -- plain data (pynnet3.components.precomputed) -----------------------------------
+    def to_data(self) -> dict:
+        return {"zeroing": self.zeroing, "zeroing_sum": self.zeroing_sum,
+                "in_rows": self.in_rows}
+
+    @classmethod
+    def from_data(cls, data: dict) -> BackpropTruncationIndexes:
+        expect_fields(data, {"zeroing", "zeroing_sum", "in_rows"}, "BackpropTruncationIndexes")
+        in_rows = int_array(data, "in_rows", (None,), 0, optional=True)
+        zeroing = data["zeroing"]
+        if zeroing is not None:
+            zeroing = float_array(data, "zeroing", len(zeroing))
+        if in_rows is not None and zeroing is not None and len(in_rows) != len(zeroing):
+            raise ValueError("BackpropTruncationIndexes: zeroing and in_rows differ in length")
+        return cls(zeroing, float_field(data, "zeroing_sum"), in_rows)
+
+    def check_use(self, component, num_in: int | None, num_out: int) -> None:
+        for name in ("zeroing", "in_rows"):
+            a = getattr(self, name)
+            if a is not None:
+                same_rows(f"BackpropTruncationIndexes {name}", len(a), num_out)
+        if self.in_rows is not None and num_in is not None and len(self.in_rows) \
+                and self.in_rows.max() >= num_in:
+            raise ValueError("BackpropTruncationIndexes: an input row out of range")
 
 
 def match_rows(input_indexes: np.ndarray, output_indexes: np.ndarray) -> np.ndarray | None:

@@ -26,10 +26,12 @@ import numpy as np
 from ..errors import ComputeError
 from ..index import describe, pack
 from .base import Component, Flags, InputDeps, register, require
+from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 
 _T_SHIFT = 1 << 31  # t is offset by this inside a window key so that keys sort by t
 
 
+@plain_indexes("StatisticsExtractionComponent", "StatisticsPoolingComponent")
 @dataclass
 class RangeIndexes:
     """Output row ``o`` sums the sorted input rows ``perm[lo[o]:hi[o]]``.
@@ -46,6 +48,26 @@ class RangeIndexes:
     @property
     def counts(self) -> np.ndarray:
         return self.hi - self.lo
+
+    # -- plain data (pynnet3.components.precomputed) -----------------------------------
+    def to_data(self) -> dict:
+        return {"perm": self.perm, "lo": self.lo, "hi": self.hi,
+                "num_input_rows": self.num_input_rows}
+
+    @classmethod
+    def from_data(cls, data: dict) -> RangeIndexes:
+        expect_fields(data, {"perm", "lo", "hi", "num_input_rows"}, "RangeIndexes")
+        num_in = int_field(data, "num_input_rows")
+        perm = int_array(data, "perm", (None,), 0, num_in)
+        lo = int_array(data, "lo", (None,), 0, len(perm) + 1)
+        hi = int_array(data, "hi", lo.shape, 0, len(perm) + 1)
+        if (lo > hi).any():
+            raise ValueError("RangeIndexes: a range ends before it begins")
+        return cls(perm, lo, hi, num_in)
+
+    def check_use(self, component, num_in: int | None, num_out: int) -> None:
+        same_rows("RangeIndexes input", self.num_input_rows, num_in)
+        same_rows("RangeIndexes output", len(self.lo), num_out)
 
     def window_sums(self, values: np.ndarray) -> np.ndarray:
         """Row ``o`` = sum of ``values[perm[lo[o]:hi[o]]]``, in float64.

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import ComputeError
 from ..index import KeySet, pack
 from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closing, register
+from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 
 # ----------------------------------------------------------------------------------
 # Kaldi integer vectors (WriteIntegerVector / WriteIntegerPairVector)
@@ -140,6 +141,7 @@ def time_offset_deps(output_indexes: np.ndarray, time_offsets,
     return InputDeps(owner, deps, req)
 
 
+@plain_indexes("TdnnComponent", "TimeHeightConvolutionComponent")
 class OffsetGather:
     """Precomputed indexes of Tdnn/TimeHeightConvolution: ``src`` [num-offsets,
     rows-out], the input row per time offset and output row (-1 = absent, then a
@@ -181,6 +183,34 @@ class OffsetGather:
             and self.src.shape == other.src.shape and np.array_equal(self.src, other.src)
 
     __hash__ = None  # mutable-looking, compared by content
+
+    # -- plain data (pynnet3.components.precomputed) -----------------------------------
+    def to_data(self) -> dict:
+        if self.starts is not None:  # (src follows from the starts)
+            return {"starts": np.asarray(self.starts, dtype=np.int64),
+                    "num_in": self.num_in, "num_out": self.num_out}
+        return {"src": self._src, "num_in": self.num_in}
+
+    @classmethod
+    def from_data(cls, data: dict) -> OffsetGather:
+        num_in = int_field(data, "num_in")
+        if "starts" in data:
+            expect_fields(data, {"starts", "num_in", "num_out"}, "OffsetGather")
+            num_out = int_field(data, "num_out", 1)
+            starts = int_array(data, "starts", (None,), 0, num_in - num_out + 1)
+            return cls(None, num_in, starts=tuple(starts.tolist()), num_out=num_out)
+        expect_fields(data, {"src", "num_in"}, "OffsetGather")
+        return cls(int_array(data, "src", (None, None), -1, num_in), num_in)
+
+    def check_use(self, component, num_in: int | None, num_out: int) -> None:
+        same_rows("OffsetGather input", self.num_in, num_in)
+        same_rows("OffsetGather output", self.num_out, num_out)
+        offsets = (component.time_offsets if component.type_name == "TdnnComponent"
+                   else component.model.all_time_offsets)
+        have = len(self.src) if self.starts is None else len(self.starts)
+        if have != len(offsets):
+            raise ValueError(f"OffsetGather has {have} time offsets, the component "
+                             f"{len(offsets)}")
 
     def __repr__(self) -> str:
         k = len(self.src) if self.starts is None else len(self.starts)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import FormatError
+from .atomic import atomic_write
 
 _TYPES = {b"FM ": (np.float32, 2), b"DM ": (np.float64, 2),
           b"FV ": (np.float32, 1), b"DV ": (np.float64, 1)}
@@ -99,6 +100,4 @@ def ark_bytes(entries: dict[str, np.ndarray], double: bool = False) -> bytes:
 def write_ark(path: str | os.PathLike, entries: dict[str, np.ndarray],
               double: bool = False) -> None:
     """Write a binary archive (atomically)."""
-    from ..nnet import atomic_write
-
     atomic_write(path, ark_bytes(entries, double))

@@ -1,0 +1,114 @@
+"""Atomic file writes: a reader sees the old file or the new one, never a part.
+
+:func:`atomic_write` writes the data to a temporary file beside the target, named
+``.NAME.pynnet3-tmp-HOST-PID-RANDOM``, flushes it to disk and renames it over the
+target. A writer killed in between leaves its temporary behind; each later write
+to the same target first removes the temporaries of that target that are stale:
+made on this host by a process that is no longer running, or older than
+:data:`STALE_SECONDS` (made on another host sharing the folder, or by a process
+whose pid has been reused). Temporaries of a running writer are left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import time
+from pathlib import Path
+
+TAG = ".pynnet3-tmp-"
+STALE_SECONDS = 24 * 3600
+_NAME_CHARS = 100  # of the target's name kept in a temporary's name (NAME_MAX is 255)
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:64] or "host"
+
+
+def temp_prefix(path: str | os.PathLike) -> str:
+    """The start of the names of ``path``'s temporaries (in the same folder)."""
+    return f".{Path(path).name[:_NAME_CHARS]}{TAG}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0  # (PermissionError: alive, another user's)
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
+    """Remove the stale temporaries of target ``path`` (module doc); returns the
+    names removed."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    prefix = temp_prefix(path)
+    host, now, removed = _host(), time.time(), []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not name.startswith(prefix):
+            continue
+        parts = name[len(prefix):].rsplit("-", 2)
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        dead_here = parts[0] == host and not _pid_alive(int(parts[1]))
+        try:
+            if dead_here or now - entry.stat(follow_symlinks=False).st_mtime > STALE_SECONDS:
+                os.unlink(entry.path)
+                removed.append(name)
+        except OSError:  # (gone already: another writer cleaned up)
+            pass
+    return removed
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers never see a partial file; stale
+    temporaries of earlier, killed writes to ``path`` are removed first."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    remove_stale_temporaries(path)
+    base = f"{temp_prefix(path)}{_host()}-{os.getpid()}-"
+    while True:
+        tmp = folder / (base + secrets.token_hex(4))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        # the temporary is 0600; give it the mode a plain open() would (or keep the
+        # mode of the file being replaced)
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except OSError:
+            mode = 0o666 & ~_umask()
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+__all__ = ["STALE_SECONDS", "TAG", "atomic_write", "remove_stale_temporaries", "temp_prefix"]
