@@ -1,14 +1,8 @@
-"""The ``pynnet3`` command line, mirroring Kaldi's nnet3 tools.
-
-``pynnet3 info MODEL``                      like nnet3-info
-``pynnet3 init CONFIG OUT [--binary=...]``  like nnet3-init
-``pynnet3 copy IN OUT [--binary=...]``      like nnet3-copy
-``pynnet3 show-computation MODEL --request REQ.json [--optimize=true|false] [--report]
-   [--check=true] [--optimization.<option>=...]``
-``pynnet3 demo``                            compile and run the bundled TDNN-F example
-
-Flags are spelled as Kaldi spells them (``--binary=false``). Errors from bad
-input are printed as one line naming the file and place, with exit status 1.
+"""The pynnet3 command line, mirroring Kaldi's nnet3 tools (info, init, copy,
+show-computation, demo). The help texts live here, written for the terminal
+(:func:`build_parser`); flags are spelled as Kaldi spells them (--binary=false).
+Errors from bad input are printed as one line naming the file and place, with
+exit status 1.
 """
 
 from __future__ import annotations
@@ -92,17 +86,30 @@ def _cmd_show(args) -> int:
 
 
 def add_optimize_flags(s: argparse.ArgumentParser) -> None:
-    """Kaldi's ``--optimization.<option>`` flags, one per OptimizeOptions field."""
+    """Kaldi's ``--optimization.<option>`` flags, one per OptimizeOptions field, each
+    with its help line and default."""
     from ..optimize import OptimizeOptions
 
-    g = s.add_argument_group("optimization options (Kaldi's NnetOptimizeOptions)")
+    g = s.add_argument_group(
+        "optimization options (Kaldi's NnetOptimizeOptions; each overrides one default)")
+    defaults = OptimizeOptions()
     for f in fields(OptimizeOptions):
         flag = "--optimization." + f.name.replace("_", "-")
+        default = _flag_value(getattr(defaults, f.name))
+        text = f"{OptimizeOptions.help(f.name)} (default: {default})"
         if f.type in ("bool", bool):
             g.add_argument(flag, dest="opt_" + f.name, type=kaldi_bool, default=None,
-                           metavar="true|false")
+                           metavar="true|false", help=text)
         else:
-            g.add_argument(flag, dest="opt_" + f.name, type=int, default=None, metavar="INT")
+            g.add_argument(flag, dest="opt_" + f.name, type=int, default=None, metavar="INT",
+                           help=text)
+
+
+def _flag_value(value) -> str:
+    """A default as the command line spells it."""
+    if value is None:
+        return "unset"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def optimize_options_from_args(args):
@@ -130,46 +137,105 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="pynnet3", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+_DESCRIPTION = """\
+Compile, optimize and run Kaldi nnet3 networks. The commands mirror Kaldi's
+nnet3 tools; flags are spelled as Kaldi spells them (--binary=false). Errors
+from bad input are printed on one line naming the file and the place, with
+exit status 1."""
 
-    s = sub.add_parser("info", help="print nodes, components, dims, context (nnet3-info)")
-    s.add_argument("model")
+_EPILOG = """\
+Run 'pynnet3 COMMAND --help' for the arguments and options of a command.
+Start with 'pynnet3 demo'."""
+
+_REQUEST_HELP = """\
+request file (JSON): {"inputs": [{"name": NODE, "indexes": [[n, t, x], ...],
+"has_deriv": false}, ...], "outputs": [...], "need_model_derivative": false,
+"store_component_stats": false}; input names are the network's input nodes,
+output names its output nodes (docs/request-json.md in the source tree has the
+full schema)"""
+
+
+def _command(sub, name: str, summary: str, description: str,
+             usage: str | None = None) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=summary, description=description, usage=usage,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``pynnet3`` argument parser: every command, argument and option has a help
+    text in plain words (no markup), defaults included."""
+    from .. import __version__
+
+    p = _Parser(prog="pynnet3", description=_DESCRIPTION, epilog=_EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"pynnet3 {__version__}",
+                   help="print the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           title="commands")
+    binary = "write the model in Kaldi's binary (true) or text (false) format (default: true)"
+
+    s = _command(sub, "info", "print a model's nodes, components, dims and context "
+                 "(like nnet3-info)",
+                 "Print a model's nodes, components, dimensions, left/right context and\n"
+                 "parameter count, as Kaldi's nnet3-info does.")
+    s.add_argument("model", metavar="MODEL",
+                   help="model file: Kaldi nnet3, text or binary (detected)")
     s.set_defaults(fn=_cmd_info)
 
-    s = sub.add_parser("init", help="initialize a network from a config (nnet3-init)")
-    s.add_argument("config")
-    s.add_argument("out")
-    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false")
-    s.add_argument("--srand", type=int, default=0, help="random seed for initialization")
+    s = _command(sub, "init", "initialize a network from a config (like nnet3-init)",
+                 "Build a network from a Kaldi nnet3 config with randomly initialized\n"
+                 "parameters and write it, as Kaldi's nnet3-init does.")
+    s.add_argument("config", metavar="CONFIG", help="config file (Kaldi nnet3 config lines)")
+    s.add_argument("out", metavar="OUT", help="where to write the model")
+    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false", help=binary)
+    s.add_argument("--srand", type=int, default=0, metavar="INT",
+                   help="random seed for the initial parameters (default: 0)")
     s.set_defaults(fn=_cmd_init)
 
-    s = sub.add_parser("copy", help="copy a model, converting text/binary (nnet3-copy)")
-    s.add_argument("input")
-    s.add_argument("output")
-    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false")
+    s = _command(sub, "copy", "copy a model, converting text/binary (like nnet3-copy)",
+                 "Read a model and write it again, converting between text and binary,\n"
+                 "as Kaldi's nnet3-copy does.")
+    s.add_argument("input", metavar="IN",
+                   help="model to read: Kaldi nnet3, text or binary (detected)")
+    s.add_argument("output", metavar="OUT", help="where to write the model")
+    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false", help=binary)
     s.add_argument("--set-test-mode", dest="set_test_mode", type=kaldi_bool, default=None,
-                   metavar="true|false", help="set BatchNorm/dropout test mode")
+                   metavar="true|false",
+                   help="switch BatchNorm and dropout components to test mode (true) or "
+                        "training mode (false) (default: leave them as they are)")
     s.set_defaults(fn=_cmd_copy)
 
-    s = sub.add_parser("show-computation", help="print the compiled computation and stats")
-    s.add_argument("model")
-    s.add_argument("--request", required=True, help="request.json (kaldi-reference format)")
-    s.add_argument("--optimize", type=kaldi_bool, default=True, metavar="true|false")
+    s = _command(sub, "show-computation", "print the compiled computation and its stats",
+                 "Compile a request for a model and print the request, the computation\n"
+                 "(Kaldi-style listing of its commands) and its statistics: commands,\n"
+                 "matrices, peak memory. With --report, also the sizes after every\n"
+                 "optimizer pass.",
+                 usage="pynnet3 show-computation [-h] MODEL --request REQUEST.json [options]\n"
+                       "                                [--optimization.OPTION=VALUE ...]")
+    s.add_argument("model", metavar="MODEL",
+                   help="model file: Kaldi nnet3, text or binary (detected)")
+    s.add_argument("--request", required=True, metavar="REQUEST.json", help=_REQUEST_HELP)
+    s.add_argument("--optimize", type=kaldi_bool, default=True, metavar="true|false",
+                   help="run the optimizer (default: true)")
     s.add_argument("--use-shortcut", dest="use_shortcut", type=kaldi_bool, default=True,
                    metavar="true|false",
-                   help="compile N identical sequences as 2 and expand (Kaldi's shortcut)")
+                   help="compile N identically shaped sequences as 2 and expand the result, "
+                        "as Kaldi's shortcut compilation (default: true)")
     s.add_argument("--report", action="store_true",
-                   help="print commands, matrices and peak memory after each pass")
+                   help="also print commands, matrices and peak memory after each "
+                        "optimizer pass")
     s.add_argument("--check", type=kaldi_bool, default=False, metavar="true|false",
-                   help="run the computation checker after compilation and every pass")
+                   help="run the computation checker after compiling and after every pass "
+                        "(default: false)")
     add_optimize_flags(s)
     s.set_defaults(fn=_cmd_show)
 
-    s = sub.add_parser("demo", help="compile and run the bundled TDNN-F example")
-    s.add_argument("--seed", type=int, default=0)
+    s = _command(sub, "demo", "compile and run the bundled TDNN-F example",
+                 "Build the bundled TDNN-F network (examples/tdnnf.config in the package),\n"
+                 "compile and run a 150-frame decode request and an 8-sequence training\n"
+                 "request, and print commands, matrices, peak memory, compile and run time.")
+    s.add_argument("--seed", type=int, default=0, metavar="INT",
+                   help="random seed for the parameters and the features (default: 0)")
     s.set_defaults(fn=_cmd_demo)
     return p
 

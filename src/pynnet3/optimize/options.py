@@ -49,6 +49,11 @@ class OptimizeOptions:
     splice_free_affine: bool = True
 
     @classmethod
+    def help(cls, name: str) -> str:
+        """One line saying what option ``name`` does (the command line's help)."""
+        return OPTION_HELP[name]
+
+    @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
@@ -61,3 +66,47 @@ class OptimizeOptions:
         off = 0 if name == "memory_compression_level" else (
             None if name.endswith("deriv_time") or name == "max_deriv_time_relative" else False)
         return replace(self, **{name: off})
+
+
+#: What each option does, in one line (``pynnet3 show-computation --help`` shows these).
+OPTION_HELP = {
+    "optimize": "run the optimizer at all (false: every other option is ignored)",
+    "consolidate_model_update": "merge the model updates of a component's backprops into "
+                                "one command (recurrent networks)",
+    "propagate_in_place": "let components that can work in place write over their input",
+    "backprop_in_place": "let components that can backprop in place write over the output "
+                         "derivative",
+    "optimize_row_ops": "replace row gathers and scatters by simpler commands where the "
+                        "rows allow it",
+    "split_row_ops": "split a multi-source row copy or addition into at most two simpler "
+                     "commands",
+    "extend_matrices": "let a spliced copy take all of its source, growing the target by "
+                       "a few rows, so variable merging can remove it (TDNNs)",
+    "convert_addition": "turn an addition into a plain copy where the target holds nothing yet",
+    "remove_assignments": "merge variables joined only by a copy, removing the copy",
+    "allow_left_merge": "let remove-assignments merge a copy's source into its target",
+    "allow_right_merge": "let remove-assignments merge a copy's target into its source",
+    "initialize_undefined": "drop the zeroing of matrices that are wholly written before "
+                            "being read",
+    "move_sizing_commands": "allocate matrices as late and free them as early as possible",
+    "allocate_from_other": "reuse the memory of a freed matrix of the same size instead of "
+                           "allocating anew",
+    "min_deriv_time": "compute no derivatives for times t below this (recurrent training)",
+    "max_deriv_time": "compute no derivatives for times t above this (recurrent training)",
+    "max_deriv_time_relative": "max-deriv-time as an offset from the largest output t of "
+                               "the request",
+    "snip_row_ops": "shrink row operations whose first or last rows do nothing",
+    "memory_compression_level": "training only: 0 no compression, 1 keep only the sign of "
+                                "ReLU outputs between the passes (exact), 2 also store "
+                                "others as int16 (approximate)",
+    "optimize_looped_computation": "turn a multi-chunk computation into a loop (looped, "
+                                   "online decoding)",
+    "allocate_from_other_peak_aware": "make allocate-from-other never raise the peak memory "
+                                      "(beyond Kaldi)",
+    "remove_needless_noops": "drop no-op commands nothing needs (beyond Kaldi)",
+    "free_provided_outputs": "free an output matrix as soon as it is handed over (beyond Kaldi)",
+    "remove_dead_input_derivatives": "drop input-derivative matrices nothing reads "
+                                     "(beyond Kaldi)",
+    "splice_free_affine": "let affine components read their spliced input in place instead "
+                          "of from a copy (beyond Kaldi)",
+}
