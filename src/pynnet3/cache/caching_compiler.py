@@ -161,7 +161,8 @@ class CachingCompiler:
         return len(self._entries)
 
     def save(self, path) -> None:
-        """Write the entries to ``path`` (see :mod:`pynnet3.cache.persist`)."""
+        """Write the entries to ``path``, atomically, as plain data (see
+        :mod:`pynnet3.cache.persist`)."""
         from .persist import save_cache
 
         save_cache(self, path)
@@ -169,7 +170,9 @@ class CachingCompiler:
     def load(self, path) -> int:
         """Add the usable entries of a file written by :meth:`save`; entries made for
         another network structure, other options or another pynnet3 version are
-        skipped with a warning. Returns the number of entries added."""
+        skipped with a warning. Returns the number of entries added. The file is
+        data, not code: loading runs nothing from it, and a damaged or hand-made
+        file raises FormatError (see :mod:`pynnet3.cache.persist`)."""
         from .persist import load_cache
 
         return load_cache(self, path)
