@@ -16,7 +16,9 @@ import re
 
 import numpy as np
 
+from . import limits
 from .errors import ConfigError
+from .limits import check_option
 
 # Kaldi's IsValidName: a letter or '_', then letters, digits, '_', '-', '.'.
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-.]*\Z")
@@ -111,9 +113,13 @@ class ConfigLine:
         if raw is None:
             return default
         try:
-            return int(raw)
+            value = int(raw)
         except ValueError:
             raise self.error(f"option {key}={raw!r}: expected an integer") from None
+        problem = check_option(key, value)
+        if problem:
+            raise self.error(f"option {key}=: {problem}")
+        return value
 
     def get_float(self, key: str, default: float | None = None,
                   required: bool = False) -> float | None:
@@ -143,10 +149,17 @@ class ConfigLine:
         if raw is None:
             return default
         try:
-            return [int(v) for v in raw.split(sep) if v.strip() != ""]
+            values = [int(v) for v in raw.split(sep) if v.strip() != ""]
         except ValueError:
             raise self.error(f"option {key}={raw!r}: expected integers separated by "
                              f"{sep!r}") from None
+        problem = values and (check_option(key, min(values)) or check_option(key, max(values)))
+        if problem:
+            raise self.error(f"option {key}=: {problem}")
+        problem = limits.exceeded("max_dim", len(values), f"number of values in {key}=")
+        if problem:
+            raise self.error(problem)
+        return values
 
     def get_float_list(self, key: str, default=None, required: bool = False,
                        sep: str = ",") -> list[float] | None:

@@ -31,8 +31,9 @@ from functools import cached_property
 
 import numpy as np
 
+from . import limits
 from .errors import DescriptorError
-from .index import key_offset, key_t, key_with_t, key_with_x, pack, unpack
+from .index import INDEX_LIMITS, X_COL, key_offset, key_t, key_with_t, key_with_x, pack, unpack
 from .io.kaldi_stream import format_float
 
 # ----------------------------------------------------------------------------------
@@ -404,6 +405,9 @@ def _restrict(terms: list[Term], allowed: np.ndarray) -> list[Term]:
 # ----------------------------------------------------------------------------------
 
 _TOKEN_RE = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_.\-]*)|(-?[0-9.][0-9.eE+\-]*)|(\S))")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_DEPTH = 64  # descriptor functions nested deeper are an error (Kaldi's are a few deep)
+_X_LIMIT = int(INDEX_LIMITS[X_COL]) // 2  # x offsets and values: within the index x range
 _FUNCTIONS = {"Append", "Sum", "Failover", "IfDefined", "Offset", "Round", "ReplaceIndex",
               "Switch", "Const", "Scale"}
 
@@ -434,6 +438,7 @@ class _Parser:
                 self.tokens.append(("punct", m.group(3), m.start(3)))
             pos = m.end()
         self.i = 0
+        self.depth = 0
 
     def error(self, message: str) -> DescriptorError:
         if self.i < len(self.tokens):
@@ -454,7 +459,9 @@ class _Parser:
         self.i += 1
         return tk
 
-    def int_arg(self) -> int:
+    def int_arg(self, what: str, limit: int | str) -> int:
+        """An integer argument: ``what`` (for messages) must lie within ``limit``,
+        a number or the name of a pynnet3.limits limit (magnitude)."""
         kind, tok, _ = self.peek()
         try:
             value = int(tok) if kind == "num" else None
@@ -462,6 +469,13 @@ class _Parser:
             value = None
         if value is None:
             raise self.error("expected an integer")
+        if isinstance(limit, str):
+            problem = limits.exceeded(limit, value, what)
+        else:
+            problem = f"{what} = {value} is outside [{-limit}, {limit}]" if abs(value) > limit \
+                else None
+        if problem:
+            raise self.error(problem)
         self.i += 1
         return value
 
@@ -473,6 +487,8 @@ class _Parser:
             value = None
         if value is None:
             raise self.error("expected a number")
+        if not abs(value) <= _FLOAT32_MAX:
+            raise self.error("expected a finite number (within float range)")
         self.i += 1
         return value
 
@@ -491,8 +507,12 @@ class _Parser:
             if tok not in _FUNCTIONS:
                 raise self.error(f"unknown descriptor function {tok!r} (expected one of "
                                  f"{', '.join(sorted(_FUNCTIONS))})")
+            if self.depth >= MAX_DEPTH:
+                raise self.error(f"descriptor functions nested more than {MAX_DEPTH} deep")
             self.i += 2
+            self.depth += 1
             node = getattr(self, "f_" + tok)()
+            self.depth -= 1
             self.take("punct", ")")
             return node
         self.i += 1
@@ -517,7 +537,10 @@ class _Parser:
         return ("append", self.expr_list(1))
 
     def f_Sum(self):
-        return ("sum", self.expr_list(1))
+        terms = self.expr_list(1)
+        if self.depth + len(terms) > MAX_DEPTH:  # Sum(a, b, c) is Sum(a, Sum(b, c))
+            raise self.error(f"Sum() of {len(terms)} terms nests more than {MAX_DEPTH} deep")
+        return ("sum", terms)
 
     def f_Failover(self):
         a = self.expr()
@@ -530,17 +553,17 @@ class _Parser:
     def f_Offset(self):
         a = self.expr()
         self.comma()
-        t = self.int_arg()
+        t = self.int_arg("Offset() t-offset", "max_context")
         x = 0
         if self.peek()[1] == ",":
             self.i += 1
-            x = self.int_arg()
+            x = self.int_arg("Offset() x-offset", _X_LIMIT)
         return ("offset", a, t, x)
 
     def f_Round(self):
         a = self.expr()
         self.comma()
-        m = self.int_arg()
+        m = self.int_arg("Round() modulus", "max_context")
         if m <= 0:
             self.i -= 1
             raise self.error("Round() modulus must be positive")
@@ -554,7 +577,9 @@ class _Parser:
             self.i -= 1
             raise self.error("ReplaceIndex() variable must be t or x")
         self.comma()
-        return ("replace", a, var, self.int_arg())
+        value = self.int_arg(f"ReplaceIndex() {var} value",
+                             "max_context" if var == "t" else _X_LIMIT)
+        return ("replace", a, var, value)
 
     def f_Switch(self):
         return ("switch", self.expr_list(1))
@@ -562,7 +587,7 @@ class _Parser:
     def f_Const(self):
         v = self.float_arg()
         self.comma()
-        d = self.int_arg()
+        d = self.int_arg("Const() dimension", "max_dim")
         if d <= 0:
             self.i -= 1
             raise self.error("Const() dimension must be positive")

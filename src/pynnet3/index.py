@@ -16,6 +16,10 @@ import numpy as np
 _N_BITS, _T_BITS, _X_BITS = 20, 27, 16
 _N_OFF, _T_OFF, _X_OFF = 1 << (_N_BITS - 1), 1 << (_T_BITS - 1), 1 << (_X_BITS - 1)
 N_COL, T_COL, X_COL = 0, 1, 2
+# The (n, t, x) values an index may hold: [-limit, limit) per column, half each
+# field's range (see check_range).
+INDEX_LIMITS = np.array([1 << (_N_BITS - 2), 1 << (_T_BITS - 2), 1 << (_X_BITS - 2)],
+                        dtype=np.int64)
 
 
 def check_range(arr: np.ndarray) -> None:
@@ -24,11 +28,11 @@ def check_range(arr: np.ndarray) -> None:
     offsets, ReplaceIndex/Round masks, (t, x, n) ordering) is only exact there."""
     if not len(arr):
         return
-    for col, name, bits in ((N_COL, "n", _N_BITS), (T_COL, "t", _T_BITS), (X_COL, "x", _X_BITS)):
+    for col, name in ((N_COL, "n"), (T_COL, "t"), (X_COL, "x")):
         # per column: a reduction over axis 0 of the whole array buffers copies
         values = arr[:, col]
         lo, hi = int(values.min()), int(values.max())
-        limit = 1 << (bits - 2)
+        limit = int(INDEX_LIMITS[col])
         if lo < -limit or hi >= limit:
             raise ValueError(f"{name} values must lie in [{-limit}, {limit}); got [{lo}, {hi}]")
 

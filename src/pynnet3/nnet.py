@@ -13,17 +13,19 @@ component-node to an existing component, and dimensions agree.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from . import limits
 from .components import component_class
-from .components.base import Component
+from .components.base import Component, check_dims
 from .config import ConfigLine, is_valid_name, split_config_lines
 from .descriptor import Descriptor, RoundOf, SwitchOf, parse_descriptor
-from .errors import DescriptorError, DimensionError, GraphError
+from .errors import ConfigError, DescriptorError, DimensionError, GraphError
 from .io.atomic import atomic_write  # (also importable from here, as before)
 from .io.model_file import ModelParts, parse_model_bytes, write_model_parts
 
@@ -89,6 +91,8 @@ class Nnet:
         """Apply one config to this network (adds or replaces nodes and components)."""
         rng = rng if rng is not None else np.random.default_rng(0)
         lines = split_config_lines(text, source)
+        if not lines:
+            raise ConfigError("empty config (no component or node lines)", source=source)
         node_lines: list[ConfigLine] = []
         for cl in lines:
             if cl.first == "component":
@@ -98,7 +102,11 @@ class Nnet:
                 if cls_ is None:
                     raise cl.error(f"unknown component type {type_name!r}")
                 _check_name(name, cl)
-                self.components[name] = cls_.from_config(cl, rng)
+                comp = cls_.from_config(cl, _SizeCheckedDraws(rng, cl))
+                problem = check_dims(comp)
+                if problem:
+                    raise cl.error(problem)
+                self.components[name] = comp
             elif cl.first in NODE_KINDS:
                 node_lines.append(cl)
             else:
@@ -224,7 +232,7 @@ class Nnet:
                 continue
             for p in n.descriptor.parts:
                 for v in _moduli(p):
-                    m = int(np.lcm(m, v))
+                    m = math.lcm(m, v)  # (Python ints: no int64 overflow)
         return m
 
     def is_recurrent(self) -> bool:
@@ -289,6 +297,10 @@ class Nnet:
             dup = next(x for x in names if names.count(x) > 1)
             raise GraphError(f"{source}: duplicate node name {dup!r}")
         nodes = {n.name: n for n in self.nodes}
+        for n in self.nodes:  # (before any dims: a node may read one defined later)
+            if n.kind == "component-node" and n.component not in self.components:
+                raise GraphError(f"{source}: node {n.name!r} uses unknown component "
+                                 f"{n.component!r}")
         for n in self.nodes:
             for src in n.inputs():
                 if src not in nodes:
@@ -296,9 +308,6 @@ class Nnet:
                 if nodes[src].kind == "output-node":
                     raise GraphError(f"{source}: node {n.name!r} reads output node {src!r}")
             if n.kind == "component-node":
-                if n.component not in self.components:
-                    raise GraphError(f"{source}: node {n.name!r} uses unknown component "
-                                     f"{n.component!r}")
                 comp = self.components[n.component]
                 try:
                     d = n.descriptor.dim(self.node_dim)
@@ -322,6 +331,10 @@ class Nnet:
                     raise DimensionError(f"{source}: node {n.name!r}: {e}") from None
         if not any(n.kind == "output-node" for n in self.nodes) and self.nodes:
             raise GraphError(f"{source}: network has no output-node")
+        problem = limits.exceeded("max_context", self.modulus(),
+                                  "modulus (LCM of the Round() moduli and Switch() sizes)")
+        if problem:
+            raise GraphError(f"{source}: {problem}")
 
     def info(self) -> str:
         """Text like ``nnet3-info``."""
@@ -344,6 +357,41 @@ class Nnet:
         for name, c in self.components.items():
             lines.append(f"component name={name} {c.info()}")
         return "\n".join(lines) + "\n"
+
+
+class _SizeCheckedDraws:
+    """The generator a component's ``from_config`` draws its initial parameters
+    from: a draw of more than ``max_params`` values (pynnet3.limits) is a
+    ConfigError naming the line, raised before anything is allocated."""
+
+    def __init__(self, rng: np.random.Generator, cl: ConfigLine):
+        self._rng, self._cl = rng, cl
+
+    def _checked(self, size):
+        shape = () if size is None else tuple(np.atleast_1d(size).tolist())
+        problem = limits.exceeded("max_params", math.prod(shape),
+                                  "initial parameter values (shape " + "x".join(map(str, shape))
+                                  + ")")
+        if problem:
+            raise self._cl.error(problem)
+        return size
+
+    def standard_normal(self, size=None, *args, **kwargs):
+        return self._rng.standard_normal(self._checked(size), *args, **kwargs)
+
+    def normal(self, loc=0.0, scale=1.0, size=None):
+        return self._rng.normal(loc, scale, self._checked(size))
+
+    def uniform(self, low=0.0, high=1.0, size=None):
+        return self._rng.uniform(low, high, self._checked(size))
+
+    def random(self, size=None, *args, **kwargs):
+        return self._rng.random(self._checked(size), *args, **kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # (copy / pickle probes: not the generator's)
+            raise AttributeError(name)
+        return getattr(self._rng, name)
 
 
 def _moduli(e):
@@ -402,6 +450,10 @@ def _node_from_config(cl: ConfigLine, names: set[str]) -> Node:
 def read_nnet(path: str | os.PathLike) -> Nnet:
     """Read a Kaldi nnet3 model, text or binary (auto-detected by the ``\\0B`` marker)."""
     path = Path(path)
-    data = path.read_bytes()
-    parts = parse_model_bytes(data, str(path))
-    return Nnet.from_model_parts(parts, str(path))
+    return nnet_from_bytes(path.read_bytes(), str(path))
+
+
+def nnet_from_bytes(data: bytes, source: str = "<bytes>") -> Nnet:
+    """A network from the bytes of a Kaldi model file, text or binary; ``source``
+    names it in error messages."""
+    return Nnet.from_model_parts(parse_model_bytes(data, source), source)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from .. import limits
+from ..errors import ComputeError
 from .commands import compile_commands
 from .graph import build_graph
 from .request import ComputationRequest, IoSpecification
@@ -19,12 +21,23 @@ def compile_computation(nnet, request: ComputationRequest, timings: dict | None 
     # (inputs accepted first, outputs provided last in each segment, as Kaldi's
     # compiler: compile_commands emits them there)
     computation = compile_commands(nnet, request, builder, graph)
+    check_matrix_sizes(computation)
     if timings is not None:
         schedule = builder.schedule_seconds
         for phase, seconds in (("graph", t1 - t0 - schedule), ("schedule", schedule),
                                ("commands", time.perf_counter() - t1)):
             timings[phase] = timings.get(phase, 0.0) + seconds
     return computation
+
+
+def check_matrix_sizes(computation) -> None:
+    """ComputeError when a matrix of ``computation`` holds more floats than the
+    ``max_floats`` limit (pynnet3.limits): found before anything is allocated."""
+    for k, m in enumerate(computation.matrices):
+        problem = limits.exceeded("max_floats", m.rows * m.cols,
+                                  f"floats in matrix m{k} ({m.rows}x{m.cols}, node {m.node!r})")
+        if problem:
+            raise ComputeError(problem)
 
 
 __all__ = ["ComputationRequest", "IoSpecification", "compile_computation"]

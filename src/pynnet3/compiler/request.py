@@ -7,12 +7,15 @@ statistics are stored. The JSON form is that of kaldi-reference ``request.json``
 
 from __future__ import annotations
 
+import itertools
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ComputeError
-from ..index import as_indexes, check_range, describe
+from .. import limits
+from ..errors import ComputeError, FormatError
+from ..index import INDEX_LIMITS, as_indexes, check_range, describe
 
 
 @dataclass
@@ -25,10 +28,12 @@ class IoSpecification:
     has_deriv: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise ComputeError(f"IoSpecification: the name must be a string, got {self.name!r}")
         try:
             self.indexes = as_indexes(self.indexes)
             check_range(self.indexes)
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, OverflowError) as e:
             raise ComputeError(f"IoSpecification {self.name!r}: {e}") from None
 
     def to_json(self) -> dict:
@@ -36,12 +41,23 @@ class IoSpecification:
                 "indexes": self.indexes.tolist()}
 
     @classmethod
-    def from_json(cls, obj: dict) -> IoSpecification:
-        try:
-            return cls(obj["name"], as_indexes(obj.get("indexes", [])),
-                       bool(obj.get("has_deriv", False)))
-        except (KeyError, ValueError, TypeError) as e:
-            raise ComputeError(f"bad IoSpecification {str(obj)[:80]}...: {e}") from None
+    def from_json(cls, obj: dict, path: str = "io", source: str = "request"
+                  ) -> IoSpecification:
+        """One element of ``inputs`` / ``outputs`` (see :meth:`ComputationRequest.from_json`);
+        ``path`` names it in errors."""
+        fields = _object(obj, path, source, required=("name", "indexes"),
+                         optional=("has_deriv",))
+        name = fields["name"]
+        if not isinstance(name, str) or not name:
+            raise _error(source, f"{path}.name", "expected a node name (a non-empty string)",
+                         name)
+        has_deriv = fields.get("has_deriv", False)
+        if type(has_deriv) is not bool:
+            raise _error(source, f"{path}.has_deriv", "expected true or false", has_deriv)
+        return cls(name, _indexes(fields["indexes"], f"{path}.indexes", source), has_deriv)
+
+
+_REQUEST_KEYS = ("inputs", "outputs", "need_model_derivative", "store_component_stats")
 
 
 @dataclass
@@ -52,11 +68,51 @@ class ComputationRequest:
     store_component_stats: bool = False
 
     @classmethod
-    def from_json(cls, obj: dict) -> ComputationRequest:
-        return cls([IoSpecification.from_json(o) for o in obj.get("inputs", [])],
-                   [IoSpecification.from_json(o) for o in obj.get("outputs", [])],
-                   bool(obj.get("need_model_derivative", False)),
-                   bool(obj.get("store_component_stats", False)))
+    def from_json(cls, obj: dict, source: str = "request") -> ComputationRequest:
+        """A request from its JSON object (kaldi-reference ``request.json``)::
+
+            {"inputs":  [{"name": "input", "indexes": [[n, t, x], ...], "has_deriv": false}],
+             "outputs": [{"name": "output", "indexes": [[0, 0, 0]], "has_deriv": true}],
+             "need_model_derivative": false, "store_component_stats": false}
+
+        Read strictly: only these keys; ``outputs`` (non-empty), ``name`` and
+        ``indexes`` required, the rest default to ``[]`` / false; booleans are JSON
+        booleans; an index is three JSON integers (no floats, strings or booleans)
+        within the index range; at most ``pynnet3.limits`` ``max_rows`` indexes per
+        input or output. A violation is a ComputeError naming ``source`` and the
+        JSON path of the field (``outputs[0].indexes[3]``). docs/request-json.md
+        has the full description."""
+        fields = _object(obj, "(top level)", source, required=("outputs",),
+                         optional=_REQUEST_KEYS)
+        specs = {}
+        for key in ("inputs", "outputs"):
+            items = fields.get(key, [])
+            if not isinstance(items, list):
+                raise _error(source, key, "expected a list of inputs/outputs", items)
+            if key == "outputs" and not items:
+                raise _error(source, key, "a request must name at least one output", items)
+            specs[key] = [IoSpecification.from_json(o, f"{key}[{i}]", source)
+                          for i, o in enumerate(items)]
+        flags = {}
+        for key in ("need_model_derivative", "store_component_stats"):
+            flags[key] = fields.get(key, False)
+            if type(flags[key]) is not bool:
+                raise _error(source, key, "expected true or false", flags[key])
+        return cls(specs["inputs"], specs["outputs"], **flags)
+
+    @classmethod
+    def from_json_text(cls, text: str | bytes, source: str = "request") -> ComputationRequest:
+        """Parse request JSON text (a file's contents); ``source`` names it in errors
+        (FormatError for text that is not JSON, else as :meth:`from_json`)."""
+        try:
+            obj = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            line = getattr(e, "lineno", None)
+            raise FormatError(f"not valid JSON: {getattr(e, 'msg', e)}", source, line=line
+                              ) from None
+        except RecursionError:
+            raise FormatError("JSON nested too deeply", source) from None
+        return cls.from_json(obj, source)
 
     def to_json(self) -> dict:
         return {"inputs": [i.to_json() for i in self.inputs],
@@ -83,3 +139,63 @@ class ComputationRequest:
         lines.append(f"need-model-derivative: {str(self.need_model_derivative).lower()}")
         lines.append(f"store-component-stats: {str(self.store_component_stats).lower()}")
         return "\n".join(lines)
+
+
+def _error(source: str, path: str, message: str, value=None) -> ComputeError:
+    got = "" if value is None else f", got {_short(value)}"
+    return ComputeError(f"{source}: {path}: {message}{got}")
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _object(obj, path: str, source: str, required: tuple[str, ...],
+            optional: tuple[str, ...]) -> dict:
+    """``obj`` checked to be a JSON object with the ``required`` keys and no key
+    outside ``required + optional``."""
+    if not isinstance(obj, dict):
+        raise _error(source, path, "expected a JSON object", obj)
+    prefix = "" if path == "(top level)" else path + "."
+    for key in obj:
+        if key not in required and key not in optional:
+            known = ", ".join(dict.fromkeys(required + optional))
+            raise _error(source, prefix + str(key), f"unknown key (known keys: {known})")
+    for key in required:
+        if key not in obj:
+            raise _error(source, prefix + key, "missing (required)")
+    return obj
+
+
+def _indexes(value, path: str, source: str) -> np.ndarray:
+    """A JSON list of ``[n, t, x]`` integer triples as a ``(k, 3)`` int64 array."""
+    if not isinstance(value, list):
+        raise _error(source, path, "expected a list of [n, t, x] triples", value)
+    problem = limits.exceeded("max_rows", len(value), "number of indexes")
+    if problem:
+        raise _error(source, path, problem)
+    if not value:
+        return np.zeros((0, 3), dtype=np.int64)
+    # C-level passes over the rows and values; the per-element scan only finds
+    # the culprit once something is wrong.
+    if set(map(type, value)) != {list} or set(map(len, value)) != {3}:
+        i = next(i for i, row in enumerate(value) if type(row) is not list or len(row) != 3)
+        raise _error(source, f"{path}[{i}]", "expected three integers [n, t, x]", value[i])
+    if set(map(type, itertools.chain.from_iterable(value))) != {int}:
+        i, j = next((i, j) for i, row in enumerate(value) for j, v in enumerate(row)
+                    if type(v) is not int)
+        raise _error(source, f"{path}[{i}][{j}]", "expected an integer", value[i][j])
+    try:
+        arr = np.array(value, dtype=np.int64)
+    except OverflowError:  # beyond int64
+        i, j = next((i, j) for i, row in enumerate(value) for j, v in enumerate(row)
+                    if not -2**63 <= v < 2**63)
+        raise _error(source, f"{path}[{i}][{j}]", "integer out of range", value[i][j]) from None
+    bad = (arr < -INDEX_LIMITS) | (arr >= INDEX_LIMITS)
+    if bad.any():
+        i, j = (int(v) for v in np.argwhere(bad)[0])
+        lim = int(INDEX_LIMITS[j])
+        raise _error(source, f"{path}[{i}][{j}]", f"{'ntx'[j]} must lie in [{-lim}, {lim})",
+                     value[i][j])
+    return arr

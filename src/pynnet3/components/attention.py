@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import ComputeError
 from ..index import KeySet, describe, pack
-from .base import Component, Flags, InputDeps, check_finite, register, require
+from .base import Component, Flags, InputDeps, check_finite, check_table_rows, register, require
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 
 # Kaldi's kNoTime: the t of the padding rows that reorder_indexes() adds.
@@ -296,6 +296,8 @@ class RestrictedAttentionComponent(Component):
         """Per output, context_dim dependencies in order of time: required for
         offsets within ``[-num_left_required, num_right_required] * time_stride``
         (which includes the query at offset 0), optional otherwise."""
+        check_table_rows(len(output_indexes) * self.context_dim, "dependencies of an attention "
+                         "context")
         ctx = self._context_indexes(output_indexes)
         k = len(ctx)
         owner = np.repeat(np.arange(k, dtype=np.int64), self.context_dim)

@@ -48,7 +48,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError
+from .. import limits
+from ..errors import ComputeError, ConfigError, FormatError
 
 
 class Flags(enum.IntFlag):
@@ -331,6 +332,25 @@ def require(cond: bool, cfg, message: str) -> None:
         raise ConfigError(message)
 
 
+def check_dims(comp: Component) -> str | None:
+    """None when the component's input and output dims are within ``max_dim``
+    (pynnet3.limits), else why not (dims derived from several options, such as an
+    attention context, are only known once the component is made)."""
+    for what, dim in (("input-dim", comp.input_dim), ("output-dim", comp.output_dim)):
+        problem = limits.exceeded("max_dim", dim, f"{comp.type_name} {what}")
+        if problem:
+            return problem
+    return None
+
+
+def check_table_rows(rows: int, what: str) -> None:
+    """ComputeError when an index table a component is about to build would have
+    more than ``max_rows`` rows (pynnet3.limits): raised before allocating it."""
+    problem = limits.exceeded("max_rows", rows, what)
+    if problem:
+        raise ComputeError(problem)
+
+
 def check_finite(r, name: str, arr: np.ndarray, pos: int) -> None:
     """Kaldi refuses parameters with NaN/inf; so do we, naming where they were read."""
     if arr.size and not np.all(np.isfinite(arr)):
@@ -340,5 +360,6 @@ def check_finite(r, name: str, arr: np.ndarray, pos: int) -> None:
 __all__ = [
     "Component", "UpdatableComponent", "SameDimComponent", "InOutComponent", "Flags",
     "InputDeps", "register", "component_types",
-    "component_class", "read_closing", "require", "check_finite", "FormatError",
+    "component_class", "read_closing", "require", "check_dims", "check_finite",
+    "check_table_rows", "FormatError",
 ]

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import ComputeError
 from ..index import describe, pack
-from .base import Component, Flags, InputDeps, register, require
+from .base import Component, Flags, InputDeps, check_table_rows, register, require
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 
 _T_SHIFT = 1 << 31  # t is offset by this inside a window key so that keys sort by t
@@ -220,6 +220,7 @@ def _window_deps(output_indexes: np.ndarray, t_first: np.ndarray, size: int, ste
     if t_hi < math.inf:  # last k with first + k*step <= t_hi
         k_hi = np.minimum(k_hi, np.floor_divide(int(t_hi) - first, step))
     count = np.maximum(k_hi - k_lo + 1, 0)
+    check_table_rows(int(count.sum()), "dependencies of a statistics window")
     owner = np.repeat(rows, count)
     deps = out[owner]
     # k of each dependency: k_lo of its output plus its place within the output's run

@@ -27,6 +27,7 @@ import struct
 import numpy as np
 
 from ..errors import FormatError
+from ..limits import check_option
 
 _WS = re.compile(rb"\s*")
 _TOKEN = re.compile(rb"\S+")
@@ -54,6 +55,7 @@ class KaldiReader:
         self.data = data
         self.source = source
         self.pos = pos
+        self.tag = ""  # the last <Tag> read: integers after it are checked against its limit
 
     # -- error reporting -------------------------------------------------
     def error(self, message: str, token: str | None = None, pos: int | None = None) -> FormatError:
@@ -82,17 +84,39 @@ class KaldiReader:
         if self.binary and self.pos < len(self.data) and self.data[self.pos:self.pos + 1] == b" ":
             self.pos += 1
         try:
-            return m.group().decode("utf-8")
+            tok = m.group().decode("utf-8")
         except UnicodeDecodeError:
             raise self.error("token is not valid UTF-8", token=repr(m.group()[:40]),
                              pos=start) from None
+        if tok[:1] == "<":
+            self.tag = tok
+        return tok
 
     def peek_token(self) -> str:
-        saved = self.pos
+        saved, tag = self.pos, self.tag
         try:
             return self.read_token()
         finally:
-            self.pos = saved
+            self.pos, self.tag = saved, tag
+
+    def check_int(self, value: int, start: int, token: str | None = None,
+                  wide: bool = False) -> int:
+        """``value`` (read at ``start``) if it fits Kaldi's int32 (int64 when
+        ``wide``: a binary 8-byte integer) and the limit of the field it was read
+        for (:func:`pynnet3.limits.option_limit` of the last tag); else a
+        FormatError there."""
+        problem = check_option(self.tag or "integer", value, wide)
+        if problem:
+            raise self.error(problem, token=str(value) if token is None else token, pos=start)
+        return value
+
+    def check_ints(self, values: np.ndarray, start: int, what: str) -> np.ndarray:
+        """:meth:`check_int` for a whole integer array (vectorized)."""
+        if values.size:
+            for v in (int(values.min()), int(values.max())):
+                if check_option(self.tag or what, v):
+                    self.check_int(v, start)
+        return values
 
     def expect_token(self, expected: str) -> None:
         start = self.token_start()
@@ -157,9 +181,7 @@ class TextReader(KaldiReader):
             value = int(tok)
         except ValueError:
             raise self.error("expected an integer", token=tok, pos=start) from None
-        if not -2**31 <= value < 2**31:
-            raise self.error("integer out of the int32 range", token=tok, pos=start)
-        return value
+        return self.check_int(value, start, tok)
 
     def read_float(self) -> float:
         start = self.token_start()
@@ -233,11 +255,14 @@ class TextReader(KaldiReader):
         body, start = self._bracketed("integer vector")
         words = body.split()
         try:
-            return np.array([int(w) for w in words], dtype=np.int64)
+            values = [int(w) for w in words]
         except ValueError:
             i = next(i for i, w in enumerate(words) if not w.lstrip(b"+-").isdigit())
             raise self.error("bad integer in vector", token=_word(words[i]),
                              pos=start + 1 + _word_offset(body, i)) from None
+        for v in (min(values), max(values)) if values else ():
+            self.check_int(v, start)
+        return np.array(values, dtype=np.int64)
 
     def read_int_pair_vector(self) -> np.ndarray:
         body, start = self._bracketed("integer-pair vector")
@@ -252,6 +277,9 @@ class TextReader(KaldiReader):
                 raise self.error("expected an integer pair like '-1,0'",
                                  token=word.decode(errors="replace"),
                                  pos=start + body.find(word) + 1) from None
+        flat = [v for pair in pairs for v in pair]
+        for v in (min(flat), max(flat)) if flat else ():
+            self.check_int(v, start)
         return np.array(pairs, dtype=np.int64).reshape(-1, 2)
 
 
@@ -289,9 +317,10 @@ class BinaryReader(KaldiReader):
         start = self.pos
         size = self._take(1, "an integer")[0]
         if size == 4:
-            return struct.unpack("<i", self._take(4, "an integer"))[0]
+            return self.check_int(struct.unpack("<i", self._take(4, "an integer"))[0], start)
         if size == 8:
-            return struct.unpack("<q", self._take(8, "an integer"))[0]
+            return self.check_int(struct.unpack("<q", self._take(8, "an integer"))[0], start,
+                                  wide=True)
         raise self.error(f"bad integer size byte {size}", pos=start)
 
     def read_float(self) -> float:
@@ -365,7 +394,8 @@ class BinaryReader(KaldiReader):
         if n < 0:
             raise self.error(f"negative integer-vector size {n}", pos=start)
         raw = self._take(4 * n, f"an integer vector of {n}")
-        return np.frombuffer(raw, dtype="<i4").astype(np.int64)
+        return self.check_ints(np.frombuffer(raw, dtype="<i4").astype(np.int64), start,
+                               "integer vector")
 
     def read_int_pair_vector(self) -> np.ndarray:
         start = self.pos
@@ -376,7 +406,8 @@ class BinaryReader(KaldiReader):
         if n < 0:
             raise self.error(f"negative integer-pair-vector size {n}", pos=start)
         raw = self._take(8 * n, f"an integer-pair vector of {n}")
-        return np.frombuffer(raw, dtype="<i4").astype(np.int64).reshape(n, 2)
+        return self.check_ints(np.frombuffer(raw, dtype="<i4").astype(np.int64).reshape(n, 2),
+                               start, "integer-pair vector")
 
 
 def make_reader(data: bytes, source: str = "<string>") -> KaldiReader:

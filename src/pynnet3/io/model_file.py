@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..components import component_class
-from ..components.base import Component
+from ..components.base import Component, check_dims
 from .kaldi_stream import KaldiReader, KaldiWriter, make_reader, make_writer
 
 
@@ -34,7 +34,11 @@ def read_component(r: KaldiReader) -> Component:
     cls = component_class(tok[1:-1])
     if cls is None:
         raise r.error("unknown component type", token=tok, pos=start)
-    return cls.read(r)
+    comp = cls.read(r)
+    problem = check_dims(comp)
+    if problem:
+        raise r.error(problem, token=tok, pos=start)
+    return comp
 
 
 def write_component(w: KaldiWriter, comp: Component) -> None:
