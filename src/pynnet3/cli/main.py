@@ -1,5 +1,5 @@
 """The pynnet3 command line, mirroring Kaldi's nnet3 tools (info, init, copy,
-show-computation, demo). The help texts live here, written for the terminal
+optimize-network, show-computation, demo). The help texts live here, written for the terminal
 (:func:`build_parser`); flags are spelled as Kaldi spells them (--binary=false).
 Errors from bad input are printed as one line naming the file and place, with
 exit status 1.
@@ -13,8 +13,10 @@ import os
 import sys
 from dataclasses import fields
 
-from ..errors import FormatError, PynnetError
+from ..errors import PynnetError
 from ..runtime.allocator import tune_malloc
+from .files import STDIO, read_bytes, read_config, read_model, write_model
+from .network import add_network_flags, cmd_optimize_network
 
 
 def kaldi_bool(text: str) -> bool:
@@ -27,46 +29,46 @@ def kaldi_bool(text: str) -> bool:
 
 
 def _cmd_info(args) -> int:
-    from ..nnet import read_nnet
-
-    sys.stdout.write(read_nnet(args.model).info())
+    sys.stdout.write(read_model(args.model).info())
     return 0
 
 
 def _cmd_init(args) -> int:
-    from pathlib import Path
-
     from ..nnet import Nnet
 
-    text = Path(args.config).read_text()
-    nnet = Nnet.from_config(text, seed=args.srand, source=args.config)
-    nnet.write(args.out, binary=args.binary)
+    text, name = read_config(args.config)
+    nnet = Nnet.from_config(text, seed=args.srand, source=name)
+    write_model(nnet, args.out, args.binary)
     return 0
 
 
 def _cmd_copy(args) -> int:
-    from ..nnet import read_nnet
+    from .network import network_options_from_args, prepare_for_test
 
-    nnet = read_nnet(args.input)
+    nnet = read_model(args.input)
     if args.set_test_mode is not None:
         nnet.set_test_mode(args.set_test_mode)
-    nnet.write(args.output, binary=args.binary)
+    if args.prepare_for_test:
+        nnet = prepare_for_test(nnet, network_options_from_args(args))
+    write_model(nnet, args.output, args.binary)
     return 0
 
 
 def _cmd_show(args) -> int:
     from .. import ComputationRequest, OptimizeReport, compile
-    from ..nnet import read_nnet
 
-    nnet = read_nnet(args.model)
-    with open(args.request) as f:
-        try:
-            obj = json.load(f)
-        except json.JSONDecodeError as e:
-            raise FormatError(f"not valid JSON: {e.msg}", args.request, line=e.lineno) from None
-    if not isinstance(obj, dict):
-        raise FormatError("a request must be a JSON object", args.request)
-    req = ComputationRequest.from_json(obj)
+    if args.model == STDIO and args.request == STDIO:
+        raise UsageError("pynnet3 show-computation: error: MODEL and --request cannot both "
+                         "be '-' (stdin)")
+    nnet = read_model(args.model)
+    net_report = None
+    if args.network_optimize:
+        from ..graphopt import NetworkReport, optimize_network
+        from .network import network_options_from_args
+
+        net_report = NetworkReport()
+        nnet = optimize_network(nnet, network_options_from_args(args), report=net_report)
+    req = ComputationRequest.from_json_text(*read_bytes(args.request))
     report = OptimizeReport() if args.report else None
     options = optimize_options_from_args(args) if args.optimize else False
     if report is not None:  # the per-pass report needs the plain pipeline
@@ -79,6 +81,9 @@ def _cmd_show(args) -> int:
     sys.stdout.write(str(req) + "\n")
     sys.stdout.write(str(comp))
     sys.stdout.write("# stats: " + json.dumps(comp.stats()) + "\n")
+    if net_report is not None:
+        sys.stdout.write("# network optimizer report (rules applied, sizes after each pass)\n")
+        sys.stdout.write(str(net_report) + "\n")
     if report is not None:
         sys.stdout.write("# optimization report (sizes after each pass)\n")
         sys.stdout.write(str(report) + "\n")
@@ -203,7 +208,35 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="true|false",
                    help="switch BatchNorm and dropout components to test mode (true) or "
                         "training mode (false) (default: leave them as they are)")
+    s.add_argument("--prepare-for-test", dest="prepare_for_test", type=kaldi_bool,
+                   default=False, metavar="true|false",
+                   help="as nnet3-copy --prepare-for-test: test modes, then the network "
+                        "optimizer (folds BatchNorm, dropout, fixed scales into affine "
+                        "layers; the result is a model Kaldi reads) (default: false)")
+    add_network_flags(s, kaldi_bool)
     s.set_defaults(fn=_cmd_copy)
+
+    s = _command(sub, "optimize-network", "rewrite a model into an equivalent, faster one",
+                 "Run the network optimizer (pruning, constant folding, arithmetic\n"
+                 "simplification, parameter fusion, fusion) on a model and write the\n"
+                 "result, a model Kaldi reads. Outputs stay equal up to float rounding\n"
+                 "(with --keep-derivatives=true input derivatives too). --report prints\n"
+                 "the rules applied and the sizes after each pass on stderr.")
+    s.add_argument("input", metavar="IN",
+                   help="model to read: Kaldi nnet3, text or binary (detected)")
+    s.add_argument("output", metavar="OUT", help="where to write the optimized model")
+    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false", help=binary)
+    s.add_argument("--set-test-mode", dest="set_test_mode", type=kaldi_bool, default=None,
+                   metavar="true|false",
+                   help="switch BatchNorm and dropout to test mode first (true) or training "
+                        "mode (false) (default: leave them as they are)")
+    s.add_argument("--preserve", default="", metavar="NODE[,NODE...]",
+                   help="nodes that must keep their names and values (output nodes always "
+                        "do) (default: none)")
+    s.add_argument("--report", action="store_true",
+                   help="print the rules applied and the sizes after each pass on stderr")
+    add_network_flags(s, kaldi_bool)
+    s.set_defaults(fn=cmd_optimize_network)
 
     s = _command(sub, "show-computation", "print the compiled computation and its stats",
                  "Compile a request for a model and print the request, the computation\n"
@@ -227,7 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--check", type=kaldi_bool, default=False, metavar="true|false",
                    help="run the computation checker after compiling and after every pass "
                         "(default: false)")
+    s.add_argument("--network-optimize", dest="network_optimize", type=kaldi_bool,
+                   default=False, metavar="true|false",
+                   help="run the network optimizer on the model first and print its "
+                        "rule-by-rule report (default: false)")
     add_optimize_flags(s)
+    add_network_flags(s, kaldi_bool)
     s.set_defaults(fn=_cmd_show)
 
     s = _command(sub, "demo", "compile and run the bundled TDNN-F example",

@@ -1,0 +1,76 @@
+"""Command-line pieces for the network optimizer: ``pynnet3 optimize-network``, the
+``--prepare-for-test`` of ``pynnet3 copy`` (Kaldi's nnet3-copy: test modes, then
+the network optimizer) and ``show-computation --network-optimize``.
+
+Each :class:`~pynnet3.NetworkOptions` field is a flag spelled as Kaldi spells
+flags (``--constant-folding=false``, ``--keep-derivatives=true``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+
+from ..graphopt import NetworkOptions, NetworkReport, optimize_network
+
+_HELP = {
+    "pruning": "remove identity components, full-width dim ranges and orphans",
+    "shatter": "split composite components so their parts can fold",
+    "constant_folding": "fold fixed per-element maps and affine chains into linear layers "
+                        "(Kaldi's CollapseModel and more)",
+    "arithmetic": "merge Sum terms; move descriptor Scale() into the weights",
+    "parameter_fusion": "compute affine layers that read the same input as one GEMM",
+    "fusion": "apply the fuse rule registry",
+    "keep_derivatives": "keep input derivatives exact too (not only outputs)",
+    "max_iterations": "cap on repetitions of the whole pass sequence",
+    "max_rule_steps": "cap on match-and-rewrite steps of one rule pass",
+}
+
+
+def add_network_flags(parser: argparse.ArgumentParser, kaldi_bool) -> None:
+    """One ``--<pass>=true|false`` (or ``--max-...=INT``) flag per NetworkOptions field."""
+    g = parser.add_argument_group("network optimizer options (pynnet3.NetworkOptions)")
+    for f in fields(NetworkOptions):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        if isinstance(default, bool):
+            g.add_argument(flag, dest="net_" + f.name, type=kaldi_bool, default=None,
+                           metavar="true|false",
+                           help=f"{_HELP.get(f.name, f.name)} (default: "
+                                f"{str(default).lower()})")
+        else:
+            g.add_argument(flag, dest="net_" + f.name, type=int, default=None, metavar="INT",
+                           help=f"{_HELP.get(f.name, f.name)} (default: {default})")
+
+
+def network_options_from_args(args) -> NetworkOptions:
+    changes = {f.name: getattr(args, "net_" + f.name) for f in fields(NetworkOptions)
+               if getattr(args, "net_" + f.name, None) is not None}
+    return NetworkOptions(**changes)
+
+
+def prepare_for_test(nnet, options: NetworkOptions | None = None,
+                     report: NetworkReport | None = None):
+    """Kaldi's ``nnet3-copy --prepare-for-test``: BatchNorm and dropout in test mode,
+    then the network optimizer (which covers Kaldi's CollapseModel). The result is
+    a model Kaldi can read."""
+    nnet = nnet.copy()
+    nnet.set_test_mode(True)
+    return optimize_network(nnet, options, report=report)
+
+
+def cmd_optimize_network(args) -> int:
+    from ..nnet import read_nnet
+
+    nnet = read_nnet(args.input)
+    if args.set_test_mode is not None:
+        nnet.set_test_mode(args.set_test_mode)
+    report = NetworkReport()
+    preserve = tuple(p for p in (args.preserve or "").split(",") if p)
+    out = optimize_network(nnet, network_options_from_args(args), preserve=preserve,
+                           report=report)
+    out.write(args.output, binary=args.binary)
+    if args.report:
+        sys.stderr.write(str(report) + "\n")
+    return 0
