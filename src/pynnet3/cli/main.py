@@ -302,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PynnetError, OSError) as e:
         print(f"pynnet3 {args.command}: error: {one_line(str(e))}", file=sys.stderr)
         return 1
+    except UsageError as e:
+        print(one_line(str(e)), file=sys.stderr)
+        return 1
 
 
 def one_line(message: str) -> str:
