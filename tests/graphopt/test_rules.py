@@ -191,9 +191,6 @@ output-node name=output input=Append(a1, a2)
     assert_roundtrip(nnet, opt, tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: NetworkRewriter.add_component reuses a keyed "
-                   "component only under its base name, so a second fold with the same key "
-                   "as a suffixed one ('bn.a.2') builds a duplicate ('bn.a.3')")
 def test_equal_folds_share_one_component_when_names_clash():
     """The affine 'a' is read by four nodes, bn in column block 0 (n1, n4) or 1 (n2,
     n3): two distinct folded parameter sets, so two components."""
@@ -526,15 +523,12 @@ def test_shatter_composite_without_foldable_parts():
     rule = find_rule("shatter-composite")
     assert isinstance(match_pattern(NetworkGraph(nnet), "c", rule.pattern), Match)
     text = why_not(NetworkRewriter(nnet.copy()), rule, "c")
-    assert "declined" in text and "no part is an elementwise map" in text, text
+    assert "declined" in text and "no part is an identity" in text, text
     opt, report = optimize(nnet)
     assert report.rules_applied() == {}
     assert types_of(opt)["c"] == "CompositeComponent"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: shatter-composite fires when a part is "
-                   "elementwise even though no neighbour can absorb it; the 'optimized' "
-                   "network has more components and nodes than the input")
 def test_shatter_never_grows_the_network():
     parts = ("component1='type=PerElementScaleComponent dim=4 param-stddev=1' "
              "component2='type=TanhComponent dim=4'")

@@ -45,7 +45,7 @@ class NetworkRewriter:
     nnet: Nnet
     preserve: frozenset[str] = frozenset()
     changes: list[Change] = field(default_factory=list)
-    _made: dict[str, object] = field(default_factory=dict)
+    _made: dict[tuple, str] = field(default_factory=dict)
     _graph: NetworkGraph | None = None
 
     # -- views -----------------------------------------------------------------------
@@ -72,15 +72,18 @@ class NetworkRewriter:
         With ``key``, a component this rewriter already made under that name with
         an equal key is reused (a merge is built once, as Kaldi does); any other
         clash gets a numeric suffix. Returns the name used."""
-        if key is not None and self._made.get(name) == key and name in self.nnet.components:
-            return name
+        made_key = (name, key)
+        if key is not None:
+            earlier = self._made.get(made_key)
+            if earlier is not None and earlier in self.nnet.components:
+                return earlier
         base, k = name, 1
         while name in self.nnet.components:
             k += 1
             name = f"{base}.{k}"
         self.nnet.components[name] = component
         if key is not None:
-            self._made[name] = key
+            self._made[made_key] = name
         self._changed("add-component", name, component.type_name)
         return name
 
