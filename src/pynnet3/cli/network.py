@@ -61,16 +61,16 @@ def prepare_for_test(nnet, options: NetworkOptions | None = None,
 
 
 def cmd_optimize_network(args) -> int:
-    from ..nnet import read_nnet
+    from .files import read_model, write_model
 
-    nnet = read_nnet(args.input)
+    nnet = read_model(args.input)  # ('-': stdin)
     if args.set_test_mode is not None:
         nnet.set_test_mode(args.set_test_mode)
     report = NetworkReport()
     preserve = tuple(p for p in (args.preserve or "").split(",") if p)
     out = optimize_network(nnet, network_options_from_args(args), preserve=preserve,
                            report=report)
-    out.write(args.output, binary=args.binary)
+    write_model(out, args.output, args.binary)  # ('-': stdout)
     if args.report:
         sys.stderr.write(str(report) + "\n")
     return 0
