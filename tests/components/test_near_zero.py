@@ -65,3 +65,49 @@ def test_runtime_refines_only_with_a_backward_pass(monkeypatch):
         derivs = {"output": np.ones((5, 4), np.float32)} if with_deriv else {}
         pynnet3.run(nnet, comp, inputs={"input": x}, output_derivs=derivs)
         assert seen == [with_deriv]
+
+
+def _blocks(rng, rows=7, widths=(5, 6, 4)):
+    return [rng.standard_normal((rows, w)).astype(np.float32) for w in widths]
+
+
+def test_blockwise_product_only_forward_only_and_when_cheaper():
+    from pynnet3.components.affine import matmul_blocks_into
+
+    rng = np.random.default_rng(3)
+    blocks = _blocks(rng)
+    w = rng.standard_normal((2, 15)).astype(np.float32)  # narrow output: blocks pay
+    want = np.hstack(blocks).astype(np.float64) @ w.T.astype(np.float64)
+    out = np.zeros((7, 2), np.float32)
+    assert not matmul_blocks_into(out, blocks, w, add=False)  # a backward pass may follow
+    assert not out.any()
+    with near_zero_refinement(False):
+        assert matmul_blocks_into(out, blocks, w, add=False)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        assert matmul_blocks_into(out, blocks, w, add=True)  # adds to what is there
+        np.testing.assert_allclose(out, 2 * want, rtol=1e-5, atol=1e-5)
+        wide = rng.standard_normal((20, 15)).astype(np.float32)  # copying is cheaper
+        assert not matmul_blocks_into(np.zeros((7, 20), np.float32), blocks, wide, add=False)
+
+
+def test_tdnn_forward_only_equals_spliced_product():
+    nnet = pynnet3.Nnet.from_config(
+        "component name=t type=TdnnComponent input-dim=12 output-dim=3 time-offsets=-2,0,2\n"
+        "input-node name=input dim=12\n"
+        "component-node name=t component=t input=input\n"
+        "output-node name=output input=t\n")
+    idx = np.stack([np.zeros(14, np.int64), np.arange(-2, 12), np.zeros(14, np.int64)], 1)
+    out = np.stack([np.zeros(10, np.int64), np.arange(10), np.zeros(10, np.int64)], 1)
+    x = np.random.default_rng(4).standard_normal((14, 12)).astype(np.float32)
+    comp = nnet.components["t"]
+    w, b = comp.linear_params.astype(np.float64), comp.bias_params.astype(np.float64)
+    xs = x.astype(np.float64)
+    want = np.hstack([xs[0:10], xs[2:12], xs[4:14]]) @ w.T + b  # rows t-2, t, t+2
+    for deriv in (False, True):
+        req = pynnet3.ComputationRequest(
+            inputs=[pynnet3.IoSpecification("input", idx, has_deriv=deriv)],
+            outputs=[pynnet3.IoSpecification("output", out, has_deriv=deriv)])
+        d = {"output": np.ones((10, 3), np.float32)} if deriv else {}
+        res = pynnet3.run(nnet, pynnet3.compile(nnet, req), inputs={"input": x},
+                          output_derivs=d)
+        np.testing.assert_allclose(res.outputs["output"], want, rtol=1e-5, atol=1e-5)

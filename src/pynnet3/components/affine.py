@@ -121,6 +121,33 @@ def near_zero_refinement(enabled: bool):
         _REFINE.reset(token)
 
 
+def backward_follows() -> bool:
+    """False inside ``near_zero_refinement(False)``: the runtime is running a
+    computation with no backward pass, so forward kernels may trade bit-identity
+    with the spliced-input product for speed (float32 rounding only)."""
+    return _REFINE.get()
+
+
+def matmul_blocks_into(out: np.ndarray, blocks: list, w: np.ndarray, add: bool) -> bool:
+    """``out (+)= hstack(blocks) @ w.T`` as one GEMM per block, without the spliced
+    copy, when that moves less memory (the copy writes every input column; each
+    extra block costs a product temporary of the output's width). Returns False
+    (nothing done) when the copy is cheaper or a backward pass follows (then the
+    caller's one-GEMM form keeps results bit-identical to a spliced input)."""
+    k = len(blocks)
+    if k < 2 or _REFINE.get() or 2 * out.shape[1] * (k - 1) >= w.shape[1]:
+        return False
+    col = 0
+    for j, blk in enumerate(blocks):
+        wj = w[:, col:col + blk.shape[1]]
+        col += blk.shape[1]
+        if j == 0 and not add:
+            np.matmul(blk, wj.T, out=out)
+        else:
+            out += blk @ wj.T
+    return True
+
+
 def refine_near_zero(out: np.ndarray, x: np.ndarray, w: np.ndarray,
                      b: np.ndarray | None = None) -> None:
     """Recompute, in float64, the float32 entries of ``out = x @ w.T (+ b)`` that
@@ -281,6 +308,13 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
     # -- parameters and math -------------------------------------------------------
     def params(self) -> dict[str, np.ndarray]:
         return {"linear_params": self.linear_params, "bias_params": self.bias_params}
+
+    def propagate_blocks(self, indexes, blocks: list, out_value):
+        dt = blocks[0].dtype
+        if matmul_blocks_into(out_value, blocks, _cast(self.linear_params, dt), add=False):
+            out_value += _cast(self.bias_params, dt)
+            return None
+        return self.propagate(indexes, gather_blocks(blocks), out_value)
 
     def propagate(self, indexes, in_value, out_value):
         dt = in_value.dtype
@@ -454,6 +488,11 @@ class LinearComponent(BlockInputMixin, UpdatableComponent):
 
     def export_gradient(self, grad):
         return {"params_vectorized": grad["params"].reshape(-1).copy()}
+
+    def propagate_blocks(self, indexes, blocks: list, out_value):
+        if matmul_blocks_into(out_value, blocks, _cast(self.params_, blocks[0].dtype), add=True):
+            return None
+        return self.propagate(indexes, gather_blocks(blocks), out_value)
 
     def propagate(self, indexes, in_value, out_value):
         out_value += in_value @ _cast(self.params_, in_value.dtype).T

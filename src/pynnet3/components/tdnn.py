@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import ComputeError
 from ..index import KeySet, pack
+from .affine import matmul_blocks_into
 from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closing, register
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 
@@ -473,12 +474,20 @@ class TdnnComponent(UpdatableComponent):
         return np.concatenate([gather_rows(in_value, rows) for rows in indexes.src], axis=1)
 
     def propagate(self, indexes, in_value, out_value):
-        w = self.linear_params.astype(in_value.dtype, copy=False)
-        product = self._spliced(indexes, in_value) @ w.T
-        if self.use_bias:
-            out_value[:] = product + self.bias_params.astype(in_value.dtype, copy=False)
+        dt = in_value.dtype
+        w = self.linear_params.astype(dt, copy=False)
+        if indexes.starts is not None and len(indexes.starts) > 1:
+            n = indexes.num_out
+            blocks = [in_value[s:s + n] for s in indexes.starts]
+            if matmul_blocks_into(out_value, blocks, w, add=not self.use_bias):
+                if self.use_bias:
+                    out_value += self.bias_params.astype(dt, copy=False)
+                return None
+        if self.use_bias:  # straight into the output: no product temporary
+            np.matmul(self._spliced(indexes, in_value), w.T, out=out_value)
+            out_value += self.bias_params.astype(dt, copy=False)
         else:
-            out_value += product  # PROPAGATE_ADDS
+            out_value += self._spliced(indexes, in_value) @ w.T  # PROPAGATE_ADDS
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
