@@ -73,10 +73,28 @@ class RangeIndexes:
         """Row ``o`` = sum of ``values[perm[lo[o]:hi[o]]]``, in float64.
 
         Cumulative sums are taken in float64 so that the difference of two large
-        prefix sums keeps float32 accuracy even over windows of 10000 frames."""
+        prefix sums keeps float32 accuracy even over windows of 10000 frames. When
+        the windows together cover about the rows once (decode-time pooling: one
+        window per sequence), each window is summed on its own instead: prefix
+        sums of every row in float64 would cost several times that."""
+        lo, hi = self.lo, self.hi
+        if len(lo) and int((hi - lo).sum()) <= 2 * len(self.perm):
+            return self._direct_sums(values)
         csum = np.zeros((len(self.perm) + 1, values.shape[1]), dtype=np.float64)
         np.cumsum(values[self.perm], axis=0, dtype=np.float64, out=csum[1:])
         return csum[self.hi] - csum[self.lo]
+
+    def _direct_sums(self, values: np.ndarray) -> np.ndarray:
+        m, cols = len(self.perm), values.shape[1]
+        rows = np.empty((m + 1, cols), dtype=values.dtype)  # a zero row ends the last window
+        np.take(values, self.perm, axis=0, out=rows[:m])
+        rows[m] = 0
+        out = np.zeros((len(self.lo), cols), dtype=np.float64)
+        full = self.hi > self.lo
+        if full.any():
+            bounds = np.stack([self.lo[full], self.hi[full]], axis=1).reshape(-1)
+            out[full] = np.add.reduceat(rows, bounds, axis=0, dtype=np.float64)[0::2]
+        return out
 
     def spread(self, deriv: np.ndarray) -> np.ndarray:
         """The transpose of :meth:`window_sums`: input row ``i`` gets the sum of

@@ -1,0 +1,39 @@
+"""RangeIndexes.window_sums: both strategies (per-window sums when the windows
+cover the rows about once, float64 prefix sums when they overlap a lot) equal the
+definition, summed in float64 from the float32 rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pynnet3.components.statistics import RangeIndexes
+
+
+def _definition(v, perm, lo, hi):
+    return np.array([v[perm[a:b]].astype(np.float64).sum(0) if b > a
+                     else np.zeros(v.shape[1]) for a, b in zip(lo, hi, strict=True)])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_window_sums_match_the_definition(overlap):
+    rng = np.random.default_rng(7 + overlap)
+    for _ in range(200):
+        nin = int(rng.integers(1, 40))
+        m = int(rng.integers(0, nin + 1))
+        perm = rng.permutation(nin)[:m].astype(np.int64)
+        k = int(rng.integers(1, 6)) * (8 if overlap else 1)
+        lo = rng.integers(0, m + 1, k).astype(np.int64)
+        hi = np.minimum(m, lo + rng.integers(0, m + 1, k)).astype(np.int64)
+        r = RangeIndexes(perm, lo, hi, nin)
+        v = rng.standard_normal((nin, 3)).astype(np.float32)
+        np.testing.assert_allclose(r.window_sums(v), _definition(v, perm, lo, hi),
+                                   rtol=1e-9, atol=1e-9)
+
+
+def test_one_window_per_sequence_is_summed_directly(monkeypatch):
+    perm = np.arange(20, dtype=np.int64)
+    r = RangeIndexes(perm, np.array([0, 10]), np.array([10, 20]), 20)
+    monkeypatch.setattr(np, "cumsum", None)  # the prefix-sum path would fail
+    v = np.arange(40, dtype=np.float32).reshape(20, 2)
+    np.testing.assert_array_equal(r.window_sums(v), _definition(v, perm, [0, 10], [10, 20]))
