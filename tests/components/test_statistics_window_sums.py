@@ -37,3 +37,16 @@ def test_one_window_per_sequence_is_summed_directly(monkeypatch):
     monkeypatch.setattr(np, "cumsum", None)  # the prefix-sum path would fail
     v = np.arange(40, dtype=np.float32).reshape(20, 2)
     np.testing.assert_array_equal(r.window_sums(v), _definition(v, perm, [0, 10], [10, 20]))
+
+
+def test_many_short_windows():
+    rng = np.random.default_rng(11)
+    for _ in range(100):
+        nin = int(rng.integers(600, 700))
+        perm = rng.permutation(nin).astype(np.int64)
+        lo = np.sort(rng.integers(0, nin, 600)).astype(np.int64)
+        hi = np.minimum(nin, lo + rng.integers(0, 3, 600)).astype(np.int64)
+        r = RangeIndexes(perm, lo, hi, nin)
+        v = rng.standard_normal((nin, 2)).astype(np.float32)
+        np.testing.assert_allclose(r.window_sums(v), _definition(v, perm, lo, hi),
+                                   rtol=1e-12, atol=1e-12)

@@ -28,6 +28,8 @@ from ..index import describe, pack
 from .base import Component, Flags, InputDeps, check_table_rows, register, require
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 
+_DIRECT_MAX_WINDOWS = 512  # more windows than this: one prefix-sum pass beats a loop
+_SHORT_WINDOW = 16  # windows at most this long are summed by gathering their j-th rows
 _T_SHIFT = 1 << 31  # t is offset by this inside a window key so that keys sort by t
 
 
@@ -76,25 +78,52 @@ class RangeIndexes:
         prefix sums keeps float32 accuracy even over windows of 10000 frames. When
         the windows together cover about the rows once (decode-time pooling: one
         window per sequence), each window is summed on its own instead: prefix
-        sums of every row in float64 would cost several times that."""
+        sums of every row in float64 would cost several times that; many short
+        windows (extraction with a small output period) add their rows gathered
+        position by position."""
         lo, hi = self.lo, self.hi
         if len(lo) and int((hi - lo).sum()) <= 2 * len(self.perm):
-            return self._direct_sums(values)
+            if int((hi - lo).max()) <= _SHORT_WINDOW:
+                return self._short_sums(values)
+            if len(lo) <= _DIRECT_MAX_WINDOWS:
+                return self._direct_sums(values)
         csum = np.zeros((len(self.perm) + 1, values.shape[1]), dtype=np.float64)
         np.cumsum(values[self.perm], axis=0, dtype=np.float64, out=csum[1:])
         return csum[self.hi] - csum[self.lo]
 
-    def _direct_sums(self, values: np.ndarray) -> np.ndarray:
-        m, cols = len(self.perm), values.shape[1]
-        rows = np.empty((m + 1, cols), dtype=values.dtype)  # a zero row ends the last window
-        np.take(values, self.perm, axis=0, out=rows[:m])
-        rows[m] = 0
-        out = np.zeros((len(self.lo), cols), dtype=np.float64)
-        full = self.hi > self.lo
-        if full.any():
-            bounds = np.stack([self.lo[full], self.hi[full]], axis=1).reshape(-1)
-            out[full] = np.add.reduceat(rows, bounds, axis=0, dtype=np.float64)[0::2]
+    def _short_sums(self, values: np.ndarray) -> np.ndarray:
+        """Many short windows (extraction with a small output period): the j-th rows
+        of all windows gathered and added at once, j = 0 .. the longest window."""
+        lens = self.hi - self.lo
+        out = np.zeros((len(self.lo), values.shape[1]), dtype=np.float64)
+        for j in range(int(lens.max())):
+            sel = np.flatnonzero(lens > j)
+            rows = self.perm[self.lo[sel] + j]
+            if len(sel) == len(out):
+                out += values[rows]
+            else:
+                out[sel] += values[rows]
         return out
+
+    def _direct_sums(self, values: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(self.lo), values.shape[1]), dtype=np.float64)
+        identity = self._perm_is_identity()
+        for o in np.flatnonzero(self.hi > self.lo).tolist():
+            a, b = int(self.lo[o]), int(self.hi[o])
+            block = values[a:b] if identity else values[self.perm[a:b]]
+            # (a float64 copy, then numpy's row-wise sum: several times faster than a
+            # float64-accumulating reduce over a float32 block)
+            out[o] = block.astype(np.float64).sum(axis=0)
+        return out
+
+    def _perm_is_identity(self) -> bool:
+        flag = self.__dict__.get("_identity")
+        if flag is None:
+            perm = self.perm
+            flag = len(perm) == self.num_input_rows and bool(
+                np.array_equal(perm, np.arange(len(perm))))
+            self.__dict__["_identity"] = flag
+        return flag
 
     def spread(self, deriv: np.ndarray) -> np.ndarray:
         """The transpose of :meth:`window_sums`: input row ``i`` gets the sum of
