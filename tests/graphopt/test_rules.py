@@ -544,6 +544,53 @@ output-node name=output input=c
     assert len(opt.nodes) <= len(nnet.nodes)
 
 
+GROWTH_CASES = {
+    # the affine before the composite has a second reader: it cannot absorb the scale
+    "producer-read-twice": """
+input-node name=input dim=4
+component name=a type=AffineComponent input-dim=4 output-dim=4
+component-node name=a component=a input=input
+component name=c type=CompositeComponent num-components=2 {scale_first}
+component-node name=c component=c input=a
+output-node name=output input=Sum(c, a)
+""",
+    # the affine after it reads it through IfDefined, not a linear read
+    "consumer-ifdefined": """
+input-node name=input dim=4
+component name=c type=CompositeComponent num-components=2 {scale_last}
+component-node name=c component=c input=input
+component name=b type=AffineComponent input-dim=8 output-dim=3
+component-node name=b component=b input=Append(input, IfDefined(Offset(c, -1)))
+output-node name=output input=b
+""",
+    # a TDNN folds only a plain input
+    "consumer-tdnn-offset": """
+input-node name=input dim=4
+component name=c type=CompositeComponent num-components=2 {scale_last}
+component-node name=c component=c input=input
+component name=b type=TdnnComponent input-dim=4 output-dim=3 time-offsets=0,1
+component-node name=b component=b input=Offset(c, 1)
+output-node name=output input=b
+""",
+}
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: shatter-composite's _could_fold counts any "
+                   "linear neighbour, not one the fold rules accept (single consumer, linear "
+                   "read, plain TDNN input): the network still grows")
+@pytest.mark.parametrize("case", list(GROWTH_CASES))
+def test_shatter_never_grows_next_to_unusable_linear_layers(case):
+    scale = "'type=PerElementScaleComponent dim=4 param-stddev=1'"
+    tanh = "'type=TanhComponent dim=4'"
+    nnet = build(GROWTH_CASES[case].format(
+        scale_first=f"component1={scale} component2={tanh}",
+        scale_last=f"component1={tanh} component2={scale}"))
+    opt, report = optimize(nnet)
+    assert_equivalent(nnet, opt)
+    assert len(opt.components) <= len(nnet.components), report.rules_applied()
+    assert len(opt.nodes) <= len(nnet.nodes)
+
+
 # -- fuse-sibling-affines -----------------------------------------------------------------
 
 SIBLINGS = """
