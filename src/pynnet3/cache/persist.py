@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import struct
 import warnings
 
@@ -150,9 +151,11 @@ def _value_to_data(value, w) -> dict:
 
 def _read(path) -> tuple[dict, plain.ArrayReader] | None:
     """The header and arrays of a cache file, or None (with a warning) for a file
-    of another format version."""
+    of another format version. The file is read into one buffer that the arrays
+    then view (no copies of a large file)."""
     with open(path, "rb") as f:
-        data = f.read()
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        data = data[:f.readinto(data)]
     if not data.startswith(_HEAD):
         if data[:1] == b"\x80" and FORMAT.encode() in data[:200]:
             # a bare pickle that names our format: what version 2 wrote (not unpickled)
@@ -160,13 +163,14 @@ def _read(path) -> tuple[dict, plain.ArrayReader] | None:
                           f"nothing loaded", stacklevel=4)
             return None
         raise FormatError("not a pynnet3 compile cache", str(path))
-    line, sep, rest = data.partition(b"\n")
-    version = line[len(_HEAD):].decode("ascii", "replace")
-    if not sep or version != str(VERSION):
+    end = data.find(b"\n", 0, 100)
+    version = bytes(data[len(_HEAD):end if end >= 0 else 100]).decode("ascii", "replace")
+    if end < 0 or version != str(VERSION):
         warnings.warn(f"{path}: compile cache format version {version[:20]} is not "
                       f"{VERSION}; nothing loaded", stacklevel=4)
         return None
-    digest, payload = rest[:_DIGEST], rest[_DIGEST:]
+    view = memoryview(data)
+    digest, payload = bytes(view[end + 1:end + 1 + _DIGEST]), view[end + 1 + _DIGEST:]
     if len(digest) < _DIGEST or hashlib.sha256(payload).digest() != digest:
         raise FormatError("compile cache is corrupt or truncated (checksum mismatch)",
                           str(path))
@@ -175,7 +179,7 @@ def _read(path) -> tuple[dict, plain.ArrayReader] | None:
         start = 8 + size + (-size % 8)
         if start > len(payload):
             raise ValueError("header runs past the end of the file")
-        head = json.loads(payload[8:8 + size].decode("utf-8"),
+        head = json.loads(bytes(payload[8:8 + size]).decode("utf-8"),
                           parse_constant=_no_constant)
         if not isinstance(head, dict) or head.get("format") != FORMAT \
                 or head.get("version") != VERSION:

@@ -39,7 +39,8 @@ CT = CommandType
 _DTYPES = ("<i8", "<f8", "<f4")  # what an array in the file may be
 _ALIGN = 8
 # Command fields stored as ints (bools as 0/1): every field but type, alpha and node.
-_INT_FIELDS = tuple(f.name for f in fields(Command) if f.name not in ("type", "alpha", "node"))
+_ALL_FIELDS = tuple(f.name for f in fields(Command))
+_INT_FIELDS = tuple(f for f in _ALL_FIELDS if f not in ("type", "alpha", "node"))
 _BOOL_FIELDS = frozenset(f.name for f in fields(Command) if isinstance(f.default, bool))
 _get_ints = attrgetter(*_INT_FIELDS)
 _TYPES = tuple(CommandType)
@@ -81,10 +82,12 @@ class ArrayReader:
     """The arrays of a file, checked against its table (dtype allowed, shape sane,
     inside the blob, not overlapping). Arrays are writable views of one buffer."""
 
-    def __init__(self, table, blob: bytes):
+    def __init__(self, table, blob: bytes | bytearray | memoryview):
         if not isinstance(table, list):
             raise ValueError("array table is not a list")
-        buf = bytearray(blob)
+        buf = blob if isinstance(blob, (bytearray, memoryview)) else bytearray(blob)
+        if isinstance(buf, memoryview) and buf.readonly:
+            buf = bytearray(buf)
         self.arrays: list[np.ndarray] = []
         spans = []
         for k, spec in enumerate(table):
@@ -358,19 +361,26 @@ def _commands(obj, r: ArrayReader, num_precomputed: int) -> list[Command]:
     code, node = type_node.T
     _need(bool(((code >= 0) & (code < len(types)) & (node >= 0) & (node < len(nodes))).all()),
           "a command type or node out of range")
-    for name in _BOOL_FIELDS:
-        col = ints[:, _INT_FIELDS.index(name)]
-        _need(bool(((col == 0) | (col == 1)).all()), f"command field {name} is not 0 or 1")
-    bools = [f in _BOOL_FIELDS for f in _INT_FIELDS]
+    pre = ints[:, _INT_FIELDS.index("precomputed")]
+    _need(bool(((pre >= 0) & (pre < num_precomputed)).all()), "a command's precomputed index")
+    compress = np.isin(code, [types.index(t) for t in (CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX)
+                              if t in types])
+    kinds = ints[compress, _INT_FIELDS.index("compress_kind")]
+    _need(bool(np.isin(kinds, _COMPRESS_KINDS).all()), "a compression kind")
+    columns = {"type": [types[k] for k in code.tolist()], "alpha": alpha.tolist(),
+               "node": [nodes[k] for k in node.tolist()]}
+    for name, col in zip(_INT_FIELDS, ints.T.tolist(), strict=True):
+        if name in _BOOL_FIELDS:
+            _need(all(v in (0, 1) for v in col), f"command field {name} is not 0 or 1")
+            col = [v == 1 for v in col]
+        columns[name] = col
+    # (Commands made without __init__: each gets its fields, in declaration order, as
+    # Command(**fields) would give them; thousands per computation)
+    new, make = Command.__new__, dict
     out = []
-    for row, k, nd, a in zip(ints.tolist(), code.tolist(), node.tolist(), alpha.tolist(),
-                             strict=True):
-        vals = {f: (bool(v) if b else v) for f, v, b in zip(_INT_FIELDS, row, bools,
-                                                           strict=True)}
-        cmd = Command(types[k], alpha=a, node=nodes[nd], **vals)
-        _need(0 <= cmd.precomputed < num_precomputed, "a command's precomputed index")
-        if cmd.type in (CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX):
-            _need(cmd.compress_kind in _COMPRESS_KINDS, "a compression kind")
+    for values in zip(*(columns[f] for f in _ALL_FIELDS), strict=True):
+        cmd = new(Command)
+        cmd.__dict__ = make(zip(_ALL_FIELDS, values, strict=True))
         out.append(cmd)
     return out
 
@@ -417,13 +427,17 @@ def check_for_network(c: NnetComputation, nnet) -> None:
         check_computation(c, nnet, context="compile cache")
     except PynnetError as e:
         raise ValueError(str(e)) from None
-    subs = c.submatrices
+    subs, nodes = c.submatrices, nnet.node_map
+    makes: dict[str, bool] = {}
     for cmd in c.commands:
         if cmd.type not in _COMPONENT_TYPES:
             continue
-        comp = nnet.components[nnet.node(cmd.node).component]
+        comp = nnet.components[nodes[cmd.node].component]
         obj = c.precomputed[cmd.precomputed]
-        if not indexes_made_by(comp.type_name):
+        made = makes.get(comp.type_name)
+        if made is None:
+            made = makes[comp.type_name] = indexes_made_by(comp.type_name)
+        if not made:
             _need(obj is None, f"{cmd.node}: precomputed indexes for a component that "
                                f"makes none")
             _need(type(comp).precompute_indexes is Component.precompute_indexes,
