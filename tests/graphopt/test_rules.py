@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pynnet3 import NetworkOptions
 from pynnet3.graphopt.linear import ELEMENTWISE_TYPES
 from pynnet3.rewrite import (
     Match,
@@ -636,7 +637,7 @@ component name=t type=TanhComponent dim=5
 component-node name=t component=t input=Append(a, b)
 output-node name=output input=t
 """)
-    opt, report = optimize(nnet)
+    opt, report = optimize(nnet, NetworkOptions(shatter=False))  # (no recurrent split)
     assert report.rules_applied() == {"fuse-sibling-affines": 1}
     assert opt.node("a").kind == "dim-range-node"
     assert_equivalent(nnet, opt, derivatives=True)

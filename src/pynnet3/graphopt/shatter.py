@@ -1,6 +1,13 @@
 """Shatter rules (the ``shatter`` registry): one node split into several so that
 other rules can see its parts.
 
+``split-recurrent-affine``: an affine layer inside a recurrence whose input
+appends non-recurrent parts (the layer below) and recurrent ones (the previous
+step's output) becomes two layers whose sum feeds the consumers: the
+non-recurrent product is then one GEMM over all frames, and only the small
+recurrent one runs step by step (LSTM ``W_all``: 160 -> 512 per step becomes 32
+-> 512 per step plus one 128 -> 512 product for the whole sequence).
+
 ``shatter-composite``: a CompositeComponent node becomes a chain of nodes, one
 per sub-component (the last keeps the node's name), so a BatchNorm or a
 FixedScale inside it can fold into a neighbouring affine. It declines unless a
@@ -10,11 +17,24 @@ linear layer (shattering alone only adds nodes).
 
 from __future__ import annotations
 
-from ..descriptor import Descriptor, NodeRef
+import numpy as np
+
+from ..components.affine import FixedAffineComponent, LinearComponent
+from ..components.simple_misc import NoOpComponent
+from ..descriptor import Descriptor, NodeRef, SumOf
 from ..nnet import Node
+from ..rewrite.graph import NetworkGraph
 from ..rewrite.pattern import Match, Pattern
 from ..rewrite.rules import NewComponent, Replacement, RewriteContext, Rule, register_rule
-from .linear import LINEAR_TYPES, elementwise, identity_scale
+from .linear import (
+    AFFINE_TYPES,
+    LINEAR_TYPES,
+    elementwise,
+    has_bias,
+    identity_scale,
+    linear_params,
+    with_linear_params,
+)
 
 
 def shatter_composite(match: Match, ctx: RewriteContext) -> Replacement | str:
@@ -69,6 +89,64 @@ def _could_fold(match: Match, subs: list, ctx: RewriteContext) -> bool:
             return True
     return False
 
+
+def split_recurrent_affine(match: Match, ctx: RewriteContext) -> Replacement | str:
+    root = match.root
+    comp = match.components[0]
+    graph = NetworkGraph(ctx.nnet)
+    cycle = graph.scc_of(root)
+    if len(cycle) == 1:
+        return f"{root!r} is not in a recurrence"
+    desc = match.inputs[0]
+    recurrent = [bool(set(_nodes(p)) & cycle) for p in desc.parts]
+    if all(recurrent) or not any(recurrent):
+        return ("its input has no " + ("non-recurrent" if all(recurrent) else "recurrent")
+                + " part to split off")
+    w, b = linear_params(comp)
+    dims = desc.part_dims(ctx.nnet.node_dim)
+    cols = np.concatenate([[0], np.cumsum(dims)])
+    pick = {flag: [i for i, r in enumerate(recurrent) if r == flag] for flag in (False, True)}
+    take = {flag: np.concatenate([np.arange(cols[i], cols[i + 1]) for i in idx])
+            for flag, idx in pick.items()}
+    cname = ctx.nnet.node(root).component
+    outer = with_linear_params(comp, w[:, take[False]], b if has_bias(comp) else None)
+    inner = _bias_free(comp, w[:, take[True]])
+    names = {flag: f"{root}.{'recurrent' if flag else 'nonrecurrent'}" for flag in (False, True)}
+    taken = {n.name for n in ctx.nnet.nodes}
+    if taken & set(names.values()):
+        return f"node names {sorted(names.values())} are taken"
+    nodes = [Node("component-node", names[False], component=f"{cname}.nonrecurrent",
+                  descriptor=Descriptor(tuple(desc.parts[i] for i in pick[False]))),
+             Node("component-node", names[True], component=f"{cname}.recurrent",
+                  descriptor=Descriptor(tuple(desc.parts[i] for i in pick[True]))),
+             Node("component-node", root, component=f"{cname}.sum",
+                  descriptor=Descriptor((SumOf(NodeRef(names[False]), NodeRef(names[True])),)))]
+    return Replacement(nodes, [
+        NewComponent(f"{cname}.nonrecurrent", outer, key=("split", cname, False)),
+        NewComponent(f"{cname}.recurrent", inner, key=("split", cname, True)),
+        NewComponent(f"{cname}.sum", NoOpComponent(comp.output_dim), key=("split", cname))],
+        note=f"{len(pick[False])} non-recurrent and {len(pick[True])} recurrent parts")
+
+
+def _nodes(part) -> list[str]:
+    return Descriptor((part,)).node_names()
+
+
+def _bias_free(comp, w: np.ndarray):
+    """A bias-free linear map of ``comp``'s kind: Linear (FixedAffine stays fixed)."""
+    if comp.type_name == "FixedAffineComponent":
+        return FixedAffineComponent(w.astype(np.float32), np.zeros(w.shape[0], np.float32))
+    out = LinearComponent(w.astype(np.float32))
+    for attr in ("learning_rate", "learning_rate_factor", "max_change", "l2_regularize"):
+        setattr(out, attr, getattr(comp, attr))
+    return out
+
+
+register_rule("shatter", Rule(
+    "split-recurrent-affine", Pattern("recurrent-affine", entries=(AFFINE_TYPES,)),
+    split_recurrent_affine,
+    description="an affine layer in a recurrence split into its non-recurrent part (one "
+                "GEMM over all frames) and its recurrent part (per step)"))
 
 register_rule("shatter", Rule(
     "shatter-composite", Pattern("composite", entries=("CompositeComponent",)),

@@ -122,6 +122,23 @@ class NetworkGraph:
                 users.setdefault(gn.node.component, []).append(gn.name)
         return users
 
+    def scc_of(self, name: str) -> set[str]:
+        """The nodes on a cycle through ``name`` (its strongly connected component;
+        just ``{name}`` unless it reads itself or takes part in a recurrence)."""
+        def reach(start: str, step) -> set[str]:
+            seen, stack = set(), [start]
+            while stack:
+                x = stack.pop()
+                for y in step(x):
+                    if y not in seen:
+                        seen.add(y)
+                        stack.append(y)
+            return seen
+
+        ahead = reach(name, lambda x: self.nodes[x].consumer_names)
+        behind = reach(name, lambda x: self.nodes[x].source_names)
+        return (ahead & behind) | {name}
+
     def reverse_topological(self) -> list[str]:
         """Node names, consumers before producers (recurrences broken at back edges:
         network order decides among nodes of one cycle)."""
