@@ -538,7 +538,8 @@ class _Parser:
 
     def f_Sum(self):
         terms = self.expr_list(1)
-        if self.depth + len(terms) > MAX_DEPTH:  # Sum(a, b, c) is Sum(a, Sum(b, c))
+        # Sum(a, b, c) is Sum(a, Sum(b, c)): k terms nest k - 1 deep
+        if self.depth - 1 + len(terms) - 1 > MAX_DEPTH:
             raise self.error(f"Sum() of {len(terms)} terms nests more than {MAX_DEPTH} deep")
         return ("sum", terms)
 

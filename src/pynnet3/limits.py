@@ -108,7 +108,7 @@ _FRAMES = (
     "input-period output-period left-context right-context time-period time-stride "
     "num-left-inputs num-right-inputs num-left-inputs-required num-right-inputs-required "
     "zeroing-interval recurrence-interval time-mask-max-frames time-offsets "
-    "required-time-offsets")
+    "required-time-offsets offsets")
 OPTION_LIMITS = {**dict.fromkeys(_DIMENSIONS.split(), "max_dim"),
                  **dict.fromkeys(_FRAMES.split(), "max_context")}
 

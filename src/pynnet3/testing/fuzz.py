@@ -21,6 +21,7 @@ swapping machine.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import signal
 import threading
@@ -129,12 +130,13 @@ def run_case(kind: str, seed: Seed, case: int, rng: np.random.Generator) -> Outc
     try:
         if kind == "request":
             out.mutation, text = mutate_request(seed.request, rng)
-            nnet = nnet_from_bytes(seed.model, f"<{seed.name}>")
+            nnet = _seed_network(seed).copy()
             request = ComputationRequest.from_json_text(text, "<fuzz request>")
         else:
             nnet = _mutated_nnet(kind, seed, out, rng)
             out.stage = "write"
-            for binary in (False, True):
+            # (text writing is slow on big models: it formats every float)
+            for binary in (True, False) if nnet.num_params() <= 20_000 else (True,):
                 nnet_from_bytes(nnet.to_bytes(binary), "<rewritten>")
             nnet.info()
             request = ComputationRequest.from_json_text(seed.request, f"<{seed.name} request>")
@@ -156,9 +158,14 @@ def _mutated_nnet(kind: str, seed: Seed, out: Outcome, rng: np.random.Generator)
     if kind == "model-text":
         out.mutation, data = mutate_text(seed.model, rng)
     else:
-        binary = nnet_from_bytes(seed.model, f"<{seed.name}>").to_bytes(True)
-        out.mutation, data = mutate_binary(binary, rng)
+        out.mutation, data = mutate_binary(_seed_network(seed).to_bytes(True), rng)
     return nnet_from_bytes(data, "<fuzz model>")
+
+
+@functools.lru_cache(maxsize=64)
+def _seed_network(seed: Seed) -> Nnet:
+    """The seed's network, parsed once (callers copy it before running)."""
+    return nnet_from_bytes(seed.model, f"<{seed.name}>")
 
 
 def _config_lines(model: bytes) -> str:
@@ -233,14 +240,16 @@ def memory_cap(extra_gib: float) -> Iterator[None]:
 
 def fuzz(cases: int, seed: int = 0, kinds: tuple[str, ...] = KINDS,
          seeds: list[Seed] | None = None, case_seconds: float = 30.0,
-         memory_gib: float | None = 4.0, tight_limits: bool = True) -> list[Outcome]:
-    """Run ``cases`` cases, kinds and seeds taken in turn; one Outcome per case."""
+         memory_gib: float | None = 4.0, tight_limits: bool = True,
+         first: int = 0) -> list[Outcome]:
+    """Run cases ``first .. first + cases - 1`` (kinds and seeds taken in turn);
+    one Outcome per case."""
     seeds = default_seeds() if seeds is None else seeds
     outcomes = []
     cap = memory_cap(memory_gib) if memory_gib else nullcontext()
     lim = limits.override(**FUZZ_LIMITS) if tight_limits else nullcontext()
     with cap, lim, np.errstate(all="ignore"):
-        for i in range(cases):
+        for i in range(first, first + cases):
             kind = kinds[i % len(kinds)]
             s = seeds[(i // len(kinds)) % len(seeds)]
             rng = np.random.default_rng((seed, i))

@@ -27,6 +27,7 @@ VALUES = HUGE + NEGATIVE + FLOATS + GARBAGE
 _NUMBER = re.compile(rb"(?<![\w.])-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?(?![\w.])")
 _INT_AFTER_TAG = re.compile(rb"<[A-Za-z]+> (-?[0-9]+)(?=\s)")
 _TOKEN = re.compile(rb"[^\s=,()\[\]]+")
+_TAG = re.compile(rb"<[A-Za-z/]+>")
 
 
 def _pick(rng: np.random.Generator, seq):
@@ -42,6 +43,14 @@ def _blow_up(number: bytes, rng: np.random.Generator) -> bytes:
     return str((base or 1) * 2 ** int(_pick(rng, (10, 20, 31)))).encode()
 
 
+def _random_match(pattern: re.Pattern, data: bytes, rng: np.random.Generator,
+                  group: int = 0) -> re.Match | None:
+    """The first match of ``pattern`` at or after a random offset (wrapping round):
+    one search, not a list of every match (models hold millions of numbers)."""
+    start = int(rng.integers(len(data) + 1))
+    return pattern.search(data, start) or pattern.search(data, 0)
+
+
 def _replace_span(data: bytes, span: tuple[int, int], new: bytes) -> bytes:
     return data[:span[0]] + new + data[span[1]:]
 
@@ -51,20 +60,17 @@ def mutate_text(data: bytes, rng: np.random.Generator) -> tuple[str, bytes]:
     op = _pick(rng, ("number", "number", "tag-int", "token", "blow-up", "byte", "truncate",
                      "dup-line", "drop-line", "swap-lines", "nest"))
     if op in ("number", "blow-up", "tag-int"):
-        pattern = _INT_AFTER_TAG if op == "tag-int" else _NUMBER
-        matches = list(pattern.finditer(data))
-        if matches:
-            m = _pick(rng, matches)
+        m = _random_match(_INT_AFTER_TAG if op == "tag-int" else _NUMBER, data, rng)
+        if m is not None:
             span = m.span(1) if op == "tag-int" else m.span()
             old = data[span[0]:span[1]]
             new = _blow_up(old, rng) if op == "blow-up" else _pick(rng, VALUES).encode()
             return f"{op} {old[:20]!r}->{new[:20]!r} at {span[0]}", _replace_span(data, span, new)
         op = "token"
     if op == "token":
-        matches = list(_TOKEN.finditer(data))
-        if not matches:
+        m = _random_match(_TOKEN, data, rng)
+        if m is None:
             return "truncate 0", b""
-        m = _pick(rng, matches)
         new = _pick(rng, VALUES).encode()
         return f"token {m.group()[:20]!r}->{new!r} at {m.start()}", _replace_span(
             data, m.span(), new)
@@ -102,9 +108,8 @@ def mutate_binary(data: bytes, rng: np.random.Generator) -> tuple[str, bytes]:
     op = _pick(rng, ("int", "int", "int", "float", "long-int", "byte", "truncate", "token",
                      "dup-span", "header"))
     if op in ("int", "float", "long-int"):
-        matches = list(_BIN_INT.finditer(data))
-        if matches:
-            m = _pick(rng, matches)
+        m = _random_match(_BIN_INT, data, rng)
+        if m is not None:
             if op == "float":
                 value = float(_pick(rng, (np.nan, np.inf, -np.inf, 3.4e38, -1.0)))
                 new = struct.pack("<f", value)
@@ -125,9 +130,8 @@ def mutate_binary(data: bytes, rng: np.random.Generator) -> tuple[str, bytes]:
             return "header " + desc, head + data[end:]
         op = "byte"
     if op == "token":
-        matches = list(re.finditer(rb"<[A-Za-z/]+>", data))
-        if matches:
-            m = _pick(rng, matches)
+        m = _random_match(_TAG, data, rng)
+        if m is not None:
             new = _pick(rng, (b"<Foo>", b"", b"<Dim>", b"</Nnet3>", m.group() + m.group()))
             return f"token {m.group()!r}->{new!r}", _replace_span(data, m.span(), new)
         op = "byte"
@@ -160,6 +164,12 @@ def _paths(obj, path=()):
             yield from _paths(v, path + (i,))
 
 
+def _value_at(obj, path):
+    for p in path:
+        obj = obj[p]
+    return obj
+
+
 def _set(obj, path, value):
     if not path:
         return value
@@ -173,7 +183,7 @@ def _set(obj, path, value):
 def mutate_request(text: str, rng: np.random.Generator) -> tuple[str, str]:
     """One mutation of request JSON: a value, a key, a shape, or the text itself."""
     op = _pick(rng, ("value", "value", "value", "key", "drop", "extra", "dup", "top", "text",
-                     "spread"))
+                     "spread", "rows", "rows", "flip", "flip"))
     if op == "text":
         desc, data = mutate_text(text.encode(), rng)
         return "text " + desc, data.decode("utf-8", errors="replace")
@@ -187,6 +197,23 @@ def mutate_request(text: str, rng: np.random.Generator) -> tuple[str, str]:
             op == "dup" and not isinstance(value, list)):
         new = _pick(rng, JSON_VALUES)
         return f"value {_path_text(path)}={new!r}", json.dumps(_set(obj, path, new))
+    if op == "rows":  # a valid variation: fewer or reordered rows of one io
+        ios = [p for p, v in paths if len(p) == 3 and p[2] == "indexes" and len(v) > 1]
+        if ios:
+            p = _pick(rng, ios)
+            rows = _value_at(obj, p)
+            keep = sorted(rng.choice(len(rows), int(rng.integers(1, len(rows) + 1)),
+                                     replace=False).tolist())
+            if p[0] == "inputs" or rng.random() < 0.5:
+                keep = rng.permutation(len(rows)).tolist()  # inputs: all rows, reordered
+            return f"rows {_path_text(p)}", json.dumps(_set(obj, p, [rows[i] for i in keep]))
+        return "none", text
+    if op == "flip":  # a valid variation: another boolean
+        flags = [p for p, v in paths if isinstance(v, bool)]
+        if flags:
+            p = _pick(rng, flags)
+            return f"flip {_path_text(p)}", json.dumps(_set(obj, p, not _value_at(obj, p)))
+        return "none", text
     if op == "spread":  # one index far away: a long time span or many sequences
         idx = [p for p, v in paths if len(p) == 4 and p[2] == "indexes"]
         if idx:
