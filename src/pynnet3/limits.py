@@ -29,6 +29,7 @@ with ``with pynnet3.limits.override(max_dim=...):``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterator
@@ -113,6 +114,7 @@ OPTION_LIMITS = {**dict.fromkeys(_DIMENSIONS.split(), "max_dim"),
                  **dict.fromkeys(_FRAMES.split(), "max_context")}
 
 
+@functools.lru_cache(maxsize=1024)
 def option_limit(name: str) -> str | None:
     """The limit on an integer option (``input-dim``) or model field (``<InputDim>``),
     None when it sizes nothing."""
