@@ -1,9 +1,18 @@
-"""Access to ../shared/kaldi-reference for tests (skips cleanly when it is absent)."""
+"""Access to ../shared/kaldi-reference (or $PYNNET3_REFERENCE) for tests.
+
+Without the folder every test that needs it is reported as skipped, with the one
+reason :data:`REASON`: in-test through :func:`require_reference`, whole tests
+through the :data:`needs_reference` mark, and tests parametrized by reference
+files through :func:`ref_params` (one skipped parameter instead of none, so the
+test does not vanish). With the folder present, a listing that finds nothing
+fails (``tests/conftest.py``): a partly missing folder must not pass quietly.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -11,12 +20,35 @@ import pytest
 
 REF = Path(os.environ.get("PYNNET3_REFERENCE",
                           Path(__file__).resolve().parents[2] / "shared" / "kaldi-reference"))
+REASON = (f"Kaldi reference data not found at {REF} (put shared/kaldi-reference beside "
+          "the repository, or set PYNNET3_REFERENCE)")
+HAVE_REFERENCE = REF.is_dir()
+
+# For a whole test that reads reference files.
+needs_reference = pytest.mark.skipif(not HAVE_REFERENCE, reason=REASON)
 
 
 def require_reference() -> Path:
-    if not REF.is_dir():
-        pytest.skip(f"reference data not found at {REF}")
+    """REF, or skip the calling test with :data:`REASON`."""
+    if not HAVE_REFERENCE:
+        pytest.skip(REASON)
     return REF
+
+
+def ref_params(items: Iterable, what: str = "reference files", nargs: int = 1) -> list:
+    """Values for ``pytest.mark.parametrize`` over reference files or cases: ``items``
+    as they are when the reference is present; one skipped parameter (``nargs``
+    Nones) when it is absent; one failing parameter when it is present but
+    ``items`` is empty (``what`` names what was looked for)."""
+    if not HAVE_REFERENCE:
+        return [pytest.param(*[None] * nargs, id="no-reference",
+                             marks=pytest.mark.skip(reason=REASON))]
+    items = list(items)
+    if not items:
+        return [pytest.param(*[None] * nargs, id="nothing-found",
+                             marks=pytest.mark.reference_missing(
+                                 reason=f"no {what} found under {REF}"))]
+    return items
 
 
 def component_cases(prefix: str = "") -> list[Path]:

@@ -8,7 +8,7 @@ import pytest
 from pynnet3.config import ConfigLine, is_valid_name, split_config_lines
 from pynnet3.errors import ConfigError
 
-from .reference import REF
+from .reference import require_reference
 
 
 def test_simple_key_values():
@@ -58,9 +58,7 @@ def test_unterminated_quote_is_an_error():
 
 
 def test_reference_composite_line_parses():
-    path = REF / "components" / "Composite_1" / "nnet.config"
-    if not path.is_file():
-        pytest.skip("reference data not found")
+    path = require_reference() / "components" / "Composite_1" / "nnet.config"
     lines = split_config_lines(path.read_text(), str(path))
     comp = next(cl for cl in lines if cl.values.get("type") == "CompositeComponent")
     n = int(comp.values["num-components"])

@@ -31,7 +31,7 @@ from pynnet3.descriptor import (
 from pynnet3.errors import DescriptorError
 from pynnet3.index import pack
 
-from .reference import REF
+from .reference import REF, ref_params
 
 
 def _text_models() -> list[Path]:
@@ -51,7 +51,8 @@ def _node_lines(path: Path) -> list[str]:
     return lines[1:]
 
 
-@pytest.mark.parametrize("path", _text_models(), ids=lambda p: str(p.relative_to(REF)))
+@pytest.mark.parametrize("path", ref_params(_text_models(), "text models"),
+                         ids=lambda p: str(p.relative_to(REF)))
 def test_every_reference_descriptor_round_trips_exactly(path):
     lines = [ConfigLine(t) for t in _node_lines(path)]
     names = {cl.values["name"] for cl in lines}

@@ -14,7 +14,7 @@ from pynnet3.errors import ConfigError, DescriptorError, DimensionError, GraphEr
 from pynnet3.io.model_file import parse_model_bytes
 from pynnet3.nnet import Nnet, read_nnet
 
-from .reference import REF
+from .reference import REF, ref_params, require_reference
 
 _CONFIG_SPLIT = re.compile(r"^# --- config \d+ ---[ \t]*$", re.M)
 
@@ -60,14 +60,14 @@ def test_split_configs():
 
 
 def test_reference_has_multi_config_cases():
-    if not REF.is_dir():
-        pytest.skip("reference data not found")
+    require_reference()
     multi = [c for c in _config_cases()
              if len(split_configs((c / "nnet.config").read_text())) > 1]
     assert multi, "expected some generated cases with several configs"
 
 
-@pytest.mark.parametrize("case", _config_cases(), ids=_case_id)
+@pytest.mark.parametrize("case", ref_params(_config_cases(), "nnet.config cases"),
+                         ids=_case_id)
 def test_config_gives_kaldis_nodes_and_components(case, nnets_from_config):
     nnet = nnets_from_config(case)
     model = _model_of(case)
@@ -81,7 +81,8 @@ def test_config_gives_kaldis_nodes_and_components(case, nnets_from_config):
         assert (mine.input_dim, mine.output_dim) == (comp.input_dim, comp.output_dim), name
 
 
-@pytest.mark.parametrize("case", _config_cases(), ids=_case_id)
+@pytest.mark.parametrize("case", ref_params(_config_cases(), "nnet.config cases"),
+                         ids=_case_id)
 def test_context_and_recurrence_match_kaldi(case, nnets_from_config):
     stats = json.loads((case / "stats.json").read_text())
     nnet = nnets_from_config(case)
@@ -107,9 +108,9 @@ def _context_records() -> list[tuple[Path, int, int]]:
 
 
 def test_context_of_models_read_from_files():
+    require_reference()
     records = _context_records()
-    if not records:
-        pytest.skip("reference data not found")
+    assert records, f"no case states a model's context under {REF}"
     cache: dict[Path, tuple[int, int]] = {}
     for model, left, right in records:
         if model not in cache:

@@ -14,7 +14,7 @@ from pynnet3.analysis.accesses import build_access_table, command_accesses
 from pynnet3.computation import CommandType as CT
 from pynnet3.optimize import OptimizeOptions
 from tests.compiler import nets
-from tests.reference import REF
+from tests.reference import require_reference
 
 _GENERATED = ["generated/case_3", "generated/case_9", "generated/case_24"]
 
@@ -27,9 +27,7 @@ def _small(config: str, opts):
 
 
 def _reference_case(rel: str, opts):
-    case = REF / rel
-    if not case.is_dir():
-        pytest.skip(f"reference data not found at {case}")
+    case = require_reference() / rel
     nnet = pynnet3.read_nnet(str(case / "model.txt"))
     req = pynnet3.ComputationRequest.from_json(json.loads((case / "request.json").read_text()))
     return nnet, pynnet3.compile(nnet, req, optimize=opts)

@@ -20,7 +20,7 @@ from pynnet3.computation import SubMatrix
 from pynnet3.optimize import PIPELINE, OptimizeOptions, optimize
 from pynnet3.testing import case_for_seed
 from tests.compiler import nets
-from tests.reference import REF
+from tests.reference import require_reference
 
 _TABLE_FIELDS = [f.name for f in dataclasses.fields(accesses.AccessTable)]
 _OPTIONS = {"default": OptimizeOptions(),
@@ -46,9 +46,7 @@ def _case(name, seed):
         return nnet, nets.request({"input": nets.frames(-4, 8, n=2)},
                                   {"output": nets.frames(0, 4, n=2)},
                                   input_deriv=True, output_deriv=True, model=True)
-    case = REF / name
-    if not case.is_dir():
-        pytest.skip(f"reference data not found at {case}")
+    case = require_reference() / name
     model = case / "model.txt" if (case / "model.txt").exists() else case.parent / "model.txt"
     req = pynnet3.ComputationRequest.from_json(json.loads((case / "request.json").read_text()))
     return pynnet3.read_nnet(str(model)), req

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from pynnet3.cli.main import main
-from tests.reference import REF
+from tests.reference import REF, needs_reference
 
 CASE = REF / "generated" / "case_3"  # four identical sequences: the shortcut applies
 
 
-@pytest.mark.skipif(not CASE.is_dir(), reason="kaldi-reference not available")
+@needs_reference
 def test_show_computation_with_and_without_shortcut(capsys):
     stats = {}
     for flag in ("true", "false"):

@@ -21,24 +21,54 @@ import pynnet3
 from pynnet3.cache import CachingCompiler, mini_request, request_layouts
 from tests.cache.common import assert_same_results, check, random_data, run_on_copy
 from tests.cache.test_shortcut import SIZE_KEYS
-from tests.reference import REF
+from tests.reference import HAVE_REFERENCE, REF, needs_reference, ref_params
 
 TOL = {"output": 1e-4, "input_deriv": 1e-3, "grad": 1e-3}
 
 
+def _identical_sequences(request: dict) -> tuple[int, int]:
+    """(first n, number of sequences) when every input and output of a request.json
+    holds the same consecutive n values, and within each of them every sequence has
+    the same (t, x) rows in the same order; (0, 0) otherwise. Worked out from the
+    JSON alone, independently of pynnet3's layout code."""
+    seen = None
+    for spec in request["inputs"] + request["outputs"]:
+        rows: dict[int, list] = {}
+        for n, t, x in spec["indexes"]:
+            rows.setdefault(n, []).append((t, x))
+        ns = sorted(rows)
+        if ns != list(range(ns[0], ns[0] + len(ns))) or seen not in (None, ns):
+            return 0, 0
+        if any(rows[n] != rows[ns[0]] for n in ns):
+            return 0, 0
+        seen = ns
+    return seen[0], len(seen)
+
+
 def _generated_cases() -> list:
-    root = REF / "generated"
-    if not root.is_dir():
-        return []
+    """Generated cases with more than two identical sequences: the shortcut's domain."""
     out = []
-    for case in sorted(root.glob("case_*")):
-        req = pynnet3.ComputationRequest.from_json(json.loads((case / "request.json").read_text()))
-        if mini_request(req, request_layouts(req)) is not None:
+    for case in sorted((REF / "generated").glob("case_*")):
+        _, num_n = _identical_sequences(json.loads((case / "request.json").read_text()))
+        if num_n > 2:
             out.append(case)
     return out
 
 
-GENERATED = _generated_cases()
+# Counted in generated/case_*/request.json (40 cases): 23 have 3 or 4 identical
+# sequences; the others have 1 or 2.
+NUM_SHORTCUT_CASES = 23
+GENERATED = _generated_cases() if HAVE_REFERENCE else []
+
+
+@needs_reference
+def test_generated_shortcut_cases_are_the_expected_ones():
+    """The cases above are all there, and pynnet3's mini request exists for exactly them."""
+    assert len(GENERATED) == NUM_SHORTCUT_CASES
+    for case in sorted((REF / "generated").glob("case_*")):
+        req = pynnet3.ComputationRequest.from_json(json.loads((case / "request.json").read_text()))
+        assert (mini_request(req, request_layouts(req)) is not None) == (case in GENERATED), \
+            case.name
 
 
 def _rel(ours, ref) -> float:
@@ -48,8 +78,8 @@ def _rel(ours, ref) -> float:
     return float(np.linalg.norm(ours - ref) / max(np.linalg.norm(ref), 1e-6))
 
 
-@pytest.mark.skipif(not GENERATED, reason="kaldi-reference not available")
-@pytest.mark.parametrize("case", GENERATED, ids=[c.name for c in GENERATED])
+@pytest.mark.parametrize("case", ref_params(GENERATED, "generated shortcut cases"),
+                         ids=lambda c: c.name)
 def test_generated_case_via_shortcut(case):
     """Unoptimized shortcut computation vs Kaldi's arrays (an independent reference);
     optimized shortcut vs our optimized full compilation (same results and size:
@@ -63,9 +93,11 @@ def test_generated_case_via_shortcut(case):
               if k.startswith("output_deriv:")}
     cc = CachingCompiler(nnet, optimize=False, check=True)
     comp = cc.compile(req)
-    # (a network reading absolute n, BackpropTruncation's, is expanded only from
-    # n = 0: expansion numbers the sequences 0 .. N-1)
-    expanded = cc.policy().n_shift or request_layouts(req)[0].n0 == 0
+    # A network reading absolute n (BackpropTruncation's zeroing depends on n, README)
+    # is expanded only from n = 0: expansion numbers the sequences 0 .. N-1.
+    reads_n = "<BackpropTruncationComponent>" in (case / "model.txt").read_text()
+    n0, _ = _identical_sequences(json.loads((case / "request.json").read_text()))
+    expanded = not reads_n or n0 == 0
     assert cc.info()["shortcut"] == int(expanded), cc.info()
     res = pynnet3.run(nnet.copy(), comp, inputs, derivs)
     failures = []
@@ -120,7 +152,7 @@ REALISTIC = [(net, shape) for net in ("tdnnf_chain", "tdnn_lstm", "tdnn_relu_bn"
              for shape in ("train",)] + [("tdnn_relu_bn", "decode")]
 
 
-@pytest.mark.skipif(not (REF / "realistic").is_dir(), reason="kaldi-reference not available")
+@needs_reference
 @pytest.mark.parametrize("net,shape", REALISTIC)
 def test_realistic_network_via_shortcut(net, shape):
     nnet = pynnet3.read_nnet(REF / "realistic" / net / "model.txt")

@@ -14,7 +14,7 @@ import pynnet3
 from pynnet3.cli.main import main
 from pynnet3.nnet import read_nnet
 
-from ..reference import REF
+from ..reference import REF, require_reference
 
 CONFIG = """\
 # a small TDNN
@@ -76,8 +76,7 @@ def test_init_copy_round_trip(tmp_path, config, capsys):
 
 def test_copy_set_test_mode(tmp_path, capsys):
     src = REF / "components" / "BatchNorm_3" / "model.txt"
-    if not src.is_file():
-        pytest.skip("reference data not found")
+    require_reference()
     assert b"<TestMode> F" in src.read_bytes()
     out = tmp_path / "bn.txt"
     assert run(["copy", src, out, "--binary=false", "--set-test-mode=true"], capsys)[0] == 0
@@ -100,8 +99,7 @@ def test_info(tmp_path, config, capsys):
 
 def test_info_on_reference_model(capsys):
     model = REF / "realistic" / "tdnn_lstm" / "model.txt"
-    if not model.is_file():
-        pytest.skip("reference data not found")
+    require_reference()
     stats = json.loads((REF / "realistic" / "tdnn_lstm" / "decode" / "stats.json").read_text())
     rc, out, _ = run(["info", model], capsys)
     assert rc == 0
@@ -112,8 +110,7 @@ def test_info_on_reference_model(capsys):
 @pytest.mark.parametrize("optimize", ["false", "true"])
 def test_show_computation(optimize, capsys):
     case = REF / "components" / "Affine_1"
-    if not case.is_dir():
-        pytest.skip("reference data not found")
+    require_reference()
     rc, out, err = run(["show-computation", case / "model.txt", "--request",
                         case / "request.json", f"--optimize={optimize}"], capsys)
     assert rc == 0 and err == ""
@@ -132,8 +129,7 @@ def test_show_computation(optimize, capsys):
 
 def test_show_computation_report_and_options(capsys):
     case = REF / "realistic" / "tdnnf_chain" / "decode"
-    if not case.is_dir():
-        pytest.skip("reference data not found")
+    require_reference()
     model = case.parent / "model.txt"
     rc, out, err = run(["show-computation", model, "--request", case / "request.json",
                         "--report", "--check=true"], capsys)

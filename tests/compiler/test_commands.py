@@ -15,7 +15,7 @@ import pynnet3
 from pynnet3.computation import CommandType as CT
 from tests.compiler import nets as N
 from tests.compiler.test_graph import RNN2
-from tests.reference import REF
+from tests.reference import REF, require_reference
 
 # (config, inputs, outputs): small networks covering every descriptor kind.
 CASES = {
@@ -268,8 +268,7 @@ KALDI_CASES = ["generated/case_1", "generated/case_12", "generated/case_22",
 @pytest.mark.parametrize("case", KALDI_CASES)
 def test_unoptimized_memory_vs_kaldi(case):
     path = REF / case
-    if not (path / "stats.json").exists():
-        pytest.skip("kaldi-reference not available")
+    require_reference()
     model = path / "model.txt" if (path / "model.txt").exists() else path.parent / "model.txt"
     nnet = pynnet3.read_nnet(model)
     req = pynnet3.ComputationRequest.from_json(json.loads((path / "request.json").read_text()))

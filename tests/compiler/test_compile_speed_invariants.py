@@ -38,7 +38,7 @@ from pynnet3.components.tdnn import time_offset_sources
 from pynnet3.index import pack, unpack
 from pynnet3.testing import random_nets
 from tests.compiler import nets as N
-from tests.reference import REF
+from tests.reference import require_reference
 
 # -- comparing computations ------------------------------------------------------------------
 
@@ -121,9 +121,7 @@ def test_random_networks_compile_the_same_either_way(monkeypatch):
 
 
 def _realistic(net: str):
-    path = REF / "realistic" / net / "model.txt"
-    if not path.exists():
-        pytest.skip(f"reference data not found at {path}")
+    path = require_reference() / "realistic" / net / "model.txt"
     return pynnet3.read_nnet(path)
 
 
@@ -154,11 +152,9 @@ def test_realistic_networks_compile_the_same_either_way(monkeypatch, net):
 
 
 def test_reference_requests_compile_the_same_either_way(monkeypatch):
-    cases = sorted(p.parent for p in (REF / "generated").glob("*/request.json")) \
-        if (REF / "generated").is_dir() else []
-    if not cases:
-        pytest.skip("no generated reference cases")
-    for case in cases[:40]:
+    cases = sorted(p.parent for p in (require_reference() / "generated").glob("*/request.json"))
+    assert len(cases) == 40  # generated/case_<seed> for seeds 1..40 (reference README)
+    for case in cases:
         model = case / "model.txt"
         if not model.exists():
             model = case.parent / "model.txt"

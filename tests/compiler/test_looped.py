@@ -25,7 +25,7 @@ from pynnet3.optimize import OptimizeOptions
 from pynnet3.optimize.looped import find_time_shift, fix_goto_label, optimize_looped_computation
 from pynnet3.runtime.computer import NnetComputer
 from tests.compiler import nets as N
-from tests.reference import REF
+from tests.reference import REF, require_reference
 
 RUNS = ["tdnn_lstm_fpc20", "tdnnf_chain_fpc20", "tdnnf_chain_fpc9_fsf3"]
 
@@ -51,9 +51,7 @@ ALL_OFF = OptimizeOptions(**{
 
 
 def _ref_run(name: str):
-    d = REF / "looped" / name
-    if not d.is_dir():
-        pytest.skip(f"reference data not found at {d}")
+    d = require_reference() / "looped" / name
     info = json.loads((d / "run_info.json").read_text())
     opts = json.loads((d / "options.json").read_text())
     nnet = pynnet3.read_nnet(d / info["model"])

@@ -28,7 +28,14 @@ from tests.components.common import (
     rel_err,
     roundtrip_spans,
 )
-from tests.reference import REF, component_cases, load_case, load_components
+from tests.reference import (
+    REF,
+    component_cases,
+    load_case,
+    load_components,
+    ref_params,
+    require_reference,
+)
 
 # -- shared helpers ---------------------------------------------------------------------
 
@@ -41,9 +48,8 @@ def files_with_types(types) -> list[Path]:
 
 
 def component_spans(path: Path):
-    """Yield (name, type, component, data, start) for each component of a model file.
-    Components of other types that fail to read (not written yet) are skipped by
-    jumping to their closing token, so one missing type does not hide the rest."""
+    """Yield (name, type, component, data, start) for each component of a model file;
+    every component must read (a reader error fails the caller)."""
     data = nnet_bytes(path)
     r = make_reader(data, str(path))
     r.expect_token("<Nnet3>")
@@ -55,14 +61,7 @@ def component_spans(path: Path):
         name = r.read_token()
         start = _WS.match(data, r.pos).end()
         type_name = r.peek_token()[1:-1]
-        try:
-            comp = read_component(r)
-        except Exception:
-            comp = None
-            close = data.find(f"</{type_name}>".encode(), start)
-            assert close > 0
-            r.pos = close + len(type_name) + 3 + (1 if r.binary else 0)
-        yield name, type_name, comp, data, start
+        yield name, type_name, read_component(r), data, start
 
 
 def _forward(comp, x):
@@ -213,15 +212,14 @@ EXPECTED_FLAGS = {
 }
 
 
-@pytest.mark.parametrize("path", files_with_types(TYPES),
+@pytest.mark.parametrize("path", ref_params(files_with_types(TYPES)),
                          ids=lambda p: str(p.relative_to(REF)))
 def test_reference_roundtrip(path):
     assert roundtrip_spans(path, TYPES) > 0
 
 
 def test_reference_roundtrip_covers_every_type():
-    if not REF.is_dir():
-        pytest.skip("no reference")
+    require_reference()
     found = {t for f in files_with_types(TYPES) for _, t, _, _, _ in component_spans(f)}
     assert set(TYPES) <= found
 
@@ -246,7 +244,8 @@ def test_config_roundtrip_and_malformed(type_name):
     malformed_checks(*serialize(comp))
 
 
-@pytest.mark.parametrize("case", direct_cases({t[:-len("Component")] for t in TYPES}),
+@pytest.mark.parametrize("case", ref_params(direct_cases({t[:-len("Component")] for t in TYPES}),
+                                    "component cases"),
                          ids=lambda p: p.name)
 def test_reference_case(case):
     run_direct_case(case)
@@ -256,8 +255,7 @@ def test_reference_case(case):
 def test_reference_case_append(case_name):
     """input=Append(Offset(input,-1), input, Offset(input,2)), composed by hand."""
     case = REF / "components" / case_name
-    if not case.is_dir():
-        pytest.skip("no reference")
+    require_reference()
     request, arrays, _ = load_case(case)
     comp = load_components(case / "model.txt")["comp"]
     in_rows = {tuple(ix): i for i, ix in enumerate(request["inputs"][0]["indexes"])}

@@ -13,7 +13,7 @@ from pynnet3.errors import ComputeError, ConfigError, FormatError
 from pynnet3.io.kaldi_stream import BinaryReader, TextReader, make_writer
 from pynnet3.io.model_file import read_component
 from tests.components.common import cfg, grid, reference_files, rel_err, roundtrip_spans
-from tests.reference import REF, component_cases, load_case
+from tests.reference import REF, component_cases, load_case, ref_params, require_reference
 
 TYPE = "RestrictedAttentionComponent"
 
@@ -62,14 +62,14 @@ def make(heads=2, kd=3, vd=2, left=3, right=1, stride=1, lreq=None, rreq=None, c
 
 
 # -- files -------------------------------------------------------------------------------
-@pytest.mark.parametrize("path", reference_files(TYPE), ids=lambda p: str(p.relative_to(REF)))
+@pytest.mark.parametrize("path", ref_params(reference_files(TYPE)),
+                         ids=lambda p: str(p.relative_to(REF)))
 def test_roundtrip_reference_files(path):
     assert roundtrip_spans(path, TYPE) >= 1
 
 
 def test_roundtrip_count():
-    if not REF.is_dir():
-        pytest.skip("no reference data")
+    require_reference()
     assert sum(roundtrip_spans(p, TYPE) for p in reference_files(TYPE)) == 18  # 9 txt + 9 bin
 
 
@@ -246,7 +246,8 @@ def test_propagate_and_backprop_add():
 
 
 # -- Kaldi reference cases ----------------------------------------------------------------------
-@pytest.mark.parametrize("case", component_cases("RestrictedAttention_"), ids=lambda p: p.name)
+@pytest.mark.parametrize("case", ref_params(component_cases("RestrictedAttention_"), "cases"),
+                         ids=lambda p: p.name)
 def test_reference(case):
     req, arrays, _ = load_case(case)
     data = (case / "model.txt").read_bytes()
@@ -279,7 +280,8 @@ def _generated_attention_cases() -> list:
     return out
 
 
-@pytest.mark.parametrize("case", _generated_attention_cases(), ids=lambda p: p.name)
+@pytest.mark.parametrize("case", ref_params(_generated_attention_cases(), "cases"),
+                         ids=lambda p: p.name)
 def test_reference_generated_affine_attention(case):
     """Composed by hand: the affine rows are the input rows; attention outputs are the
     request's. Several of these cases lack optional left inputs at the sequence
@@ -309,7 +311,8 @@ def _kaldi_matrix_rows(listing: str, prefix: str) -> int:
     return int(re.search(rf"\b{name}\((\d+), \d+\)", listing).group(1))
 
 
-@pytest.mark.parametrize("case", _generated_attention_cases(), ids=lambda p: p.name)
+@pytest.mark.parametrize("case", ref_params(_generated_attention_cases(), "cases"),
+                         ids=lambda p: p.name)
 def test_reorder_indexes_matches_kaldi_matrix_sizes(case):
     from pynnet3.components.attention import NO_TIME
 

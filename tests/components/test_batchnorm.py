@@ -21,7 +21,7 @@ from tests.components.test_affine import (
     run_direct_case,
     serialize,
 )
-from tests.reference import REF
+from tests.reference import REF, ref_params
 
 TYPES = ("BatchNormComponent",)
 BASE = Flags.SIMPLE | Flags.BACKPROP_NEEDS_OUTPUT | Flags.PROPAGATE_IN_PLACE \
@@ -38,14 +38,15 @@ def _trained(config: str, seed: int = 3):
     return comp
 
 
-@pytest.mark.parametrize("path", files_with_types(TYPES),
+@pytest.mark.parametrize("path", ref_params(files_with_types(TYPES)),
                          ids=lambda p: str(p.relative_to(REF)))
 def test_reference_roundtrip(path):
     """Byte-identical even where Kaldi itself is not (it re-derives mean/var)."""
     assert roundtrip_spans(path, TYPES) > 0
 
 
-@pytest.mark.parametrize("case", direct_cases({"BatchNorm"}), ids=lambda p: p.name)
+@pytest.mark.parametrize("case", ref_params(direct_cases({"BatchNorm"}), "cases"),
+                         ids=lambda p: p.name)
 def test_reference_case(case):
     run_direct_case(case)
 

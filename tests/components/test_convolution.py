@@ -11,7 +11,7 @@ from pynnet3.errors import ConfigError, FormatError
 from pynnet3.io.kaldi_stream import make_reader, make_writer
 from pynnet3.io.model_file import read_component
 from tests.components.common import WITH_AM_FILES, cfg, reference_files, rel_err, roundtrip_spans
-from tests.reference import REF, load_case, load_components, require_reference
+from tests.reference import REF, load_case, load_components, ref_params, require_reference
 
 TYPES = ("ConvolutionComponent", "MaxpoolingComponent")
 FILES = reference_files(TYPES, WITH_AM_FILES)
@@ -70,7 +70,7 @@ def pool_reference(comp: MaxpoolingComponent, x: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------
 # (a) round trips
-@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(REF)) for p in FILES])
+@pytest.mark.parametrize("path", ref_params(FILES), ids=lambda p: str(p.relative_to(REF)))
 def test_roundtrip_reference_components(path):
     assert roundtrip_spans(path, TYPES) > 0
 

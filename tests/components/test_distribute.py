@@ -11,7 +11,7 @@ from pynnet3.errors import ComputeError, ConfigError, FormatError
 from pynnet3.io.kaldi_stream import BinaryReader, TextReader, make_writer
 from pynnet3.io.model_file import read_component
 from tests.components.common import cfg, reference_files, rel_err, roundtrip_spans
-from tests.reference import REF, component_cases, load_case
+from tests.reference import REF, component_cases, load_case, ref_params, require_reference
 
 TYPE = "DistributeComponent"
 
@@ -28,14 +28,14 @@ def run(comp, in_idx, out_idx, x, dy):
 
 
 # -- files -------------------------------------------------------------------------------
-@pytest.mark.parametrize("path", reference_files(TYPE), ids=lambda p: str(p.relative_to(REF)))
+@pytest.mark.parametrize("path", ref_params(reference_files(TYPE)),
+                         ids=lambda p: str(p.relative_to(REF)))
 def test_roundtrip_reference_files(path):
     assert roundtrip_spans(path, TYPE) >= 1
 
 
 def test_roundtrip_count():
-    if not REF.is_dir():
-        pytest.skip("no reference data")
+    require_reference()
     assert sum(roundtrip_spans(p, TYPE) for p in reference_files(TYPE)) == 12  # 6 txt + 6 bin
 
 
@@ -145,7 +145,8 @@ def _with_x(idx, x):
     return out
 
 
-@pytest.mark.parametrize("case", component_cases("Distribute_1"), ids=lambda p: p.name)
+@pytest.mark.parametrize("case", ref_params(component_cases("Distribute_1"), "cases"),
+                         ids=lambda p: p.name)
 def test_reference_distribute_affine_sum(case):
     """input -> distribute -> affine 4->5 -> Sum(ReplaceIndex(affine, x, i), i<3)."""
     req, arrays, _ = load_case(case)
@@ -167,7 +168,8 @@ def test_reference_distribute_affine_sum(case):
     assert rel_err(da.sum(0), arrays["grad:affine:bias_params"]) < 1e-3
 
 
-@pytest.mark.parametrize("case", component_cases("Distribute_2"), ids=lambda p: p.name)
+@pytest.mark.parametrize("case", ref_params(component_cases("Distribute_2"), "cases"),
+                         ids=lambda p: p.name)
 def test_reference_distribute_tanh_append(case):
     """input -> distribute -> tanh -> Append(ReplaceIndex(tanh, x, 3), ..., x, 0)."""
     req, arrays, _ = load_case(case)

@@ -26,7 +26,13 @@ from tests.components.common import (
     rel_err,
     roundtrip_spans,
 )
-from tests.reference import REF, component_cases, load_case
+from tests.reference import (
+    component_cases,
+    load_case,
+    needs_reference,
+    ref_params,
+    require_reference,
+)
 
 # ----------------------------------------------------------------------------------
 # Shared helpers
@@ -168,43 +174,35 @@ TYPES = ["SigmoidComponent", "TanhComponent", "RectifiedLinearComponent",
          "SoftmaxComponent", "LogSoftmaxComponent", "NormalizeComponent", "PnormComponent"]
 SHORT = [t[:-len("Component")] for t in TYPES]
 
-needs_ref = pytest.mark.skipif(not REF.is_dir(), reason="kaldi-reference not found")
 
-
-@needs_ref
+@needs_reference
 def test_roundtrip_every_reference_component():
     count = sum(roundtrip_spans(p, TYPES) for p in reference_files(TYPES, ALL_NNET_FILES))
     assert count > 100
 
 
-@needs_ref
-@pytest.mark.parametrize("case", [c for s in SHORT for c in component_cases(s + "_")],
+@pytest.mark.parametrize("case", ref_params([c for s in SHORT
+                                              for c in component_cases(s + "_")], "cases"),
                          ids=lambda c: c.name)
 def test_whole_file_roundtrip(case):
-    types = model_types(case)
-    if not types <= set(TYPES):
-        pytest.skip(f"other types in the file: {sorted(types - set(TYPES))}")
     whole_file_roundtrip(case)
 
 
-@needs_ref
-@pytest.mark.parametrize("case", [c for s in SHORT for c in direct_cases(s)],
+@pytest.mark.parametrize("case", ref_params([c for s in SHORT for c in direct_cases(s)], "cases"),
                          ids=lambda c: c.name)
 @pytest.mark.parametrize("grad", [None, {}], ids=["plain", "training"])
 def test_reference_case(case, grad):
     run_reference_case(case, grad=grad)
 
 
-@needs_ref
-@pytest.mark.parametrize("case", [c for s in SHORT for c in affine_cases(s)],
+@pytest.mark.parametrize("case", ref_params([c for s in SHORT for c in affine_cases(s)], "cases"),
                          ids=lambda c: c.name)
 def test_reference_case_after_affine(case):
     run_reference_case(case, compose_affine=True)
 
 
 def test_reference_cases_found():
-    if not REF.is_dir():
-        pytest.skip("no reference")
+    require_reference()
     assert len([c for s in SHORT for c in direct_cases(s)]) == 9
     assert len([c for s in SHORT for c in affine_cases(s)]) == 5
 
@@ -237,7 +235,7 @@ def test_relu_finite_difference_away_from_kink():
     finite_difference_check(comp, x, params=False)
 
 
-@pytest.mark.parametrize("config", GRAD_CONFIGS[:5])
+@pytest.mark.parametrize("config", GRAD_CONFIGS + ["type=RectifiedLinearComponent dim=6"])
 def test_float32_and_in_place(config):
     comp = make(config)
     rng = np.random.default_rng(3)

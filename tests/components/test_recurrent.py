@@ -25,7 +25,7 @@ from tests.components.test_tdnn import (
     run_reference_case,
     written,
 )
-from tests.reference import REF, component_cases
+from tests.reference import REF, component_cases, ref_params, require_reference
 
 TYPES = ["LstmNonlinearityComponent", "GruNonlinearityComponent",
          "OutputGruNonlinearityComponent"]
@@ -33,15 +33,14 @@ TYPES = ["LstmNonlinearityComponent", "GruNonlinearityComponent",
 ROUND_TRIP = [(t, p) for t in TYPES for p in reference_files(t)]
 
 
-@pytest.mark.parametrize("type_name,path", ROUND_TRIP,
+@pytest.mark.parametrize("type_name,path", ref_params(ROUND_TRIP, nargs=2),
                          ids=[f"{t}:{p.relative_to(REF)}" for t, p in ROUND_TRIP])
 def test_round_trip_reference_files(type_name, path):
     check_round_trip(path, type_name)
 
 
 def test_round_trip_covers_reference():
-    if not REF.is_dir():
-        pytest.skip("no reference data")
+    require_reference()
     names = {p.relative_to(REF).as_posix() for _, p in ROUND_TRIP}
     assert {"realistic/tdnn_lstm/model.txt", "realistic/tdnn_lstm/model.bin",
             "components/DropoutMask_1/model.txt", "components/GruNonlinearity_2/model.bin",
@@ -52,14 +51,13 @@ CASES = [c for prefix in ("LstmNonlinearity_", "GruNonlinearity_", "OutputGruNon
          for c in direct_cases(prefix)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda p: p.name)
+@pytest.mark.parametrize("case", ref_params(CASES, "cases"), ids=lambda p: p.name)
 def test_reference_case(case):
     run_reference_case(case)
 
 
 def test_reference_cases_found():
-    if not REF.is_dir():
-        pytest.skip("no reference data")
+    require_reference()
     # LstmNonlinearity_2 is recurrent (IfDefined(Offset(c, -1))): left to the
     # compiler/conformance tests.
     assert {c.name for c in CASES} == {"LstmNonlinearity_1", "GruNonlinearity_1",
@@ -70,8 +68,7 @@ def test_reference_cases_found():
 def test_lstm_self_repair_is_active_with_zero_stats():
     """The README quirk: count = 1 + count, so zero stats turn self-repair ON."""
     case = REF / "components" / "LstmNonlinearity_1"
-    if not case.is_dir():
-        pytest.skip("no reference data")
+    require_reference()
     comp = parse_model_bytes((case / "model.txt").read_bytes()).components[0][1]
     assert comp.count == 0 and not comp.deriv_avg.any()
     x = np.random.default_rng(0).standard_normal((6, comp.input_dim))

@@ -23,7 +23,7 @@ from tests.components.test_affine import (
     run_direct_case,
     serialize,
 )
-from tests.reference import REF, load_case, load_components
+from tests.reference import REF, load_case, load_components, ref_params, require_reference
 
 TYPES = ("FixedScaleComponent", "FixedBiasComponent", "PerElementScaleComponent",
          "NaturalGradientPerElementScaleComponent", "PerElementOffsetComponent",
@@ -73,15 +73,14 @@ def _perturbed(type_name):
     return comp
 
 
-@pytest.mark.parametrize("path", files_with_types(TYPES),
+@pytest.mark.parametrize("path", ref_params(files_with_types(TYPES)),
                          ids=lambda p: str(p.relative_to(REF)))
 def test_reference_roundtrip(path):
     assert roundtrip_spans(path, TYPES) > 0
 
 
 def test_reference_roundtrip_covers_every_type():
-    if not REF.is_dir():
-        pytest.skip("no reference")
+    require_reference()
     found = set()
     for f in files_with_types(TYPES):
         for _, t, comp, _, _ in component_spans(f):
@@ -128,7 +127,8 @@ def test_config_roundtrip_and_malformed(type_name):
     malformed_checks(*serialize(comp))
 
 
-@pytest.mark.parametrize("case", direct_cases({t[:-len("Component")] for t in TYPES}),
+@pytest.mark.parametrize("case", ref_params(direct_cases({t[:-len("Component")] for t in TYPES}),
+                                    "component cases"),
                          ids=lambda p: p.name)
 def test_reference_case(case):
     run_direct_case(case)
@@ -137,8 +137,7 @@ def test_reference_case(case):
 def test_reference_case_constant():
     """output = Sum(input, constant); the constant node needs no input rows."""
     case = REF / "components" / "Constant_1"
-    if not case.is_dir():
-        pytest.skip("no reference")
+    require_reference()
     _, arrays, _ = load_case(case)
     comp = load_components(case / "model.txt")["constant"]
     deps = comp.input_indexes(np.array([[0, 5, 0], [1, 2, 0]]))
@@ -155,8 +154,7 @@ def test_reference_case_constant():
 def test_reference_case_constant_function():
     """output = Sum(comp(input), affine(input)) with comp a ConstantFunction."""
     case = REF / "components" / "ConstantFunction_1"
-    if not case.is_dir():
-        pytest.skip("no reference")
+    require_reference()
     _, arrays, _ = load_case(case)
     comps = load_components(case / "model.txt")
     x, dy = arrays["input:input"], arrays["output_deriv:output"]

@@ -24,38 +24,31 @@ from tests.components.test_nonlinear import (
     direct_cases,
     forward,
     make,
-    model_types,
     run_reference_case,
     truncation_and_garbage,
     whole_file_roundtrip,
 )
-from tests.reference import REF
+from tests.reference import needs_reference, ref_params, require_reference
 
 TYPES = ["SumGroupComponent", "SumBlockComponent", "NoOpComponent", "ClipGradientComponent",
          "BackpropTruncationComponent", "ElementwiseProductComponent", "PermuteComponent"]
 SHORT = [t[:-len("Component")] for t in TYPES]
 
-needs_ref = pytest.mark.skipif(not REF.is_dir(), reason="kaldi-reference not found")
 
-
-@needs_ref
+@needs_reference
 def test_roundtrip_every_reference_component():
     count = sum(roundtrip_spans(p, TYPES) for p in reference_files(TYPES, ALL_NNET_FILES))
     assert count >= 50
 
 
-@needs_ref
-@pytest.mark.parametrize("case", [c for s in SHORT for c in component_cases(s + "_")],
+@pytest.mark.parametrize("case", ref_params([c for s in SHORT
+                                              for c in component_cases(s + "_")], "cases"),
                          ids=lambda c: c.name)
 def test_whole_file_roundtrip(case):
-    types = model_types(case)
-    if not types <= set(TYPES):
-        pytest.skip(f"other types in the file: {sorted(types - set(TYPES))}")
     whole_file_roundtrip(case)
 
 
-@needs_ref
-@pytest.mark.parametrize("case", [c for s in SHORT for c in direct_cases(s)],
+@pytest.mark.parametrize("case", ref_params([c for s in SHORT for c in direct_cases(s)], "cases"),
                          ids=lambda c: c.name)
 @pytest.mark.parametrize("grad", [None, {}], ids=["plain", "training"])
 def test_reference_case(case, grad):
@@ -63,8 +56,7 @@ def test_reference_case(case, grad):
 
 
 def test_reference_cases_found():
-    if not REF.is_dir():
-        pytest.skip("no reference")
+    require_reference()
     assert len([c for s in SHORT for c in direct_cases(s)]) == 12
 
 

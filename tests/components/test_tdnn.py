@@ -24,7 +24,7 @@ from tests.components.common import (
     rel_err,
     roundtrip_spans,
 )
-from tests.reference import REF, component_cases, load_case
+from tests.reference import REF, component_cases, load_case, ref_params, require_reference
 
 # ----------------------------------------------------------------------------------
 # helpers shared by the three test files
@@ -133,20 +133,20 @@ def sequence_indexes(ts, ns=(0, 1)) -> np.ndarray:
 TYPE = "TdnnComponent"
 
 
-@pytest.mark.parametrize("path", reference_files(TYPE), ids=lambda p: str(p.relative_to(REF)))
+@pytest.mark.parametrize("path", ref_params(reference_files(TYPE)),
+                         ids=lambda p: str(p.relative_to(REF)))
 def test_round_trip_reference_files(path):
     check_round_trip(path, TYPE)
 
 
 def test_round_trip_covers_reference():
-    if not REF.is_dir():
-        pytest.skip("no reference data")
+    require_reference()
     names = {p.relative_to(REF).as_posix() for p in reference_files(TYPE)}
     assert {"components/Tdnn_1/model.txt", "components/Tdnn_2/model.bin",
             "realistic/tdnnf_chain/model.txt", "generated/case_20/model.bin"} <= names
 
 
-@pytest.mark.parametrize("case", direct_cases("Tdnn_"), ids=lambda p: p.name)
+@pytest.mark.parametrize("case", ref_params(direct_cases("Tdnn_"), "cases"), ids=lambda p: p.name)
 @pytest.mark.parametrize("shuffle", [None, 7])
 def test_reference_case(case, shuffle):
     run_reference_case(case, shuffle_seed=shuffle)

@@ -20,26 +20,27 @@ from tests.components.test_tdnn import (
     sequence_indexes,
     written,
 )
-from tests.reference import REF
+from tests.reference import REF, ref_params, require_reference
 
 TYPE = "TimeHeightConvolutionComponent"
 
 
-@pytest.mark.parametrize("path", reference_files(TYPE), ids=lambda p: str(p.relative_to(REF)))
+@pytest.mark.parametrize("path", ref_params(reference_files(TYPE)),
+                         ids=lambda p: str(p.relative_to(REF)))
 def test_round_trip_reference_files(path):
     check_round_trip(path, TYPE)
 
 
 def test_round_trip_covers_reference():
-    if not REF.is_dir():
-        pytest.skip("no reference data")
+    require_reference()
     names = {p.relative_to(REF).as_posix() for p in reference_files(TYPE)}
     assert {"components/TimeHeightConvolution_1/model.txt",
             "components/TimeHeightConvolution_2/model.bin",
             "generated/case_7/model.txt", "generated/case_7/model.bin"} <= names
 
 
-@pytest.mark.parametrize("case", direct_cases("TimeHeightConvolution_"), ids=lambda p: p.name)
+@pytest.mark.parametrize("case", ref_params(direct_cases("TimeHeightConvolution_"), "cases"),
+                         ids=lambda p: p.name)
 @pytest.mark.parametrize("shuffle", [None, 3])
 def test_reference_case(case, shuffle):
     # TimeHeightConvolution_2 has only t=0..11 at the input: the optional time offsets
@@ -48,8 +49,7 @@ def test_reference_case(case, shuffle):
 
 
 def test_reference_cases_found():
-    if not REF.is_dir():
-        pytest.skip("no reference data")
+    require_reference()
     assert len(direct_cases("TimeHeightConvolution_")) == 2
 
 

@@ -20,7 +20,7 @@ from pynnet3.io.kaldi_stream import BinaryReader, TextReader
 from pynnet3.io.model_file import parse_model_bytes, read_model_parts, write_model_parts
 from pynnet3.nnet import Nnet, read_nnet
 
-from ..reference import REF
+from ..reference import REF, ref_params, require_reference
 
 
 def _rel(p: Path) -> str:
@@ -43,12 +43,11 @@ def _nnet_bytes(data: bytes, source: str, binary: bool) -> bytes:
 
 
 def test_reference_models_present():
-    if not REF.is_dir():
-        pytest.skip("reference data not found")
+    require_reference()
     assert len(TEXT_MODELS) >= 120 and len(BIN_MODELS) == len(TEXT_MODELS)
 
 
-@pytest.mark.parametrize("path", TEXT_MODELS + EXTRA_TEXT, ids=_rel)
+@pytest.mark.parametrize("path", ref_params(TEXT_MODELS + EXTRA_TEXT), ids=_rel)
 def test_text_model_round_trip_is_byte_identical(path):
     data = path.read_bytes()
     if path.suffix == ".gz":
@@ -56,14 +55,14 @@ def test_text_model_round_trip_is_byte_identical(path):
     assert _nnet_bytes(data, str(path), binary=False) == data
 
 
-@pytest.mark.parametrize("path", BIN_MODELS, ids=_rel)
+@pytest.mark.parametrize("path", ref_params(BIN_MODELS), ids=_rel)
 def test_binary_model_round_trip_is_byte_identical(path):
     data = path.read_bytes()
     assert data[:2] == b"\0B"
     assert _nnet_bytes(data, str(path), binary=True) == data
 
 
-@pytest.mark.parametrize("path", BIN_MODELS, ids=_rel)
+@pytest.mark.parametrize("path", ref_params(BIN_MODELS), ids=_rel)
 def test_binary_and_text_agree(path):
     """model.bin written as text is model.txt; model.txt written as binary is model.bin
     (except BatchNorm stats, which Kaldi's own round trip moves by a float step)."""
@@ -87,7 +86,7 @@ def _am_cases() -> list[Path]:
     return _files("am/*/info.json")
 
 
-@pytest.mark.parametrize("info", _am_cases(), ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("info", ref_params(_am_cases(), "am cases"), ids=lambda p: p.parent.name)
 def test_nnet_part_of_am_files_round_trips(info):
     meta = json.loads(info.read_text())
     # binary final.mdl: the nnet starts at nnet_offset_in_final_mdl
@@ -111,8 +110,7 @@ def test_nnet_part_of_am_files_round_trips(info):
 
 
 def test_read_nnet_detects_binary_by_content_not_name(tmp_path):
-    if not REF.is_dir():
-        pytest.skip("reference data not found")
+    require_reference()
     src = REF / "components" / "Affine_1"
     shutil.copy(src / "model.bin", tmp_path / "looks_like_text.txt")
     shutil.copy(src / "model.txt", tmp_path / "looks_like_binary.bin")
@@ -237,7 +235,8 @@ def test_truncated_everywhere_is_a_format_error(binary):
             assert err.line <= _line_of(data, cut)
 
 
-@pytest.mark.parametrize("path", _files("realistic/*/model.bin") + _files("realistic/*/model.txt"),
+@pytest.mark.parametrize("path", ref_params(_files("realistic/*/model.bin")
+                                             + _files("realistic/*/model.txt")),
                          ids=_rel)
 def test_truncated_reference_models(path):
     data = path.read_bytes()

@@ -24,7 +24,7 @@ from pynnet3.optimize.renumber import renumber
 from pynnet3.runtime.backend import register_backend
 from pynnet3.runtime.numpy_backend import NumpyBackend
 from tests.compiler import nets
-from tests.reference import REF, load_case
+from tests.reference import REF, load_case, require_reference
 
 UNDEFINED = "numpy-nan-alloc"  # not differential.py's "numpy-undefined" (finite garbage)
 
@@ -63,7 +63,7 @@ REALISTIC = sorted(str(p.parent.relative_to(REF)) for p in (REF / "realistic").r
 @functools.cache
 def reference_case(rel: str):
     """(nnet, request, inputs, output_derivs, kaldi stats) of a reference case."""
-    case = REF / rel
+    case = require_reference() / rel
     base = case if (case / "model.txt").exists() else case.parent
     nnet = pynnet3.read_nnet(base / "model.txt")
     reqj, arrays, stats = load_case(case)

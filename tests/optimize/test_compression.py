@@ -20,11 +20,9 @@ from pynnet3.optimize.zeroing import remove_unnecessary_zeroing
 from pynnet3.runtime.compression import INT16, UINT8
 from tests.compiler import nets
 from tests.optimize import memory_cases as mc
-from tests.reference import REF
+from tests.reference import needs_reference
 
 BEFORE = (remove_unnecessary_zeroing, move_sizing_commands, remove_unnecessary_allocation)
-needs_ref = pytest.mark.skipif(not REF.is_dir(), reason="kaldi-reference not available")
-
 
 def _level(n: int) -> OptimizeOptions:
     return OptimizeOptions(memory_compression_level=n)
@@ -83,7 +81,7 @@ def test_relu_net_is_bit_identical(prepare, model):
                            mc.run(nnet, c, inputs, derivs), exact=True)
 
 
-@needs_ref
+@needs_reference
 @pytest.mark.parametrize("rel", ["realistic/tdnn_relu_bn/train", "realistic/xvector/train",
                                  "realistic/tdnnf_chain/train"])
 def test_realistic_matches_kaldi_count(rel):
@@ -180,7 +178,7 @@ def test_outputs_never_compressed():
     assert (res.outputs["hidden"] > 0).any() and (res.outputs["hidden"] < 1).any()
 
 
-@needs_ref
+@needs_reference
 def test_default_pipeline():
     """Through ``pynnet3.compile(optimize=True)`` (level 1 by default): Kaldi's
     count of compressions, and the same results as the unoptimized computation."""

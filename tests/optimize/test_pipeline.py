@@ -11,11 +11,10 @@ import pynnet3
 from pynnet3.computation import CommandType as CT
 from pynnet3.optimize import PIPELINE, OptimizeOptions, OptimizeReport, register_pass
 from tests.compiler import nets
-from tests.reference import REF
+from tests.reference import REF, needs_reference, ref_params
 
 REALISTIC = sorted(p.parent.relative_to(REF).as_posix()
                    for p in (REF / "realistic").rglob("request.json")) if REF.is_dir() else []
-needs_ref = pytest.mark.skipif(not REALISTIC, reason="kaldi-reference not available")
 
 
 def _case(rel: str):
@@ -37,8 +36,7 @@ def test_every_default_pass_is_present():
         assert want in names, want
 
 
-@needs_ref
-@pytest.mark.parametrize("rel", REALISTIC)
+@pytest.mark.parametrize("rel", ref_params(REALISTIC, "realistic cases"))
 def test_realistic_against_kaldi(rel):
     """Peak memory never above Kaldi's by more than 10%, and a report row per pass."""
     nnet, req, kaldi = _case(rel)
@@ -56,7 +54,7 @@ def test_realistic_against_kaldi(rel):
     assert "variable_merging" in text and "move_sizing_commands" in text
 
 
-@needs_ref
+@needs_reference
 def test_kaldi_pairing_reproduces_kaldi_and_peak_aware_beats_it():
     nnet, req, kaldi = _case("realistic/tdnnf_chain/decode")
     as_kaldi = OptimizeOptions(allocate_from_other_peak_aware=False,

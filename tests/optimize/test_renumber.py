@@ -31,7 +31,7 @@ from pynnet3.optimize.pipeline import (
 )
 from pynnet3.optimize.renumber import _GROUPS, drop_noops, renumber
 from tests.compiler import nets
-from tests.reference import REF
+from tests.reference import require_reference
 
 _SUB = ("dst", "src", "in_value", "out_value", "out_deriv", "in_deriv")
 _MULTI = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
@@ -145,9 +145,7 @@ def _small(config, **kw):
 
 
 def _reference(rel):
-    case = REF / rel
-    if not case.is_dir():
-        pytest.skip(f"reference data not found at {case}")
+    case = require_reference() / rel
     model = case / "model.txt" if (case / "model.txt").exists() else case.parent / "model.txt"
     nnet = pynnet3.read_nnet(str(model))
     req = pynnet3.ComputationRequest.from_json(json.loads((case / "request.json").read_text()))

@@ -15,13 +15,11 @@ from pynnet3.optimize.sizing import move_sizing_commands, remove_unnecessary_all
 from pynnet3.optimize.zeroing import remove_unnecessary_zeroing
 from tests.compiler import nets
 from tests.optimize import memory_cases as mc
-from tests.reference import REF
+from tests.reference import needs_reference
 
 CASES = ["realistic/tdnn_relu_bn/decode", "realistic/tdnn_relu_bn/train",
          "realistic/tdnnf_chain/decode", "realistic/tdnn_lstm/decode", "generated/case_3",
          "generated/case_7", "generated/case_24"]
-needs_ref = pytest.mark.skipif(not REF.is_dir(), reason="kaldi-reference not available")
-
 
 def _is_paired_zeroing(c, i: int) -> bool:
     cmd, prev = c.commands[i], c.commands[i - 1] if i else None
@@ -83,7 +81,7 @@ def _check_both(c0, nnet, passes, inputs, derivs, options=None):
     return c
 
 
-@needs_ref
+@needs_reference
 @pytest.mark.parametrize("rel", CASES)
 def test_reference_case(rel):
     nnet, req, inputs, derivs, _ = mc.reference_case(rel)
@@ -126,7 +124,7 @@ def test_small_nets(config, train):
     assert c.peak_memory_floats() < c0.peak_memory_floats()
 
 
-@needs_ref
+@needs_reference
 def test_pipeline_peak_memory():
     """Through the default pipeline, moving sizing commands is the big memory win
     (Kaldi's ablation on this case: 553680 floats without it, 164160 with)."""

@@ -21,7 +21,7 @@ from tests.cache.common import frames as cache_frames
 from tests.cache.common import random_data, run_on_copy
 from tests.compiler import nets
 from tests.optimize.single_pass import apply_pass, assert_same_results, load_reference, run
-from tests.reference import REF
+from tests.reference import REF, needs_reference
 
 OFF = OptimizeOptions(splice_free_affine=False)
 
@@ -249,10 +249,7 @@ def test_shortcut_expansion_equals_full_compile():
 
 # -- realistic networks --------------------------------------------------------------------
 
-needs_ref = pytest.mark.skipif(not REF.is_dir(), reason="no kaldi reference")
-
-
-@needs_ref
+@needs_reference
 @pytest.mark.parametrize("rel", ["realistic/tdnn_relu_bn/decode", "realistic/tdnnf_chain/decode",
                                  "realistic/tdnn_lstm/decode", "realistic/xvector/decode",
                                  "realistic/tdnn_relu_bn/train", "realistic/xvector/train"])

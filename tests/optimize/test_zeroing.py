@@ -17,7 +17,7 @@ from pynnet3.errors import CheckError
 from pynnet3.optimize.zeroing import remove_unnecessary_zeroing
 from tests.compiler import nets
 from tests.optimize import memory_cases as mc
-from tests.reference import REF
+from tests.reference import needs_reference
 
 CASES = ["realistic/tdnn_relu_bn/train", "realistic/tdnn_lstm/train",
          "realistic/xvector/decode", "generated/case_3", "generated/case_10",
@@ -28,7 +28,7 @@ def _zeroings(c) -> int:
     return sum(cmd.type is CT.SET_CONST and cmd.alpha == 0.0 for cmd in c.commands)
 
 
-@pytest.mark.skipif(not REF.is_dir(), reason="kaldi-reference not available")
+@needs_reference
 @pytest.mark.parametrize("rel", CASES)
 def test_reference_case(rel):
     nnet, req, inputs, derivs, _ = mc.reference_case(rel)

@@ -23,7 +23,7 @@ from pynnet3.runtime.looped import (
 )
 from tests.compiler import nets as N
 from tests.compiler.test_looped import ALL_OFF, LOOPED_RNN
-from tests.reference import REF
+from tests.reference import REF, require_reference
 
 RUNS = ["tdnn_lstm_fpc20", "tdnnf_chain_fpc20", "tdnnf_chain_fpc9_fsf3"]
 ATOL = 5e-5  # the README's suggested tolerance for another implementation
@@ -70,8 +70,7 @@ _CACHE: dict[str, _Run] = {}
 
 @pytest.fixture(params=RUNS)
 def ref_run(request) -> _Run:
-    if not (REF / "looped" / request.param).is_dir():
-        pytest.skip("reference data not found")
+    require_reference()
     if request.param not in _CACHE:
         _CACHE[request.param] = _Run(request.param)
     return _CACHE[request.param]
@@ -283,8 +282,7 @@ def test_ark_round_trip_and_errors():
     from pynnet3.io.ark import ark_bytes, parse_ark
 
     d = REF / "looped" / "tdnnf_chain_fpc20"
-    if not d.is_dir():
-        pytest.skip("reference data not found")
+    require_reference()
     for f in ("feats.ark", "ivector.ark", "output.ark"):
         data = (d / f).read_bytes()
         entries = dict(parse_ark(data))
