@@ -115,8 +115,12 @@ output-node name=output input=a
 
 def test_modulus_is_limited_and_exact():  # LCM beyond int64 wrapped around in numpy
     text = "input-node name=input dim=1\noutput-node name=output input=Append({})\n"
-    moduli = [1000003, 999983, 999979, 999961]
-    with pytest.raises(GraphError, match="modulus .* exceeds the limit max_context"):
-        Nnet.from_config(text.format(", ".join(f"Round(input, {m})" for m in moduli)))
+    moduli = [1021, 1019, 1013, 1009, 997, 991, 983]  # LCM ~ 1e21 > 2**63
+    with limits.override(max_modulus=2**70):
+        assert Nnet.from_config(text.format(", ".join(f"Round(input, {m})" for m in moduli)),
+                                ).modulus() == 1021 * 1019 * 1013 * 1009 * 997 * 991 * 983
+    with pytest.raises(GraphError, match="modulus .* = 1040399 exceeds the limit "
+                                         "max_modulus = 1024"):
+        Nnet.from_config(text.format("Round(input, 1021), Round(input, 1019)"))
     nnet = Nnet.from_config(text.format("Round(input, 6), Round(input, 4)"))
     assert nnet.modulus() == 12

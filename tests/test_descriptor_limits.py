@@ -18,7 +18,9 @@ NAMES = {"x", "y"}
     ("Offset(x, 9223372036854775808)", "Offset() t-offset = 9223372036854775808 exceeds"),  # fuzz
     ("Offset(x, -1" + "0" * 30 + ")", "t-offset = -1000000000000000000000000000000"),  # fuzz
     ("Offset(x, 1, 100000)", "Offset() x-offset = 100000 is outside [-8192, 8192]"),
-    ("Round(x, 4294967296)", "Round() modulus = 4294967296 exceeds the limit max_context"),
+    ("Round(x, 4294967296)", "Round() modulus = 4294967296 exceeds the limit max_modulus"),
+    # fuzz (default limits): the context search tries every shift below the modulus
+    ("Round(x, 9216)", "Round() modulus = 9216 exceeds the limit max_modulus = 1024"),
     ("ReplaceIndex(x, t, 100000000)", "ReplaceIndex() t value = 100000000 exceeds"),
     ("ReplaceIndex(x, x, -9000)", "ReplaceIndex() x value = -9000 is outside"),
     ("Const(0.5, 2147483648)", "Const() dimension = 2147483648 exceeds the limit max_dim"),
@@ -32,9 +34,9 @@ def test_arguments_out_of_range(text, fragment):
 
 
 def test_arguments_within_limits_parse():
-    d = parse_descriptor("Append(Offset(x, -1048576), Offset(y, 3, 8192), Round(x, 7), "
+    d = parse_descriptor("Append(Offset(x, -1048576), Offset(y, 3, 8192), Round(x, 1024), "
                          "ReplaceIndex(x, t, 0), Const(0.5, 1048576), Scale(-3e38, y))", NAMES)
-    assert str(d) == ("Append(Offset(x, -1048576), Offset(y, 3, 8192), Round(x, 7), "
+    assert str(d) == ("Append(Offset(x, -1048576), Offset(y, 3, 8192), Round(x, 1024), "
                       "ReplaceIndex(x, t, 0), Const(0.5, 1048576), Scale(-3e+38, y))")
     with limits.override(max_context=1000):
         with pytest.raises(DescriptorError, match="Offset.. t-offset = -1001 exceeds the limit "

@@ -564,7 +564,7 @@ class _Parser:
     def f_Round(self):
         a = self.expr()
         self.comma()
-        m = self.int_arg("Round() modulus", "max_context")
+        m = self.int_arg("Round() modulus", "max_modulus")
         if m <= 0:
             self.i -= 1
             raise self.error("Round() modulus must be positive")

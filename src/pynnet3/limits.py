@@ -13,8 +13,11 @@ limit                 default   what it bounds
                                 columns of a parameter, a count of blocks, filters,
                                 repeats or heads
 ``max_params``        2**28     floats in one parameter array (1 GiB in float32)
-``max_context``       2**20     frames: a time offset, context, period, interval or
-                                modulus (descriptors and components)
+``max_context``       2**20     frames: a time offset, context, period or interval
+                                (descriptors and components)
+``max_modulus``       2**10     a Round() modulus and the network's modulus (the LCM
+                                of those and of Switch() sizes): the context
+                                search tries every time shift below it
 ``max_rows``          2**24     indexes: of one input or output of a request, and of
                                 one dependency table built while compiling
 ``max_floats``        2**31     floats in one matrix of a compiled computation
@@ -46,6 +49,7 @@ class Limits:
     max_dim: int = 2**20
     max_params: int = 2**28
     max_context: int = 2**20
+    max_modulus: int = 2**10
     max_rows: int = 2**24
     max_floats: int = 2**31
 

@@ -331,7 +331,7 @@ class Nnet:
                     raise DimensionError(f"{source}: node {n.name!r}: {e}") from None
         if not any(n.kind == "output-node" for n in self.nodes) and self.nodes:
             raise GraphError(f"{source}: network has no output-node")
-        problem = limits.exceeded("max_context", self.modulus(),
+        problem = limits.exceeded("max_modulus", self.modulus(),
                                   "modulus (LCM of the Round() moduli and Switch() sizes)")
         if problem:
             raise GraphError(f"{source}: {problem}")
