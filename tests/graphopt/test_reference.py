@@ -68,6 +68,13 @@ def test_no_more_components_than_kaldi(name):
                                           report.rules_applied())
 
 
+@pytest.mark.parametrize("name", ref_params(_cases(), "collapsed reference cases"))
+def test_context_unchanged(name):
+    """Rewrites keep what each output frame needs: the same left/right context."""
+    nnet, opt, _, _, _ = prepared(name)
+    assert (opt.left_context, opt.right_context) == (nnet.left_context, nnet.right_context)
+
+
 @pytest.mark.parametrize("name", params("outputs"))
 def test_outputs_match_kaldi_collapsed(name):
     _, opt, _, request, inputs = prepared(name)
