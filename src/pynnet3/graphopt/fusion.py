@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..components.tdnn import TdnnComponent
+from ..descriptor import Descriptor, NodeRef
 from ..nnet import Node
+from ..rewrite.algebra import offsets_of_single_node
 from ..rewrite.pattern import Match, Pattern
 from ..rewrite.rules import NewComponent, Replacement, RewriteContext, Rule, register_rule
 from .linear import AFFINE_TYPES, has_bias, linear_params, with_linear_params
@@ -73,6 +76,51 @@ def fuse_sibling_affines(match: Match, ctx: RewriteContext) -> Replacement | str
                        [NewComponent(comp_name, with_linear_params(comps[0], w, bias))],
                        replaces=ranges[1:], note=f"{len(group)} affines as one GEMM")
 
+
+def fuse_spliced_affine(match: Match, ctx: RewriteContext) -> Replacement | str:
+    """An affine layer reading one node at several time offsets becomes a TDNN layer
+    over that node: the TDNN reads the offsets itself, so no spliced input is
+    assembled (no copies), and a forward-only run accumulates one product per
+    offset."""
+    root = match.root
+    comp = match.components[0]
+    found = offsets_of_single_node(match.inputs[0])
+    if found is None:
+        return f"its input {match.inputs[0]} is not one node at time offsets"
+    node, offsets = found
+    if len(offsets) < 2:
+        return "it reads a single frame: nothing is spliced"
+    if len(set(offsets)) != len(offsets):
+        return f"time offsets {offsets} repeat"
+    w, b = linear_params(comp)
+    d = w.shape[1] // len(offsets)
+    order = sorted(range(len(offsets)), key=lambda k: offsets[k])
+    cols = np.concatenate([np.arange(k * d, (k + 1) * d) for k in order])
+    tdnn = TdnnComponent()
+    tdnn.time_offsets = [offsets[k] for k in order]
+    tdnn.linear_params = np.ascontiguousarray(w[:, cols], dtype=np.float32)
+    tdnn.bias_params = (b.astype(np.float32) if has_bias(comp)
+                        else np.zeros(0, np.float32))
+    for attr in ("learning_rate", "learning_rate_factor", "max_change", "l2_regularize"):
+        setattr(tdnn, attr, getattr(comp, attr))
+    tdnn.rank_in = min(20, (d * len(offsets) + 1) // 2)
+    tdnn.rank_out = min(80, (w.shape[0] + 1) // 2)
+    cname = ctx.nnet.node(root).component
+    new_name = f"{cname}.tdnn"
+    return Replacement(
+        [Node("component-node", root, component=new_name,
+              descriptor=Descriptor((NodeRef(node),)))],
+        [NewComponent(new_name, tdnn, key=("tdnn", cname, tuple(offsets)))],
+        note=f"offsets {tdnn.time_offsets} read by the layer itself")
+
+
+register_rule("fuse", Rule(
+    "fuse-spliced-affine-as-tdnn",
+    Pattern("spliced-affine", entries=(("AffineComponent", "NaturalGradientAffineComponent",
+                                        "FixedAffineComponent", "LinearComponent"),)),
+    fuse_spliced_affine,
+    description="an affine layer over one node at several time offsets as a TDNN layer "
+                "(no spliced copy)"))
 
 register_rule("parameter", Rule(
     "fuse-sibling-affines", Pattern("sibling-affines", entries=(AFFINE_TYPES,)),
