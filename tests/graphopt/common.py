@@ -131,3 +131,13 @@ def types_of(nnet) -> dict[str, str]:
     """Component-node name -> its component's type name."""
     return {n.name: nnet.components[n.component].type_name for n in nnet.nodes
             if n.kind == "component-node"}
+
+
+def applied(report: NetworkReport, *registries: str) -> dict[str, int]:
+    """``report.rules_applied()`` restricted to the rules of the named registries
+    (``fold``, ``shatter``, ``parameter``, ``fuse``): a test about one kind of rule
+    stays exact when rules of other kinds are added."""
+    from pynnet3.rewrite import REGISTRIES
+
+    names = set().union(*(REGISTRIES[r].names() for r in registries))
+    return {k: v for k, v in report.rules_applied().items() if k in names}

@@ -274,8 +274,10 @@ def test_input_network_untouched():
 
 
 def test_everything_at_once(tmp_path):
+    """Pruning, shatter, folding and arithmetic (parameter fusion and the fuse
+    registry are checked on their own elsewhere)."""
     nnet = build(EVERYTHING)
-    opt, report = optimize(nnet)
+    opt, report = optimize(nnet, NetworkOptions(parameter_fusion=False, fusion=False))
     # iteration 1: n inlined; bn folds into b and fs into c (next-linear folds rank
     # above fs into b); Scale(0.5) moves into c's weights. Iteration 2: c reads b
     # plainly and merges with it: 18*3 multiply-adds per frame < 18*5 + 5*3
@@ -290,6 +292,8 @@ def test_everything_at_once(tmp_path):
     last = report.passes[-1]
     assert (last.num_components, last.num_component_nodes, last.num_nodes) == (3, 3, 5)
     assert_equivalent(nnet, opt, derivatives=True)
+    opt, _ = optimize(nnet)
+    assert_equivalent(nnet, opt, derivatives=True)
     assert_roundtrip(nnet, opt, tmp_path)
     assert_roundtrip(nnet, opt, tmp_path, binary=True)
 
@@ -298,13 +302,15 @@ def test_report_structure():
     nnet = build(EVERYTHING)
     report = NetworkReport()
     pynnet3.optimize_network(nnet, report=report)
-    # two iterations that change things (see test_everything_at_once), then one that
-    # changes nothing
-    assert report.iterations == 3 and not report.hit_iteration_limit
-    assert [p.name for p in report.passes] == list(PASS_ORDER) * 3
-    assert [p.iteration for p in report.passes] == [1] * 6 + [2] * 6 + [3] * 6
-    assert all(p.changes == 0 for p in report.passes[12:])
-    assert sum(p.changes for p in report.passes[6:12]) > 0
+    # iterations that change things, then
+    # one that changes nothing
+    n = report.iterations
+    assert n >= 2 and not report.hit_iteration_limit
+    assert [p.name for p in report.passes] == list(PASS_ORDER) * n
+    assert [p.iteration for p in report.passes] == [i for i in range(1, n + 1)
+                                                    for _ in PASS_ORDER]
+    assert all(p.changes == 0 for p in report.passes[-6:])
+    assert sum(p.changes for p in report.passes[-12:-6]) > 0
     text = str(report)
     assert "fold-batchnorm-into-next-linear: 1" in text
     assert "(stopped at the iteration limit)" not in text

@@ -19,6 +19,7 @@ from pynnet3.rewrite import (
     why_not,
 )
 from tests.graphopt.common import (
+    applied,
     assert_equivalent,
     assert_roundtrip,
     build,
@@ -100,12 +101,15 @@ def test_fold_into_next_linear_fires(ew_type, tmp_path):
                                  "FixedAffineComponent"])
 def test_fold_batchnorm_into_next_linear_types(lin, tmp_path):
     nnet = build(next_linear_net("BatchNormComponent", lin))
-    opt, report = optimize(nnet)
+    opt, report = optimize(nnet, only("constant_folding"))
     assert report.rules_applied() == {"fold-batchnorm-into-next-linear": 1}
     # Kaldi's CollapseModel: a LinearComponent that gains the BatchNorm offset
     # becomes an AffineComponent; the other types keep their type.
     want = "AffineComponent" if lin == "LinearComponent" else lin
     assert types_of(opt) == {"relu": "RectifiedLinearComponent", "lin": want}
+    assert_equivalent(nnet, opt, derivatives=True)
+    opt, report = optimize(nnet)
+    assert applied(report, "fold") == {"fold-batchnorm-into-next-linear": 1}
     assert_equivalent(nnet, opt, derivatives=True)
     assert_roundtrip(nnet, opt, tmp_path)
 
@@ -145,7 +149,7 @@ output-node name=output input=lin
 output-node name=output2 input=tanh
 """)
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {"fold-batchnorm-into-next-linear": 1}
+    assert applied(report, "fold") == {"fold-batchnorm-into-next-linear": 1}
     assert "bn" in [n.name for n in opt.nodes]  # still read by tanh
     assert "bn" not in opt.node("lin").descriptor.node_names()
     assert_equivalent(nnet, opt, derivatives=True)
@@ -164,7 +168,7 @@ component-node name=td component=td input=bn
 output-node name=output input=td
 """)
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {"fold-batchnorm-into-next-linear": 1}
+    assert applied(report, "fold") == {"fold-batchnorm-into-next-linear": 1}
     assert types_of(opt)["td"] == "TdnnComponent"
     assert opt.components["bn.td"].bias_params.shape == (5,)  # the offset became a bias
     assert_equivalent(nnet, opt, derivatives=True)
@@ -185,7 +189,7 @@ component-node name=a2 component=a input=bn2
 output-node name=output input=Append(a1, a2)
 """)
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {"fold-batchnorm-into-next-linear": 2}
+    assert applied(report, "fold") == {"fold-batchnorm-into-next-linear": 2}
     assert sorted(opt.components) == ["bn.a"]
     assert opt.node("a1").component == opt.node("a2").component == "bn.a"
     assert_equivalent(nnet, opt)
@@ -209,7 +213,7 @@ component-node name=n4 component=a input=Append(bn, Offset(input, 1))
 output-node name=output input=Append(n1, n2, n3, n4)
 """)
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {"fold-batchnorm-into-next-linear": 4}
+    assert applied(report, "fold") == {"fold-batchnorm-into-next-linear": 4}
     assert_equivalent(nnet, opt)
     assert opt.node("n1").component == opt.node("n4").component
     assert opt.node("n2").component == opt.node("n3").component
@@ -236,7 +240,7 @@ def test_fold_offset_into_bias_free_linear(lin, tmp_path):
     """A FixedBias after a bias-free linear component gives it a bias."""
     nnet = build(previous_linear_net("FixedBiasComponent", lin))
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {"fold-fixedbias-into-previous-linear": 1}
+    assert applied(report, "fold") == {"fold-fixedbias-into-previous-linear": 1}
     want = "AffineComponent" if lin == "LinearComponent" else "TdnnComponent"
     assert types_of(opt) == {"ew": want, "tanh": "TanhComponent"}
     np.testing.assert_array_equal(opt.components["lin.ew"].bias_params,
@@ -267,7 +271,7 @@ component-node name=b component=b input=a
 output-node name=output input=b
 """)
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {"merge-affine-into-affine": 1}
+    assert applied(report, "fold") == {"merge-affine-into-affine": 1}
     assert sorted(opt.components) == ["a.b"]
     w1, b1 = (nnet.components["a"].linear_params.astype(np.float64),
               nnet.components["a"].bias_params.astype(np.float64))
@@ -291,7 +295,7 @@ component name=b type=NaturalGradientAffineComponent input-dim=12 output-dim=3
 component-node name=b component=b input=Append(Offset(a, -1), Offset(a, 1))
 output-node name=output input=b
 """)
-    opt, report = optimize(nnet)
+    opt, report = optimize(nnet, only("constant_folding"))
     assert report.rules_applied() == {"merge-affine-into-affine": 1}
     assert types_of(opt) == {"b": "NaturalGradientAffineComponent"}
     assert str(opt.node("b").descriptor) == "Append(Offset(input, -1), Offset(input, 1))"
@@ -299,6 +303,9 @@ output-node name=output input=b
     w2 = nnet.components["b"].linear_params.astype(np.float64)
     want = np.hstack([w2[:, :6] @ w1, w2[:, 6:] @ w1])
     np.testing.assert_allclose(opt.components["a.b"].linear_params, want, rtol=1e-5)
+    assert_equivalent(nnet, opt, derivatives=True)
+    opt, report = optimize(nnet)
+    assert applied(report, "fold") == {"merge-affine-into-affine": 1}
     assert_equivalent(nnet, opt, derivatives=True)
     assert_roundtrip(nnet, opt, tmp_path)
 
@@ -322,7 +329,7 @@ def test_merge_affine_declined_by_cost_model():
     assert "declined" in text and "100" in text and "40" in text, text
     assert "factored form is cheaper" in text
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {}
+    assert applied(report, "fold", "shatter") == {}
     assert any("merge-affine-into-affine at b" in d and "cheaper" in d
                for p in report.passes for d in p.declined)
     assert sorted(opt.components) == ["a", "b"]
@@ -344,7 +351,7 @@ output-node name=output input=Append(b, t)
     assert fail.entry == 1
     assert "2 consumers" in str(fail) and "'a'" in str(fail)
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {}
+    assert applied(report, "fold", "shatter") == {}
     assert sorted(opt.components) == ["a", "b", "t"]
 
 
@@ -367,7 +374,7 @@ output-node name=output input=tanh
     assert "2 consumers" in str(fail) and "exactly one" in str(fail)
     assert why_not(NetworkRewriter(nnet.copy()), rule, "ew") == str(fail)
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {}
+    assert applied(report, "fold", "shatter") == {}
     assert sorted(opt.components) == ["ew", "lin", "tanh"]
 
 
@@ -404,9 +411,12 @@ def test_batchnorm_in_training_mode():
         fail = match_pattern(g, root, find_rule(rule).pattern)
         assert isinstance(fail, MatchFailure)
         assert fail.entry == 1 and "test_mode=False" in str(fail), str(fail)
-    opt, report = optimize(nnet)
+    opt, report = optimize(nnet, only("constant_folding"))
     assert report.rules_applied() == {}
     assert sorted(opt.components) == sorted(nnet.components)
+    opt, report = optimize(nnet)
+    assert applied(report, "fold") == {}
+    assert_equivalent(nnet, opt)
 
 
 def test_batchnorm_training_mode_before_previous_linear():
@@ -447,7 +457,7 @@ output-node name=output input=lin
     assert isinstance(fail, MatchFailure)
     assert "read only through plain offsets, scales and sums" in str(fail), str(fail)
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {}
+    assert applied(report, "fold", "shatter") == {}
     assert_equivalent(nnet, opt)
 
 
@@ -467,7 +477,7 @@ output-node name=output input=td
     text = why_not(NetworkRewriter(nnet.copy()), rule, "td")
     assert "declined" in text and "only a plain input folds" in text, text
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {}
+    assert applied(report, "fold", "shatter") == {}
     assert sorted(opt.components) == ["bn", "relu", "td"]
     assert_equivalent(nnet, opt)
 
@@ -506,7 +516,7 @@ def test_shatter_composite_then_fold(tmp_path):
     sub = nnet.components["c"].sub_components()[0]
     sub.scales = np.linspace(0.5, 1.5, 5).astype(np.float32)  # not a uniform scale
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {"shatter-composite": 1,
+    assert applied(report, "shatter", "fold") == {"shatter-composite": 1,
                                       "fold-fixedscale-into-previous-linear": 1,
                                       "fold-batchnorm-into-next-linear": 1}
     # parts c.part0 (FixedScale, absorbed by a), c.part1 (Tanh), c (BatchNorm, absorbed by b)
@@ -526,7 +536,7 @@ def test_shatter_composite_without_foldable_parts():
     text = why_not(NetworkRewriter(nnet.copy()), rule, "c")
     assert "declined" in text and "no part is an identity" in text, text
     opt, report = optimize(nnet)
-    assert report.rules_applied() == {}
+    assert applied(report, "fold", "shatter") == {}
     assert types_of(opt)["c"] == "CompositeComponent"
 
 
@@ -608,7 +618,10 @@ output-node name=output input=t
 
 def test_fuse_sibling_affines(tmp_path):
     nnet = build(SIBLINGS)
-    opt, report = optimize(nnet)
+    full, report = optimize(nnet)
+    assert applied(report, "parameter") == {"fuse-sibling-affines": 1}
+    assert_equivalent(nnet, full, derivatives=True)
+    opt, report = optimize(nnet, only("parameter_fusion"))
     assert report.rules_applied() == {"fuse-sibling-affines": 1}
     fused = opt.node("a.b")
     assert fused.kind == "component-node"
@@ -638,7 +651,7 @@ component-node name=t component=t input=Append(a, b)
 output-node name=output input=t
 """)
     opt, report = optimize(nnet, NetworkOptions(shatter=False))  # (no recurrent split)
-    assert report.rules_applied() == {"fuse-sibling-affines": 1}
+    assert applied(report, "parameter") == {"fuse-sibling-affines": 1}
     assert opt.node("a").kind == "dim-range-node"
     assert_equivalent(nnet, opt, derivatives=True)
     assert_roundtrip(nnet, opt, tmp_path)
@@ -655,7 +668,7 @@ def test_siblings_leading_to_different_outputs():
     text = why_not(rw, rule, "a")
     assert "declined" in text and "lead to other outputs" in text, text
     assert "fused from its first sibling 'a'" in why_not(rw, rule, "b")
-    opt, report = optimize(nnet)
+    opt, report = optimize(nnet, only("parameter_fusion"))
     assert report.rules_applied() == {}
     assert types_of(opt) == {"a": "AffineComponent", "b": "LinearComponent"}
 
