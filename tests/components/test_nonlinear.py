@@ -27,6 +27,7 @@ from tests.components.common import (
     roundtrip_spans,
 )
 from tests.reference import (
+    REF,
     component_cases,
     load_case,
     needs_reference,
@@ -177,8 +178,15 @@ SHORT = [t[:-len("Component")] for t in TYPES]
 
 @needs_reference
 def test_roundtrip_every_reference_component():
-    count = sum(roundtrip_spans(p, TYPES) for p in reference_files(TYPES, ALL_NNET_FILES))
+    # nnet3-train's outputs (train-cli/) keep the count-normalized stats that Kaldi
+    # turned into sums (avg * count, double) and back (float(sum) / count): reading and
+    # writing them again moves a <ValueAvg> by a float step, so they are compared
+    # token by token; every other file is a fixed point of the round trip.
+    files = reference_files(TYPES, ALL_NNET_FILES)
+    trained = [p for p in files if "train-cli" in p.relative_to(REF).parts]
+    count = sum(roundtrip_spans(p, TYPES) for p in files if p not in trained)
     assert count > 100
+    assert trained and sum(roundtrip_spans(p, TYPES, exact=False) for p in trained) > 0
 
 
 @pytest.mark.parametrize("case", ref_params([c for s in SHORT
