@@ -66,6 +66,7 @@ def test_good_request_and_defaults():
     # "false" was true
     (("outputs", 0, "has_deriv"), "false", r"outputs\[0\]\.has_deriv", "true or false"),
     (("outputs", 0, "has_deriv"), 0, r"outputs\[0\]\.has_deriv", "true or false"),
+    (("outputs", 0, "has_deriv"), None, r"outputs\[0\]\.has_deriv", "true or false, got null"),
     (("need_model_derivative",), "true", "need_model_derivative", "true or false"),
     (("store_component_stats",), 1, "store_component_stats", "true or false"),
     # fuzz: TypeError (unhashable name; int not iterable)

@@ -141,8 +141,11 @@ class ComputationRequest:
         return "\n".join(lines)
 
 
-def _error(source: str, path: str, message: str, value=None) -> ComputeError:
-    got = "" if value is None else f", got {_short(value)}"
+_NO_VALUE = object()
+
+
+def _error(source: str, path: str, message: str, value=_NO_VALUE) -> ComputeError:
+    got = "" if value is _NO_VALUE else f", got {_short(value)}"
     return ComputeError(f"{source}: {path}: {message}{got}")
 
 

@@ -143,7 +143,7 @@ def run_case(kind: str, seed: Seed, case: int, rng: np.random.Generator) -> Outc
         _compile_and_run(nnet, request, out, rng, optimize=bool(case % 2))
     except PynnetError as e:
         out.error, out.message = type(e).__name__, str(e)
-    except Exception as e:  # noqa: BLE001 - every other exception is what we look for
+    except Exception as e:  # every other exception is what we look for
         out.error, out.finding = type(e).__name__, True
         out.message = f"{e}\n" + "".join(traceback.format_exc(limit=-6))
     return out
@@ -158,7 +158,7 @@ def _mutated_nnet(kind: str, seed: Seed, out: Outcome, rng: np.random.Generator)
     if kind == "model-text":
         out.mutation, data = mutate_text(seed.model, rng)
     else:
-        out.mutation, data = mutate_binary(_seed_network(seed).to_bytes(True), rng)
+        out.mutation, data = mutate_binary(_seed_binary(seed), rng)
     return nnet_from_bytes(data, "<fuzz model>")
 
 
@@ -166,6 +166,11 @@ def _mutated_nnet(kind: str, seed: Seed, out: Outcome, rng: np.random.Generator)
 def _seed_network(seed: Seed) -> Nnet:
     """The seed's network, parsed once (callers copy it before running)."""
     return nnet_from_bytes(seed.model, f"<{seed.name}>")
+
+
+@functools.lru_cache(maxsize=64)
+def _seed_binary(seed: Seed) -> bytes:
+    return _seed_network(seed).to_bytes(True)
 
 
 def _config_lines(model: bytes) -> str:
