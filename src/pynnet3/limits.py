@@ -127,11 +127,10 @@ def option_limit(name: str) -> str | None:
     return OPTION_LIMITS.get(name)
 
 
-def check_option(name: str, value: int, wide: bool = False) -> str | None:
+def check_option(name: str, value: int) -> str | None:
     """None when an integer option ``name`` may hold ``value``, else why not:
-    outside int32 (as Kaldi reads it; ``wide``: a value read as int64) or beyond
-    its limit (magnitude)."""
-    if not wide and out_of_int32(value):
+    outside int32 (as Kaldi reads it) or beyond its limit (magnitude)."""
+    if out_of_int32(value):
         return f"{name} = {value} is out of the int32 range"
     limit = option_limit(name)
     return exceeded(limit, value, name) if limit else None

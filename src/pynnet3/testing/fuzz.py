@@ -99,8 +99,9 @@ def probe_request(nnet: Nnet, frames: int = 6) -> ComputationRequest:
 def default_seeds(reference: Path | None = None, random_cases: int = 6,
                   max_model_bytes: int = 100_000) -> list[Seed]:
     """The bundled TDNN-F example, ``random_cases`` random networks and, from
-    ``reference`` (a kaldi-reference folder, optional), the ``generated`` cases
-    whose text model is at most ``max_model_bytes``."""
+    ``reference`` (a kaldi-reference folder, optional), the ``generated`` and
+    ``components`` cases (one per component type) whose text model is at most
+    ``max_model_bytes``."""
     from .random_nets import case_for_seed
 
     config = resources.files("pynnet3.examples").joinpath("tdnnf.config").read_text()
@@ -111,16 +112,14 @@ def default_seeds(reference: Path | None = None, random_cases: int = 6,
         case = case_for_seed(k)
         seeds.append(Seed(f"random{k}", case.build_nnet().to_bytes(False),
                           json.dumps(case.request.to_json()), case.config))
-    if reference is not None and (reference / "generated").is_dir():
-        for case in sorted((reference / "generated").iterdir()):
-            model, request = case / "model.txt", case / "request.json"
-            if not (model.is_file() and request.is_file()):
-                continue
-            if model.stat().st_size > max_model_bytes:
-                continue
-            config = case / "nnet.config"
-            seeds.append(Seed(f"ref-{case.name}", model.read_bytes(), request.read_text(),
-                              config.read_text() if config.is_file() else None))
+    folders = [reference / name for name in ("generated", "components")] if reference else []
+    for case in sorted(c for folder in folders if folder.is_dir() for c in folder.iterdir()):
+        model, request, config = case / "model.txt", case / "request.json", case / "nnet.config"
+        if not (model.is_file() and request.is_file()) or (
+                model.stat().st_size > max_model_bytes):
+            continue
+        seeds.append(Seed(f"ref-{case.name}", model.read_bytes(), request.read_text(),
+                          config.read_text() if config.is_file() else None))
     return seeds
 
 
