@@ -43,7 +43,7 @@ from .mutate import mutate_binary, mutate_request, mutate_text
 KINDS = ("config", "model-text", "model-binary", "request")
 
 # Tight limits keep every case cheap; they are enforced by the same checks as the defaults.
-FUZZ_LIMITS = {"max_dim": 2**14, "max_params": 2**22, "max_context": 2**12, "max_modulus": 2**6,
+FUZZ_LIMITS = {"max_dim": 2**14, "max_params": 2**22, "max_context": 2**14, "max_modulus": 2**6,
                "max_rows": 2**16, "max_floats": 2**24}
 RUN_FLOATS = 2**20  # run a compiled case when its matrices hold at most this many floats
 
