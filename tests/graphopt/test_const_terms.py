@@ -4,16 +4,9 @@ compiles into one that does not."""
 
 from __future__ import annotations
 
-import pytest
-
 from tests.graphopt.common import assert_equivalent, build, optimize
 
-BUG = ("BUG: substitution puts the Const() of the substituted Sum after other terms "
-       "(Sum(input, Sum(Const(1, 4), a))); the optimized network no longer compiles "
-       "(ComputeError: Const() inside Sum ... after other terms is not supported)")
 
-
-@pytest.mark.xfail(strict=True, reason=BUG)
 def test_pruning_inlines_a_sum_with_a_const():
     nnet = build("""
 input-node name=input dim=4
@@ -29,7 +22,6 @@ output-node name=output input=t
     assert_equivalent(nnet, opt)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG)
 def test_fold_substitutes_a_sum_with_a_const():
     nnet = build("""
 input-node name=input dim=4

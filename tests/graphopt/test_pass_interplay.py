@@ -4,19 +4,12 @@ pass's result can feed another's)."""
 
 from __future__ import annotations
 
-import pytest
-
 from pynnet3 import NetworkOptions
 from pynnet3.graphopt import network_counts
 from tests.graphopt.common import assert_equivalent, build, optimize
 from tests.graphopt.test_passes import EVERYTHING
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (quality): fuse-spliced-affine-as-tdnn (dd19129) "
-                   "turns b into a TdnnComponent in iteration 1; in iteration 2 "
-                   "merge-affine-into-affine no longer matches b (a TDNN is not an affine "
-                   "type), so b and c stay two layers: 4 components and 143 parameters "
-                   "against 3 and 87 with the fuse registry off")
 def test_tdnn_conversion_does_not_block_a_merge():
     """In EVERYTHING, c reads Scale(0.5, b) until arithmetic moves the scale into c's
     weights; then c reads b plainly and the two merge (18*3 multiply-adds per frame

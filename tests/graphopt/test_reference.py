@@ -24,13 +24,7 @@ def _cases() -> list[str]:
 
 
 # Acceptance criteria the current optimizer misses (strict: they fail loudly once fixed).
-_SPLIT = ("BUG: split-recurrent-affine (66b17cf) splits fastlstm1/2.W_all into a "
-          "non-recurrent and a recurrent layer and ")
-KNOWN_BUGS = {
-    ("components", "tdnn_lstm"): _SPLIT + "gives 28 components against Kaldi's 26",
-    ("decode", "tdnn_lstm"): _SPLIT + "the decode computation has more commands than "
-                             "without the network optimizer (1708 against 1567 at dd19129)",
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 
 def params(test: str) -> list:

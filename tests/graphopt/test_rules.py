@@ -586,9 +586,6 @@ output-node name=output input=b
 }
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: shatter-composite's _could_fold counts any "
-                   "linear neighbour, not one the fold rules accept (single consumer, linear "
-                   "read, plain TDNN input): the network still grows")
 @pytest.mark.parametrize("case", list(GROWTH_CASES))
 def test_shatter_never_grows_next_to_unusable_linear_layers(case):
     scale = "'type=PerElementScaleComponent dim=4 param-stddev=1'"

@@ -83,9 +83,6 @@ output-node name=output input=Append(n1, n2)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: arithmetic._fold_scales keys the scaled copy "
-                   "by (component, scales) only: n2 (blocks 2+6 columns) reuses n1's copy "
-                   "(blocks 4+4) and computes wrong outputs")
 def test_scales_into_a_shared_affine_with_different_block_widths():
     """Both nodes scale their first column block by 2, but n1's block is 4 columns
     and n2's 2: the weights differ."""
@@ -102,6 +99,7 @@ def test_scales_into_a_shared_affine_with_equal_layouts():
     assert_equivalent(nnet, opt, derivatives=True)
 
 
+ON = ("split-recurrent-affine",)  # (off by default)
 SPLIT = """
 input-node name=input dim=3
 component name=W type=AffineComponent input-dim=6 output-dim=3
@@ -114,10 +112,9 @@ output-node name=output input=Append(h1, h2)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: split-recurrent-affine keys its halves by "
-                   "(component, recurrent?) only: w2, whose recurrent block is the first, "
-                   "reuses w1's halves (recurrent block second) and computes wrong outputs")
-@pytest.mark.parametrize("options", [NetworkOptions(), only("shatter")], ids=["all", "shatter"])
+@pytest.mark.parametrize("options", [NetworkOptions(enable_rules=ON), only("shatter",
+                                                                          enable_rules=ON)],
+                         ids=["all", "shatter"])
 def test_split_of_a_shared_recurrent_affine_with_different_layouts(options):
     nnet = build(SPLIT)
     opt, report = optimize(nnet, options)
@@ -128,7 +125,7 @@ def test_split_of_a_shared_recurrent_affine_with_different_layouts(options):
 def test_split_of_a_shared_recurrent_affine_with_equal_layouts():
     nnet = build(SPLIT.replace("Append(IfDefined(Offset(h2, -1)), input)",
                                "Append(Offset(input, 1), IfDefined(Offset(h2, -1)))"))
-    opt, report = optimize(nnet, only("shatter"))
+    opt, report = optimize(nnet, only("shatter", enable_rules=ON))
     assert report.rules_applied()["split-recurrent-affine"] == 2
     assert opt.node("w1.recurrent").component == opt.node("w2.recurrent").component
     assert_equivalent(nnet, opt, derivatives=True)

@@ -16,6 +16,8 @@ from tests.graphopt.common import (
     types_of,
 )
 
+SPLIT = ("split-recurrent-affine",)
+
 RNN = """
 input-node name=input dim=5
 component name=w type=NaturalGradientAffineComponent input-dim=8 output-dim=6
@@ -29,7 +31,7 @@ output-node name=output input=h
 
 def test_split_fires_and_keeps_values(tmp_path):
     nnet = build(RNN)
-    opt, report = optimize(nnet, NetworkOptions(keep_derivatives=True))
+    opt, report = optimize(nnet, NetworkOptions(keep_derivatives=True, enable_rules=SPLIT))
     assert report.rules_applied() == {"split-recurrent-affine": 1}
     types = types_of(opt)
     assert types["w.nonrecurrent"] == "NaturalGradientAffineComponent"
@@ -57,7 +59,7 @@ component-node name=w component=w input=Append(input, Offset(input, 1))
 output-node name=output input=w
 """)
     assert "is not in a recurrence" in why_not(NetworkRewriter(plain.copy()), rule, "w")
-    opt, report = optimize(plain, only("shatter"))
+    opt, report = optimize(plain, only("shatter", enable_rules=SPLIT))
     assert report.rules_applied() == {}
     only_recurrent = build("""
 input-node name=input dim=5
@@ -70,5 +72,12 @@ component-node name=h component=tanh input=Sum(a, w)
 output-node name=output input=h
 """)
     assert "no non-recurrent part" in why_not(NetworkRewriter(only_recurrent.copy()), rule, "w")
-    opt, _ = optimize(only_recurrent, only("shatter"))
+    opt, _ = optimize(only_recurrent, only("shatter", enable_rules=SPLIT))
     assert component_nodes(opt) == component_nodes(only_recurrent)
+
+
+def test_split_is_off_by_default():
+    nnet = build(RNN)
+    opt, report = optimize(nnet)
+    assert "split-recurrent-affine" not in report.rules_applied()
+    assert types_of(opt)["w"] == "NaturalGradientAffineComponent"

@@ -110,9 +110,6 @@ def test_declined_matches_are_logged_once():
     assert rw.nnet.to_bytes() == before and rw.changes == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (minor): a step whose matches are all declined "
-                   "applies nothing but does not end the loop; on the last allowed step "
-                   "that reads as hitting the step limit (RuntimeWarning, hit_step_limit)")
 def test_a_step_that_only_declines_is_a_fixed_point():
     rw = NetworkRewriter(chain())
     with warnings.catch_warnings():

@@ -25,6 +25,9 @@ _HELP = {
     "keep_derivatives": "keep input derivatives exact too (not only outputs)",
     "max_iterations": "cap on repetitions of the whole pass sequence",
     "max_rule_steps": "cap on match-and-rewrite steps of one rule pass",
+    "enable_rules": "comma-separated rules to run that are off by default "
+                    "(split-recurrent-affine)",
+    "disable_rules": "comma-separated rules not to run",
 }
 
 
@@ -34,7 +37,11 @@ def add_network_flags(parser: argparse.ArgumentParser, kaldi_bool) -> None:
     for f in fields(NetworkOptions):
         flag = "--" + f.name.replace("_", "-")
         default = f.default
-        if isinstance(default, bool):
+        if isinstance(default, tuple):
+            g.add_argument(flag, dest="net_" + f.name, type=_names, default=None,
+                           metavar="RULE[,RULE...]",
+                           help=f"{_HELP.get(f.name, f.name)} (default: none)")
+        elif isinstance(default, bool):
             g.add_argument(flag, dest="net_" + f.name, type=kaldi_bool, default=None,
                            metavar="true|false",
                            help=f"{_HELP.get(f.name, f.name)} (default: "
@@ -42,6 +49,10 @@ def add_network_flags(parser: argparse.ArgumentParser, kaldi_bool) -> None:
         else:
             g.add_argument(flag, dest="net_" + f.name, type=int, default=None, metavar="INT",
                            help=f"{_HELP.get(f.name, f.name)} (default: {default})")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x for x in text.split(",") if x)
 
 
 def network_options_from_args(args) -> NetworkOptions:

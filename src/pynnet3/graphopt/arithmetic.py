@@ -69,8 +69,9 @@ def _fold_scales(rewriter: NetworkRewriter, node: Node) -> str | None:
     parts = tuple(unscale_part(p) if c != 1.0 else p
                   for p, c in zip(desc.parts, scales, strict=True))
     new = with_linear_params(comp, w, b if has_bias(comp) else None)
+    dims = tuple(desc.part_dims(nnet.node_dim))
     name = rewriter.add_component(f"{node.component}.scaled", new,
-                                  key=("scaled", node.component, tuple(scales)))
+                                  key=("scaled", node.component, tuple(scales), dims))
     rewriter.replace_node(node.name, replace(node, component=name,
                                              descriptor=reparse(Descriptor(parts))),
                           "descriptor scales moved into the weights")

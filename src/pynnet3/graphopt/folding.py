@@ -157,6 +157,10 @@ def merge_affine_into_affine(match: Match, ctx: RewriteContext) -> Replacement |
              "multiply-adds per frame)")
 
 
+MERGE_PATTERN = Pattern("affine->affine", entries=(AFFINE_TYPES, AFFINE_TYPES),
+                        edges=("spliced",))
+
+
 def _register() -> None:
     for t in ELEMENTWISE_TYPES:
         cfg = _TEST_MODE_ONLY.get(t, {})
@@ -173,9 +177,7 @@ def _register() -> None:
             fold_into_previous_linear, priority=1,
             description=f"{t} folded into the linear component it reads"))
     register_rule("fold", Rule(
-        "merge-affine-into-affine",
-        Pattern("affine->affine", entries=(AFFINE_TYPES, AFFINE_TYPES), edges=("spliced",)),
-        merge_affine_into_affine, priority=0,
+        "merge-affine-into-affine", MERGE_PATTERN, merge_affine_into_affine, priority=0,
         description="two affine layers as one, when not more expensive (Kaldi's "
                     "collapse-affine, with a cost model)"))
 

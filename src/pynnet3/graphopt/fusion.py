@@ -18,8 +18,10 @@ from ..components.tdnn import TdnnComponent
 from ..descriptor import Descriptor, NodeRef
 from ..nnet import Node
 from ..rewrite.algebra import offsets_of_single_node
-from ..rewrite.pattern import Match, Pattern
+from ..rewrite.graph import NetworkGraph
+from ..rewrite.pattern import Match, Pattern, match_pattern
 from ..rewrite.rules import NewComponent, Replacement, RewriteContext, Rule, register_rule
+from .folding import MERGE_PATTERN, merge_affine_into_affine
 from .linear import AFFINE_TYPES, has_bias, linear_params, with_linear_params
 
 
@@ -92,6 +94,9 @@ def fuse_spliced_affine(match: Match, ctx: RewriteContext) -> Replacement | str:
         return "it reads a single frame: nothing is spliced"
     if len(set(offsets)) != len(offsets):
         return f"time offsets {offsets} repeat"
+    pending = _merge_pending(ctx, root)
+    if pending:
+        return f"merge-affine-into-affine applies first ({pending})"
     w, b = linear_params(comp)
     d = w.shape[1] // len(offsets)
     order = sorted(range(len(offsets)), key=lambda k: offsets[k])
@@ -112,6 +117,21 @@ def fuse_spliced_affine(match: Match, ctx: RewriteContext) -> Replacement | str:
               descriptor=Descriptor((NodeRef(node),)))],
         [NewComponent(new_name, tdnn, key=("tdnn", cname, tuple(offsets)))],
         note=f"offsets {tdnn.time_offsets} read by the layer itself")
+
+
+def _merge_pending(ctx: RewriteContext, name: str) -> str:
+    """A merge of ``name`` with the affine layer it reads or that reads it, which the
+    fold registry would make (a TDNN is not an affine type, so converting ``name``
+    first would keep that merge from happening); "" when there is none."""
+    graph = NetworkGraph(ctx.nnet)
+    for root in [name, *graph[name].consumer_names]:
+        if graph[root].kind != "component-node":
+            continue
+        m = match_pattern(graph, root, MERGE_PATTERN, ctx.preserve)
+        if isinstance(m, Match) and name in m.nodes and \
+                not isinstance(merge_affine_into_affine(m, ctx), str):
+            return f"{m.nodes[1]} into {m.nodes[0]}"
+    return ""
 
 
 register_rule("fuse", Rule(

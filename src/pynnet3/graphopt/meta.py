@@ -22,7 +22,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 
-from ..errors import GraphError
+from ..errors import GraphError, PynnetError
 from ..nnet import Nnet
 from ..rewrite.engine import RewriteLog, rewrite_to_fixed_point
 from ..rewrite.rewriter import NetworkRewriter
@@ -41,7 +41,9 @@ class NetworkOptions:
     ``keep_derivatives``: keep input derivatives exact too (BackpropTruncation,
     NoOp backprop scales and test-mode Dropout's backprop stay).
     ``max_iterations``: cap on repetitions of the whole pass sequence;
-    ``max_rule_steps``: cap on match-and-rewrite steps of one rule pass."""
+    ``max_rule_steps``: cap on match-and-rewrite steps of one rule pass;
+    ``enable_rules`` / ``disable_rules``: rule names to run although they are off by
+    default (``split-recurrent-affine``) / to skip."""
 
     pruning: bool = True
     shatter: bool = True
@@ -52,6 +54,8 @@ class NetworkOptions:
     keep_derivatives: bool = False
     max_iterations: int = 10
     max_rule_steps: int = 20
+    enable_rules: tuple[str, ...] = ()
+    disable_rules: tuple[str, ...] = ()
 
     def key(self) -> tuple:
         """A hashable fingerprint (for cache keys)."""
@@ -135,6 +139,11 @@ def optimize_network(nnet: Nnet, options: NetworkOptions | None = None, *,
     """A new network equivalent to ``nnet`` for its outputs (and the nodes named in
     ``preserve``), rewritten by the enabled passes; ``nnet`` is not changed."""
     options = options or NetworkOptions()
+    known = {r.name for reg in REGISTRIES.values() for r in reg}
+    for name in (*options.enable_rules, *options.disable_rules):
+        if name not in known:
+            raise PynnetError(f"NetworkOptions: no rule named {name!r}; rules are "
+                              f"{', '.join(sorted(known))}")
     for name in preserve:
         if not nnet.has_node(name):
             raise GraphError(f"preserve: no node named {name!r}")
@@ -167,7 +176,10 @@ def _run_pass(name: str, rewriter: NetworkRewriter, options: NetworkOptions, ite
     elif name == "arithmetic":
         rec.notes = simplify(rewriter)
     else:
-        log = rewrite_to_fixed_point(rewriter, list(REGISTRIES[_REGISTRY_OF[name]]),
+        rules = [r for r in REGISTRIES[_REGISTRY_OF[name]]
+                 if (r.enabled_by_default or r.name in options.enable_rules)
+                 and r.name not in options.disable_rules]
+        log = rewrite_to_fixed_point(rewriter, rules,
                                      max_steps=options.max_rule_steps,
                                      keep_derivatives=options.keep_derivatives,
                                      log=RewriteLog())

@@ -6,16 +6,22 @@ appends non-recurrent parts (the layer below) and recurrent ones (the previous
 step's output) becomes two layers whose sum feeds the consumers: the
 non-recurrent product is then one GEMM over all frames, and only the small
 recurrent one runs step by step (LSTM ``W_all``: 160 -> 512 per step becomes 32
--> 512 per step plus one 128 -> 512 product for the whole sequence).
+-> 512 per step plus one 128 -> 512 product for the whole sequence). Off by
+default: at decode shapes the per-step Sum costs about what the smaller product
+saves (tdnn_lstm N=32: 100.8 vs 99.3 ms, 1567 -> 1708 commands); turn it on with
+``NetworkOptions(enable_rules=("split-recurrent-affine",))``.
 
 ``shatter-composite``: a CompositeComponent node becomes a chain of nodes, one
 per sub-component (the last keeps the node's name), so a BatchNorm or a
-FixedScale inside it can fold into a neighbouring affine. It declines unless a
-part could then go away: an identity part, or an elementwise part next to a
-linear layer (shattering alone only adds nodes).
+FixedScale inside it can fold into a neighbouring affine. It declines unless
+pruning and folding, tried on a copy, then leave no more component nodes than
+before (shattering alone only adds nodes; a component shared by several nodes
+may need a copy per node until all of them are shattered).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 
@@ -23,9 +29,18 @@ from ..components.affine import FixedAffineComponent, LinearComponent
 from ..components.simple_misc import NoOpComponent
 from ..descriptor import Descriptor, NodeRef, SumOf
 from ..nnet import Node
+from ..rewrite.engine import apply_replacement, rewrite_to_fixed_point
 from ..rewrite.graph import NetworkGraph
 from ..rewrite.pattern import Match, Pattern
-from ..rewrite.rules import NewComponent, Replacement, RewriteContext, Rule, register_rule
+from ..rewrite.rewriter import NetworkRewriter
+from ..rewrite.rules import (
+    REGISTRIES,
+    NewComponent,
+    Replacement,
+    RewriteContext,
+    Rule,
+    register_rule,
+)
 from .linear import (
     AFFINE_TYPES,
     LINEAR_TYPES,
@@ -35,17 +50,42 @@ from .linear import (
     linear_params,
     with_linear_params,
 )
+from .pruning import prune
 
 
 def shatter_composite(match: Match, ctx: RewriteContext) -> Replacement | str:
-    root = match.root
-    comp = match.components[0]
-    subs = comp.sub_components()
+    subs = match.components[0].sub_components()
     if len(subs) < 2:
         return "a composite of one component gains nothing from shattering"
     if not _could_fold(match, subs, ctx):
         return ("no part is an identity, or an elementwise map next to a linear layer "
                 "that could absorb it")
+    rep = _shattered(match, ctx)
+    if isinstance(rep, str):
+        return rep
+    # Shattering pays only if folding then removes parts: try it on a copy.
+    trial = NetworkRewriter(ctx.nnet.copy(), ctx.preserve)
+    apply_replacement(trial, match, _shattered(match, ctx), "shatter-composite (trial)")
+    prune(trial, ctx.keep_derivatives)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rewrite_to_fixed_point(trial, list(REGISTRIES["fold"]),
+                               keep_derivatives=ctx.keep_derivatives)
+    trial.remove_orphans()
+    before, after = _component_nodes(ctx.nnet), _component_nodes(trial.nnet)
+    if after > before:
+        return (f"folding would not remove enough parts: {after} component nodes after, "
+                f"{before} before")
+    return rep
+
+
+def _component_nodes(nnet) -> int:
+    return sum(n.kind == "component-node" for n in nnet.nodes)
+
+
+def _shattered(match: Match, ctx: RewriteContext) -> Replacement | str:
+    root = match.root
+    subs = match.components[0].sub_components()
     cname = ctx.nnet.node(root).component
     nodes, comps = [], []
     desc = match.inputs[0]
@@ -63,7 +103,7 @@ def shatter_composite(match: Match, ctx: RewriteContext) -> Replacement | str:
 
 
 def _could_fold(match: Match, subs: list, ctx: RewriteContext) -> bool:
-    """Whether shattering lets something fold away: an identity part, or an
+    """Whether shattering may let something fold away (a cheap first test): an identity part, or an
     elementwise part with a linear neighbour (a neighbouring part, the node the
     composite reads plainly, or a node that reads the composite)."""
     keep = ctx.keep_derivatives
@@ -121,10 +161,12 @@ def split_recurrent_affine(match: Match, ctx: RewriteContext) -> Replacement | s
                   descriptor=Descriptor(tuple(desc.parts[i] for i in pick[True]))),
              Node("component-node", root, component=f"{cname}.sum",
                   descriptor=Descriptor((SumOf(NodeRef(names[False]), NodeRef(names[True])),)))]
+    layout = (tuple(recurrent), tuple(dims))  # equal halves only for equal layouts
     return Replacement(nodes, [
-        NewComponent(f"{cname}.nonrecurrent", outer, key=("split", cname, False)),
-        NewComponent(f"{cname}.recurrent", inner, key=("split", cname, True)),
-        NewComponent(f"{cname}.sum", NoOpComponent(comp.output_dim), key=("split", cname))],
+        NewComponent(f"{cname}.nonrecurrent", outer, key=("split", cname, False, layout)),
+        NewComponent(f"{cname}.recurrent", inner, key=("split", cname, True, layout)),
+        NewComponent(f"{cname}.sum", NoOpComponent(comp.output_dim),
+                     key=("split", cname, comp.output_dim))],
         note=f"{len(pick[False])} non-recurrent and {len(pick[True])} recurrent parts")
 
 
@@ -144,9 +186,10 @@ def _bias_free(comp, w: np.ndarray):
 
 register_rule("shatter", Rule(
     "split-recurrent-affine", Pattern("recurrent-affine", entries=(AFFINE_TYPES,)),
-    split_recurrent_affine,
+    split_recurrent_affine, enabled_by_default=False,
     description="an affine layer in a recurrence split into its non-recurrent part (one "
-                "GEMM over all frames) and its recurrent part (per step)"))
+                "GEMM over all frames) and its recurrent part (per step); off by default "
+                "(tdnn_lstm: no faster at decode shapes, more commands)"))
 
 register_rule("shatter", Rule(
     "shatter-composite", Pattern("composite", entries=("CompositeComponent",)),

@@ -115,15 +115,62 @@ def substitute(desc: Descriptor, node: str, replacement: Descriptor) -> Descript
     composed = Descriptor(tuple(_replace(p, node, replacement) for p in desc.parts))
     text = _text(composed)
     try:
-        return parse_descriptor(text)
+        out = _consts_first(parse_descriptor(text))
     except DescriptorError as e:
         raise SubstitutionError(f"{desc} with {node} := {replacement}: "
                                 f"{getattr(e, 'detail', str(e))}") from None
+    if _late_consts(out) > _late_consts(desc):
+        raise SubstitutionError(f"{desc} with {node} := {replacement}: a Const() would "
+                                "follow other terms it cannot be moved before")
+    return out
 
 
 def reparse(desc: Descriptor) -> Descriptor:
-    """``desc`` in canonical form (as the parser would normalize its text)."""
-    return parse_descriptor(_text(desc))
+    """``desc`` in canonical form (as the parser would normalize its text), with
+    Const() terms of a Sum first."""
+    return _consts_first(parse_descriptor(_text(desc)))
+
+
+def _consts_first(desc: Descriptor) -> Descriptor:
+    """Sum terms reordered so that Const() terms come first, merged into one (a Sum
+    is commutative; the compiler sets a constant only as the first term of a row)."""
+    parts = []
+    for p in desc.parts:
+        if isinstance(p, SumOf):
+            terms: list = []
+            _flatten_sum(p, terms)
+            consts = [t for t in terms if isinstance(t, ConstOf)]
+            if len(consts) > 1:  # Const(a, d) + Const(b, d) = Const(a + b, d)
+                consts = [ConstOf(float(np.float32(sum(c.value for c in consts))),
+                                  consts[0].dim)]
+            ordered = consts + [t for t in terms if not isinstance(t, ConstOf)]
+            if ordered != terms:
+                acc = ordered[-1]
+                for t in reversed(ordered[:-1]):
+                    acc = SumOf(t, acc)
+                p = acc
+        parts.append(p)
+    return Descriptor(tuple(parts))
+
+
+def _late_consts(desc: Descriptor) -> int:
+    """Const() leaves that are not the first leaf of their part."""
+    count = 0
+    for p in desc.parts:
+        leaves: list = []
+        _leaves(p, leaves)
+        count += sum(isinstance(x, ConstOf) for x in leaves[1:])
+    return count
+
+
+def _leaves(e, out: list) -> None:
+    if isinstance(e, (SumOf, FailoverOf)):
+        _leaves(e.a, out)
+        _leaves(e.b, out)
+    elif isinstance(e, IfDefinedOf):
+        _leaves(e.a, out)
+    else:
+        out.append(e)
 
 
 # -- reference analysis ----------------------------------------------------------------

@@ -112,7 +112,7 @@ def rewrite_to_fixed_point(rewriter: NetworkRewriter, rules: list[Rule], *,
     rules = list(rules)
     if not rules:
         return log
-    context = RewriteContext(rewriter.nnet, keep_derivatives)
+    context = RewriteContext(rewriter.nnet, keep_derivatives, rewriter.preserve)
     declined_seen: set[tuple[str, tuple[str, ...]]] = set()
     for _ in range(max_steps):
         matches = [(r, m) for r, m in find_matches(rewriter, rules)
@@ -136,9 +136,11 @@ def rewrite_to_fixed_point(rewriter: NetworkRewriter, rules: list[Rule], *,
             rewriter.remove_orphans()
             rewriter.validate()
     else:
-        log.hit_step_limit = True
-        warnings.warn(f"rewriting stopped after {max_steps} steps before a fixed point",
-                      RuntimeWarning, stacklevel=2)
+        # out of steps: a fixed point anyway when every remaining match was declined
+        if any((r.name, m.nodes) not in declined_seen for r, m in find_matches(rewriter, rules)):
+            log.hit_step_limit = True
+            warnings.warn(f"rewriting stopped after {max_steps} steps before a fixed point",
+                          RuntimeWarning, stacklevel=2)
     return log
 
 
@@ -151,7 +153,8 @@ def why_not(rewriter: NetworkRewriter, rule: Rule, node: str,
     m = match_pattern(rewriter.graph, node, rule.pattern, rewriter.preserve)
     if isinstance(m, MatchFailure):
         return str(m)
-    rep = rule.rewrite(m, RewriteContext(rewriter.nnet, keep_derivatives))
+    rep = rule.rewrite(m, RewriteContext(rewriter.nnet, keep_derivatives,
+                                        rewriter.preserve))
     if isinstance(rep, str):
         return f"{rule.name} at {node}: declined: {rep}"
     return "matches"

@@ -36,7 +36,7 @@ class Edge:
         return self.ref.scale if self.ref is not None else 1.0
 
     def label(self) -> str:
-        """Short text: offsets, scale and wrappers, e.g. ``t-1 x0.66 IfDefined``."""
+        """Short text: offsets, scale and wrappers, e.g. ``t-1 *0.66 IfDefined``."""
         if self.ref is None:
             return "dim-range"
         bits = []
@@ -45,7 +45,7 @@ class Edge:
         if self.ref.x_offset:
             bits.append(f"x{self.ref.x_offset:+d}")
         if self.ref.scale != 1.0:
-            bits.append(f"x{self.ref.scale:g}")
+            bits.append(f"*{self.ref.scale:g}")
         bits.extend(w for w in dict.fromkeys(self.ref.wrappers) if w != "Offset")
         return " ".join(bits)
 

@@ -54,6 +54,7 @@ class RewriteContext:
 
     nnet: Nnet
     keep_derivatives: bool = False
+    preserve: frozenset[str] = frozenset()
 
 
 RewriteFn = Callable[[Match, RewriteContext], "Replacement | str"]
@@ -62,13 +63,16 @@ RewriteFn = Callable[[Match, RewriteContext], "Replacement | str"]
 @dataclass
 class Rule:
     """A named rewrite: ``pattern`` finds candidates, ``rewrite(match, context)``
-    builds the replacement or declines with a reason."""
+    builds the replacement or declines with a reason. A rule that is not
+    ``enabled_by_default`` runs only when asked for by name
+    (``NetworkOptions(enable_rules=...)``)."""
 
     name: str
     pattern: Pattern
     rewrite: RewriteFn
     priority: int = 0
     description: str = ""
+    enabled_by_default: bool = True
 
 
 class RuleRegistry:
