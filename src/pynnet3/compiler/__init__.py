@@ -33,11 +33,12 @@ def compile_computation(nnet, request: ComputationRequest, timings: dict | None 
 def check_matrix_sizes(computation) -> None:
     """ComputeError when a matrix of ``computation`` holds more floats than the
     ``max_floats`` limit (pynnet3.limits): found before anything is allocated."""
+    bound = limits.LIMITS.max_floats
     for k, m in enumerate(computation.matrices):
-        problem = limits.exceeded("max_floats", m.rows * m.cols,
-                                  f"floats in matrix m{k} ({m.rows}x{m.cols}, node {m.node!r})")
-        if problem:
-            raise ComputeError(problem)
+        if m.rows * m.cols > bound:  # (the message only when needed: this runs per compile)
+            raise ComputeError(limits.exceeded(
+                "max_floats", m.rows * m.cols,
+                f"floats in matrix m{k} ({m.rows}x{m.cols}, node {m.node!r})"))
 
 
 __all__ = ["ComputationRequest", "IoSpecification", "compile_computation"]
