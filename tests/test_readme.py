@@ -44,3 +44,9 @@ def test_python_snippets_run_as_written(tmp_path, monkeypatch):
     assert "(50, 200)" in printed
     assert set(ns["res"].gradients) <= set(ns["nnet"].components)
     assert (tmp_path / "compiled.cache").is_file()
+    # the network optimizer's snippet
+    assert len(ns["fast"].components) < len(ns["nnet"].components)
+    assert (tmp_path / "fast.raw").is_file()
+    assert ns["fast_res"].outputs["output"].shape == (50, 200)
+    assert "fold-batchnorm-into-next-linear" in ns["net_report"].rules_applied()
+    assert "no part of" in printed  # why_not's answer
