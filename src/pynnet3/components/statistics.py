@@ -82,6 +82,8 @@ class RangeIndexes:
         windows (extraction with a small output period) add their rows gathered
         position by position."""
         lo, hi = self.lo, self.hi
+        if self._spread_plan().owner_is_identity:  # output row i is input row i
+            return values.astype(np.float64)
         if len(lo) and int((hi - lo).sum()) <= 2 * len(self.perm):
             if int((hi - lo).max()) <= _SHORT_WINDOW:
                 return self._short_sums(values)
@@ -127,21 +129,86 @@ class RangeIndexes:
 
     def spread(self, deriv: np.ndarray) -> np.ndarray:
         """The transpose of :meth:`window_sums`: input row ``i`` gets the sum of
-        ``deriv[o]`` over the outputs whose window holds ``i`` (float64,
-        ``[num_input_rows, cols]``)."""
-        cols = deriv.shape[1]
-        diff = np.zeros((len(self.perm) + 1, cols), dtype=np.float64)
-        np.add.at(diff, self.lo, deriv)
-        np.subtract.at(diff, self.hi, deriv)
+        ``deriv[o]`` over the outputs whose window holds ``i`` (a new float64 array,
+        ``[num_input_rows, cols]``; rows in no window get an exact 0).
+
+        Disjoint windows (x-vector extraction and pooling): each row is in at most
+        one window and gets that output's row, gathered (no arithmetic). Overlapping
+        windows: a float64 cumulative sum of a difference array whose entries sum
+        the rows of the outputs that start (+) or end (-) a window there."""
+        plan = self._spread_plan()
+        if plan.owner is not None:
+            if plan.rows is None:  # every input row in exactly one window, in order
+                if plan.owner_is_identity:
+                    return deriv.astype(np.float64)
+                return deriv[plan.owner].astype(np.float64, copy=False)
+            out = np.zeros((self.num_input_rows, deriv.shape[1]), dtype=np.float64)
+            out[plan.rows] = deriv[plan.owner]
+            return out
+        signed = np.empty((2 * len(deriv), deriv.shape[1]), dtype=np.float64)
+        signed[:len(deriv)] = deriv
+        np.negative(signed[:len(deriv)], out=signed[len(deriv):])
+        diff = np.zeros((len(self.perm) + 1, deriv.shape[1]), dtype=np.float64)
+        if len(plan.events):
+            diff[plan.targets] = np.add.reduceat(signed[plan.events], plan.group_starts,
+                                                 axis=0)
         per_sorted = np.cumsum(diff[:-1], axis=0)
-        # Rows in no window get an exact 0, not the prefix sums' rounding residue.
-        cover = np.zeros(len(self.perm) + 1, dtype=np.int64)
-        np.add.at(cover, self.lo, 1)
-        np.subtract.at(cover, self.hi, 1)
-        per_sorted[np.cumsum(cover[:-1]) == 0] = 0.0
-        out = np.zeros((self.num_input_rows, cols), dtype=np.float64)
+        per_sorted[plan.uncovered] = 0.0
+        out = np.zeros((self.num_input_rows, deriv.shape[1]), dtype=np.float64)
         out[self.perm] = per_sorted
         return out
+
+    def _spread_plan(self) -> _SpreadPlan:
+        plan = self.__dict__.get("_spread")
+        if plan is None:
+            plan = self.__dict__["_spread"] = _SpreadPlan.make(self)
+        return plan
+
+
+@dataclass
+class _SpreadPlan:
+    """What :meth:`RangeIndexes.spread` needs that depends on the indexes only.
+
+    Disjoint windows: ``owner[j]`` is the output whose window holds input row
+    ``rows[j]`` (``rows`` None: every input row in order; ``owner_is_identity``:
+    input row i is output row i's window). Otherwise: ``events`` are rows of
+    ``[deriv; -deriv]`` (a window's start, its end), sorted stably by their place
+    in the difference array; runs of equal place begin at ``group_starts`` and sum
+    into ``targets``; ``uncovered`` marks the sorted positions in no window."""
+
+    owner: np.ndarray | None = None
+    rows: np.ndarray | None = None
+    owner_is_identity: bool = False
+    events: np.ndarray | None = None
+    group_starts: np.ndarray | None = None
+    targets: np.ndarray | None = None
+    uncovered: np.ndarray | None = None
+
+    @classmethod
+    def make(cls, r: RangeIndexes) -> _SpreadPlan:
+        lo, hi = r.lo, r.hi
+        live = np.flatnonzero(hi > lo)  # empty windows add nothing
+        order = live[np.argsort(lo[live], kind="stable")]
+        if bool(np.all(hi[order[:-1]] <= lo[order[1:]])):  # disjoint
+            lens = hi[order] - lo[order]
+            owner = np.repeat(order, lens)
+            pos = np.arange(len(owner), dtype=np.int64)
+            pos += np.repeat(lo[order] - (np.add.accumulate(lens) - lens), lens)
+            rows = r.perm[pos]
+            if len(rows) == r.num_input_rows and bool(np.array_equal(
+                    rows, np.arange(len(rows)))):
+                return cls(owner=owner, owner_is_identity=len(owner) == len(lo) and bool(
+                    np.array_equal(owner, np.arange(len(owner)))))
+            return cls(owner=owner, rows=rows)
+        m = len(r.perm)
+        cover = np.bincount(lo[live], minlength=m + 1) - np.bincount(hi[live], minlength=m + 1)
+        place = np.concatenate([lo[live], hi[live]])
+        events = np.argsort(place, kind="stable")  # starts before ends at one place
+        place = place[events]
+        group_starts = np.flatnonzero(np.r_[True, place[1:] != place[:-1]])
+        events = np.concatenate([live, live + len(lo)])[events]
+        return cls(events=events, group_starts=group_starts, targets=place[group_starts],
+                   uncovered=np.cumsum(cover[:-1]) == 0)
 
 
 def stretch_range_indexes(mini: RangeIndexes, stretch_rows) -> RangeIndexes | None:
@@ -426,8 +493,11 @@ class StatisticsExtractionComponent(Component):
         # unchanged and the sums of squares as 2 x.
         deriv = indexes.spread(out_deriv[:, 1:1 + d])
         if self.include_variance:
-            deriv += 2.0 * indexes.spread(out_deriv[:, 1 + d:]) * in_value
-        in_deriv[...] = deriv.astype(in_deriv.dtype)
+            sq = indexes.spread(out_deriv[:, 1 + d:])  # deriv += 2 sq x, in place
+            sq *= 2.0
+            sq *= in_value
+            deriv += sq
+        in_deriv[...] = deriv
 
 
 @register
