@@ -247,17 +247,7 @@ def part_scale_sum(part) -> float:
 
 def unscale_part(part):
     """The part with every leaf scale set to 1 (for a single forwarding chain)."""
-    if isinstance(part, NodeRef):
-        return NodeRef(part.node, 1.0)
-    if isinstance(part, OffsetOf):
-        return OffsetOf(unscale_part(part.src), part.t_offset, part.x_offset)
-    if isinstance(part, RoundOf):
-        return RoundOf(unscale_part(part.src), part.t_modulus)
-    if isinstance(part, ReplaceIndexOf):
-        return ReplaceIndexOf(unscale_part(part.src), part.variable, part.value)
-    if isinstance(part, SwitchOf):
-        return SwitchOf(tuple(unscale_part(s) for s in part.srcs))
-    raise TypeError(part)
+    return _with_scale(part, 1.0)
 
 
 def is_forwarding(part) -> bool:
@@ -343,6 +333,7 @@ def _flatten_sum(e, out: list) -> None:
 
 
 def _with_scale(chain, s: float):
+    """A forwarding chain with every leaf's scale set to ``s``."""
     if isinstance(chain, NodeRef):
         return NodeRef(chain.node, s)
     if isinstance(chain, OffsetOf):
