@@ -81,9 +81,7 @@ def gemm_shapes(nnet, comp) -> list[tuple[int, int, int]]:
         rows = comp.submatrices[cmd.out_value if cmd.type is CommandType.PROPAGATE
                                 else cmd.out_deriv][2]
         offsets = len(c.time_offsets) if c.type_name == "TdnnComponent" else 1
-        din, dout = c.input_dim, c.output_dim
-        if c.type_name == "TdnnComponent":
-            din //= offsets  # per-offset input dim; the weight is [out, offsets * din]
+        din, dout = c.input_dim, c.output_dim  # a TDNN's weight is [out, offsets * din]
         if cmd.type is CommandType.PROPAGATE:
             shapes += [(rows, din, dout)] * offsets
             continue
