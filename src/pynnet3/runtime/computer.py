@@ -41,6 +41,10 @@ class RunResult:
     gradients: dict = field(default_factory=dict)
 
 
+def _drop(matrices: dict, key) -> None:
+    matrices.pop(key, None)
+
+
 def _zero_gradient(comp, dtype) -> dict[str, np.ndarray]:
     """A gradient dict shaped like ``comp.params()``, all zeros (what BACKPROP
     commands add into, and what an updatable component no command reached has)."""
@@ -73,6 +77,9 @@ class NnetComputer:
         # ReLU derivative depends on those signs)
         self._has_backward = any(cmd.type in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
                                  for cmd in computation.commands)
+        # Backends that reuse freed matrices (NumPy: runtime/matrix_pool) take them
+        # back here; the others just drop them.
+        self._release = getattr(self.backend, "release_matrix", None) or _drop
 
     # -- validation -------------------------------------------------------------
     def _check(self, what: str, name: str, value, rows: int, cols: int):
@@ -172,7 +179,7 @@ class NnetComputer:
             info = self.c.matrices[cmd.matrix]
             self.matrices[cmd.matrix] = be.zeros(info.rows, info.cols, self.dtype)
         elif t is CT.DEALLOC_MATRIX:
-            self.matrices.pop(cmd.matrix, None)
+            self._release(self.matrices, cmd.matrix)
         elif t is CT.SWAP_MATRIX:
             a = self.matrices.pop(cmd.matrix, None)
             b = self.matrices.pop(cmd.src_matrix, None)
@@ -279,7 +286,7 @@ class NnetComputer:
                 value = np.array(be.to_numpy(self._sub(cmd.src)), copy=True)
                 (result.input_derivs if cmd.is_deriv else result.outputs)[cmd.node] = value
                 if cmd.release:
-                    self.matrices.pop(self.c.submatrices[cmd.src].matrix, None)
+                    self._release(self.matrices, self.c.submatrices[cmd.src].matrix)
             else:
                 self._execute(cmd)
 
@@ -357,7 +364,7 @@ class NnetComputer:
             raise RuntimeInputError(f"cannot run: no input given for node(s) {missing}")
         for i in self.pending:  # outputs handed over: released once the user moves on
             if cmds[i].type is CT.PROVIDE_OUTPUT and cmds[i].release:
-                self.matrices.pop(self.c.submatrices[cmds[i].src].matrix, None)
+                self._release(self.matrices, self.c.submatrices[cmds[i].src].matrix)
         self.pending.clear()
         if self.pc >= len(cmds):
             raise RuntimeInputError("the computation has already finished")

@@ -6,13 +6,26 @@ import numpy as np
 
 from ..index import unique_keys
 from .backend import register_backend
+from .matrix_pool import POOL
 
 
 class NumpyBackend:
     name = "numpy"
 
     def zeros(self, rows, cols, dtype):
-        return np.zeros((rows, cols), dtype=dtype)
+        arr = POOL.take(rows, cols, dtype)  # a freed matrix's warm pages (matrix_pool)
+        if arr is None:
+            return np.zeros((rows, cols), dtype=dtype)
+        arr.fill(0)
+        return arr
+
+    def release_matrix(self, matrices: dict, key) -> None:
+        """Drop ``matrices[key]`` (DEALLOC_MATRIX); its buffer goes to the pool
+        when nothing else holds it, and when this backend's zeros() takes from it."""
+        if type(self).zeros is NumpyBackend.zeros:
+            POOL.release(matrices, key)
+        else:
+            matrices.pop(key, None)
 
     def from_numpy(self, array, dtype):
         return np.array(array, dtype=dtype, copy=True)
