@@ -219,8 +219,13 @@ class BatchNormComponent(Component):
         # scale = (max(var, 0) + eps)^-0.5 * target-rms, computed as Kaldi does it.
         scaled_var = np.maximum((uvar - mean * mean) * var_scale, dt.type(0.0))
         scale = (scaled_var + var_scale * dt.type(self.epsilon)) ** dt.type(-0.5)
-        y = (x - mean) * scale  # computed before writing: out may alias in
-        out_value[...] = y.reshape(out_value.shape)
+        if out_value.shape == x.shape and out_value.dtype == dt:
+            # straight into the output (elementwise, so it may alias the input)
+            np.subtract(x, mean, out=out_value)
+            out_value *= scale
+        else:
+            y = (x - mean) * scale  # computed before writing: out may alias in
+            out_value[...] = y.reshape(out_value.shape)
         return {"num_frames": n, "mean": mean, "uvar": uvar, "scale": scale}
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
@@ -237,5 +242,14 @@ class BatchNormComponent(Component):
             n, scale = memo["num_frames"], memo["scale"].astype(dt)
             coeff = dt.type(-1.0 / (self.target_rms * self.target_rms * n))
             var_deriv_mod = coeff * np.einsum("ij,ij->j", z, dz) * scale
-            dx = (dz - dz.sum(axis=0) / dt.type(n)) * scale + z * var_deriv_mod
+            mean_deriv = dz.sum(axis=0) / dt.type(n)
+            if in_deriv.shape == dz.shape and in_deriv.dtype == dt:
+                # the same float ops, into in_deriv (which may alias out_deriv: dz is
+                # not read after the subtraction)
+                zterm = z * var_deriv_mod
+                np.subtract(dz, mean_deriv, out=in_deriv)
+                in_deriv *= scale
+                in_deriv += zterm
+                return
+            dx = (dz - mean_deriv) * scale + z * var_deriv_mod
         in_deriv[...] = dx.reshape(in_deriv.shape)

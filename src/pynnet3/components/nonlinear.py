@@ -417,6 +417,26 @@ class RectifiedLinearComponent(NonlinearComponent):
     def _diff(self, y, dy):
         return dy * (y > 0).astype(dy.dtype)
 
+    def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray):
+        if out_value.dtype != in_value.dtype:
+            return super().propagate(indexes, in_value, out_value)
+        np.maximum(in_value, in_value.dtype.type(0), out=out_value)  # may run in place
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        """:meth:`_diff` written straight into ``in_deriv`` (dy times a 0/1 mask: the
+        same floats), then the self-repair term added there."""
+        if in_deriv is None:
+            return
+        if in_deriv.dtype != out_deriv.dtype or np.may_share_memory(in_deriv, out_deriv):
+            super().backprop(indexes, in_value, out_value, out_deriv, memo, grad, in_deriv)
+            return
+        np.multiply(out_deriv, out_value > 0, out=in_deriv)
+        if grad is not None:  # Kaldi's "to_update != NULL": training backprop
+            self._repair(out_value, in_deriv)
+            self.store_backprop_stats(out_deriv)
+
     def _stats_deriv(self, y):
         return (y > 0).astype(y.dtype)
 
