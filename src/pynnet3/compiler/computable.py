@@ -10,16 +10,35 @@ at once: demand flows consumers-first through the non-recurrent nodes above it
 (every cindex that may be read, IfDefined/Failover sides included), then each
 node is evaluated once, sources first, for all its demanded cindexes. So a node
 costs a few array operations per compile instead of one round per small batch of
-edge frames that each consumer happens to ask about. Nodes of a recurrent SCC
-(and what their evaluation asks of the nodes below) are evaluated lazily, batch
-by batch, as follows.
+edge frames that each consumer happens to ask about.
 
-Recurrences (``c(t)`` reading ``c(t-1)``) make evaluation re-enter a batch that
-is still being evaluated. Such "in progress" cindexes are taken as not computable
-and the batch that owns them iterates until nothing changes; because every rule
-is monotone this reaches the least fixed point. A "computable" answer is always
-final; a "not computable" answer that leaned on an outer batch still in progress
-is forgotten so that it is asked again later.
+A question about a node of a recurrence (``c(t)`` reading ``c(t-1)``) is answered
+by a breadth-first worklist over that recurrence (Kaldi's ComputationGraphBuilder
+with its four states, see seeds/001): never one Python call per time step, so a
+recurrence over thousands of frames, or one whose start is found far back in
+time, costs a loop, not a recursion. Each round
+
+* admits the cindexes asked about (the question, then those of the previous
+  round's frontier): they become PENDING, and so do, in the same round, the
+  cindexes of the recurrence they read through edges that go forward in a
+  fixed order of its nodes (sources-first order of the edges without a time
+  shift, so one round covers all the nodes of a time step); what they read
+  through the other edges (``c(t-1)``) waits for the next round;
+* evaluates every pending cindex, sources first, until nothing changes, with
+  Kaldi's two tests: computable even when every pending/unknown cindex of the
+  recurrence is taken as not computable -> YES (final); not computable even
+  when they are all taken as computable -> NO (final; every rule is monotone);
+* takes as the next frontier what the still-undecided cindexes read through the
+  waiting edges (a decided cindex needs nothing more: computability alone is
+  asked here, the terms are the graph builder's business).
+
+A cindex outside the time bounds of its node (an interval fixed point over the
+recurrence, :meth:`Computability.solver_bounds`) is NO at once: this is what
+stops ``Failover(Offset(c, -1), input)`` from walking to t = -inf. When the
+frontier is empty the undecided cindexes form a closed set that the YES test
+could not grow: in the least fixed point they are all NO. IfDefined and
+Failover still choose by availability exactly as before: the answers are the
+least fixed point of the rules, whatever the order of evaluation.
 """
 
 from __future__ import annotations
@@ -31,27 +50,40 @@ import numpy as np
 from ..components.base import Flags
 from ..descriptor import (
     UNBOUNDED,
+    FailoverOf,
+    IfDefinedOf,
+    NodeRef,
+    OffsetOf,
+    SumOf,
+    SwitchOf,
     TimeBounds,
     dependency_keys,
     descriptor_computable_keys,
     descriptor_time_bounds,
     resolve_part_keys,
 )
-from ..index import pack, unique_inverse, unique_keys, unpack
+from ..errors import ComputeError
+from ..index import key_t, pack, unique_inverse, unique_keys, unpack
 from .epochs import is_recurrent_scc, node_sccs
 from .keymap import KeyMap
 
-UNKNOWN, YES, NO, IN_PROGRESS = 0, 1, 2, 3
+UNKNOWN, YES, NO, PENDING = 0, 1, 2, 3
 _SIMPLE = int(Flags.SIMPLE)
-_NO_HIT = 1 << 60
+_EMPTY: TimeBounds = (math.inf, -math.inf)
+# Rounds of one recurrence's worklist before giving up: Kaldi's max_distance (its
+# "Loop detected while building computation graph"). Only a recurrence whose
+# computability is decided at t = -inf, beyond the time bounds, gets there (the old
+# depth-first evaluation ran out of Python stack after a few hundred).
+MAX_SOLVER_ROUNDS = 10000
 
 
 class Computability:
     """``computable(node, indexes) -> bool mask`` for one network and one set of
     available inputs (``inputs``: input-node name -> ``(k, 3)`` indexes)."""
 
-    # Evaluate non-recurrent nodes by regions (module doc); False: batch by batch
-    # like the nodes of a recurrence (the slower reference, kept for tests).
+    # Evaluate non-recurrent nodes by regions (module doc); False: one node at a
+    # time, for the cindexes asked about, its sources asked depth-first (the
+    # slower reference, kept for tests).
     use_regions: bool = True
     # Let statistics components leave out window frames that cannot exist
     # (see input_deps); False: the full windows (reference, for tests).
@@ -70,18 +102,23 @@ class Computability:
                 given = inputs.get(name)
                 if given is not None and len(given):
                     self.maps[name].set(pack(given), YES)
-        self._next_frame = 0
-        self._min_hit = _NO_HIT
         self.sccs = node_sccs(nnet)
         # Topological position of every node (sources first) and whether it is
         # part of a recurrence (evaluated lazily) or not (evaluated by regions).
         self._position: dict[str, int] = {}
         self.recurrent: dict[str, bool] = {}  # node -> in a recurrent SCC
+        # node of a recurrence -> (its recurrence's nodes, each one's rank in it:
+        # sources-first along the edges without a time shift)
+        self._scc_rank: dict[str, dict[str, int]] = {}
         for scc in self.sccs:
             rec = is_recurrent_scc(nnet, scc, self.nodes)
             for name in scc:
                 self._position[name] = len(self._position)
                 self.recurrent[name] = rec
+            if rec:
+                rank = _unshifted_order(scc, self.nodes)
+                for name in scc:
+                    self._scc_rank[name] = rank
         self._is_input = {name: node.kind == "input-node" for name, node in self.nodes.items()}
         # component node -> its component's property flags (an int: tests on the
         # enum are slow, and the command compiler reads them too), and whether
@@ -94,6 +131,7 @@ class Computability:
                 self.simple[name] = bool(flags & _SIMPLE)
         self._inputs = inputs
         self._bounds: dict[str, TimeBounds] | None = None
+        self._solver_bounds: dict[str, TimeBounds] | None = None
         # non-simple node -> (sorted output keys, sorted unique keys of their
         # available inputs), left by the graph builder for the command compiler
         self.input_memo: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -123,19 +161,23 @@ class Computability:
         if self._is_input[node]:
             return state == YES
         if not self.recurrent[node] and self.use_regions:
-            # Only YES / NO / UNKNOWN here (nothing outside a recurrence is ever
-            # in progress, see _evaluate_region).
+            # (nothing outside a recurrence is ever pending, see _solve)
             if not state.all():
                 self._evaluate_region(node, unique_keys(keys[state == UNKNOWN]))
                 state = kmap.lookup(keys, UNKNOWN)
             return state == YES
-        busy = state >= IN_PROGRESS
-        if busy.any():
-            self._min_hit = min(self._min_hit, int(state[busy].min()) - IN_PROGRESS)
         unknown = state == UNKNOWN
         if unknown.any():
-            self._evaluate_batch(node, unique_keys(keys[unknown]))
+            ukeys = unique_keys(keys[unknown])
+            if self.recurrent[node]:
+                self._solve(node, ukeys)
+            else:  # (use_regions off: node by node, sources asked depth-first)
+                res = self._rule(node, ukeys, self.computable_keys)
+                kmap.set(ukeys, np.where(res, YES, NO))
             state = kmap.lookup(keys, UNKNOWN)
+        # A cindex still pending would mean that a recurrence's evaluation asked
+        # about itself from outside its worklist, which cannot happen: the nodes
+        # its rules read outside it are its sources.
         return state == YES
 
     def _evaluate_region(self, root: str, ukeys: np.ndarray) -> None:
@@ -212,57 +254,160 @@ class Computability:
             if len(src):
                 yield node, unique_keys(src)
 
-    def _evaluate_batch(self, node: str, ukeys: np.ndarray) -> None:
-        kmap = self.maps[node]
-        frame = self._next_frame
-        self._next_frame += 1
-        kmap.set(ukeys, IN_PROGRESS + frame)
-        outer_hit = self._min_hit
-        done = np.zeros(len(ukeys), dtype=bool)
-        while True:
-            self._min_hit = _NO_HIT
-            todo = ~done
-            res = self._rule(node, ukeys[todo])
-            newly = np.flatnonzero(todo)[res]
-            if len(newly):
-                kmap.set(ukeys[newly], YES)
-                done[newly] = True
-            hit = self._min_hit
-            if hit == _NO_HIT or (hit >= frame and not len(newly)):
-                # Nothing in progress was consulted, or only our own batch and it
-                # has converged: the remaining rows are definitely not computable.
-                kmap.set(ukeys[~done], NO)
-                break
-            if hit < frame and not len(newly):
-                # Leaned on an outer batch: forget the negative answers.
-                kmap.set(ukeys[~done], UNKNOWN)
-                break
-            if done.all():
-                break
-        if hit < frame:
-            outer_hit = min(outer_hit, hit)
-        self._min_hit = outer_hit
+    # -- recurrences: breadth-first worklist (module doc) ---------------------------------
+    def _solve(self, root: str, ukeys: np.ndarray) -> None:
+        """Decide ``root`` (a node of a recurrence) at ``ukeys`` (unknown, sorted,
+        unique), and whatever of its recurrence that takes, breadth-first."""
+        # the pending cindexes of the recurrence, per node (not decided yet)
+        open_: dict[str, np.ndarray] = {}
+        try:
+            self._worklist(root, ukeys, open_)
+        except BaseException:
+            for name, keys in open_.items():  # (an error: leave nothing pending)
+                self.maps[name].set(keys, UNKNOWN)
+            raise
 
-    def _rule(self, name: str, keys: np.ndarray) -> np.ndarray:
+    def _worklist(self, root: str, ukeys: np.ndarray, open_: dict[str, np.ndarray]) -> None:
+        rank = self._scc_rank[root]
+        maps = self.maps
+        frontier: dict[str, list[np.ndarray]] = {root: [ukeys]}
+
+        def pessimistic(node: str, keys: np.ndarray) -> np.ndarray:
+            if node in rank:  # pending / unknown taken as not computable
+                return maps[node].lookup(keys, UNKNOWN) == YES
+            return self.computable_keys(node, keys)
+
+        def optimistic(node: str, keys: np.ndarray) -> np.ndarray:
+            if node in rank:  # pending / unknown taken as computable
+                return maps[node].lookup(keys, UNKNOWN) != NO
+            return self.computable_keys(node, keys)
+
+        rounds = 0
+        while frontier:
+            rounds += 1
+            if rounds > MAX_SOLVER_ROUNDS:
+                raise ComputeError(
+                    f"computability of recurrence {sorted(rank)} does not terminate after "
+                    f"{MAX_SOLVER_ROUNDS} rounds (a recurrence decided only at t = -inf?)")
+            # Admit the frontier and what it reads forward in rank order (consumers
+            # first); what it reads backward waits for the next round.
+            admitted: dict[str, np.ndarray] = {}
+            pending = frontier
+            while pending:
+                name = max(pending, key=rank.__getitem__)
+                parts = pending.pop(name)
+                keys = parts[0] if len(parts) == 1 else unique_keys(np.concatenate(parts))
+                keys = self._admit(name, keys)
+                if not len(keys):
+                    continue
+                admitted[name] = keys
+                prev = open_.get(name)
+                open_[name] = keys if prev is None else np.concatenate([prev, keys])
+                r = rank[name]
+                for src, skeys in self._demand(name, keys):
+                    if rank.get(src, r) < r:
+                        pending.setdefault(src, []).append(skeys)
+            # Evaluate, sources first, until nothing changes: first what was
+            # admitted (to both tests a cindex just admitted is what an unknown one
+            # was, so the rest can only change once something is decided), then,
+            # while something is, everything pending.
+            order = sorted(open_, key=rank.__getitem__)
+            sweep: dict[str, np.ndarray] = admitted
+            while True:
+                changed = False
+                for name in order:
+                    keys = sweep.get(name)
+                    if keys is None or not len(keys):
+                        continue
+                    n_keys = len(keys)
+                    yes = self._rule(name, keys, pessimistic)
+                    if yes.any():
+                        maps[name].set(keys[yes], YES)
+                        keys = keys[~yes]
+                    if len(keys):
+                        maybe = self._rule(name, keys, optimistic)
+                        if not maybe.all():
+                            maps[name].set(keys[~maybe], NO)
+                            keys = keys[maybe]
+                    if len(keys) == n_keys:
+                        continue
+                    changed = True
+                    if sweep is admitted:  # (they are the last ones of the node)
+                        whole = open_[name]
+                        open_[name] = np.concatenate([whole[:len(whole) - n_keys], keys])
+                    else:
+                        open_[name] = keys
+                if not changed:
+                    break
+                sweep = open_
+            for name in [name for name, keys in open_.items() if not len(keys)]:
+                del open_[name]
+            # Next frontier: what the undecided cindexes admitted this round read
+            # backward in rank order (the rest they read is admitted already).
+            frontier = {}
+            if not open_:
+                break
+            for name, keys in admitted.items():
+                still = open_.get(name)
+                if still is None:
+                    continue
+                keys = keys[np.isin(keys, still, assume_unique=True)]
+                if not len(keys):
+                    continue
+                r = rank[name]
+                for src, skeys in self._demand(name, keys):
+                    if rank.get(src, -1) >= r:
+                        frontier.setdefault(src, []).append(skeys)
+        # Closed and not growing under the YES test: not computable (least fixed
+        # point).
+        for name, keys in open_.items():
+            maps[name].set(keys, NO)
+        open_.clear()
+
+    def _admit(self, name: str, keys: np.ndarray) -> np.ndarray:
+        """Of ``keys`` (sorted, unique) of recurrent node ``name``, the unknown ones
+        within its time bounds, now pending; those outside are set NO."""
+        kmap = self.maps[name]
+        if kmap.blocks:
+            keys = keys[kmap.lookup(keys, UNKNOWN) == UNKNOWN]
+            if not len(keys):
+                return keys
+        lo, hi = self.solver_bounds(name)
+        if lo > -math.inf or hi < math.inf:
+            t = key_t(keys)
+            inside = (t >= lo) & (t <= hi)
+            if not inside.all():
+                kmap.set(keys[~inside], NO)
+                keys = keys[inside]
+                if not len(keys):
+                    return keys
+        kmap.set(keys, PENDING)
+        return keys
+
+    def _rule(self, name: str, keys: np.ndarray, available=None) -> np.ndarray:
         """One application of the computability rule of node ``name`` (at packed
-        keys)."""
+        keys), asking ``available(node, keys)`` (default: :meth:`computable_keys`)
+        about its sources."""
+        if available is None:
+            available = self.computable_keys
         n = self.nodes[name]
         if len(keys) == 0:
             return np.zeros(0, dtype=bool)
         if n.kind == "dim-range-node":
-            return self.computable_keys(n.source, keys)
+            return np.array(available(n.source, keys), dtype=bool)
         if n.kind == "component-node" and not self.simple[name]:
-            return self._nonsimple_rule(n, keys)[0]
-        return descriptor_computable_keys(n.descriptor, keys, self.computable_keys)
+            return self._nonsimple_rule(n, keys, available)[0]
+        return descriptor_computable_keys(n.descriptor, keys, available)
 
-    def _nonsimple_rule(self, n, keys: np.ndarray) -> tuple[np.ndarray, tuple]:
+    def _nonsimple_rule(self, n, keys: np.ndarray, available=None) -> tuple[np.ndarray, tuple]:
         """The rule of a non-simple component node at ``keys``, and (InputDeps,
         which dependencies are available, their sorted unique keys, each one's
         position among those, which of those are available)."""
         deps = self.input_deps_at(n, keys)
         k = len(keys)
         ukeys, inv = unique_inverse(pack(deps.indexes))
-        avail_u = descriptor_computable_keys(n.descriptor, ukeys, self.computable_keys)
+        avail_u = descriptor_computable_keys(n.descriptor, ukeys,
+                                             available or self.computable_keys)
         ok = avail_u[inv]
         found = (deps, ok, ukeys, inv, avail_u)
         if len(deps.owner) == 0:
@@ -312,28 +457,127 @@ class Computability:
             self._bounds = self._all_time_bounds()
         return self._bounds[name]
 
-    def _all_time_bounds(self) -> dict[str, TimeBounds]:
+    def solver_bounds(self, name: str) -> TimeBounds:
+        """:meth:`time_bounds`, but with the bounds of recurrences worked out too (an
+        interval fixed point, see :meth:`_recurrence_bounds`); what the worklist of
+        a recurrence uses to stop at the frames where nothing can be computable."""
+        if self._solver_bounds is None:
+            self._solver_bounds = self._all_time_bounds(recurrences=True)
+        return self._solver_bounds[name]
+
+    def _node_bounds(self, name: str, get) -> TimeBounds:
+        """Bounds of non-input node ``name`` from those of its sources (``get``)."""
+        n = self.nodes[name]
+        if n.kind == "dim-range-node":
+            return get(n.source)
+        b = descriptor_time_bounds(n.descriptor, get)
+        if n.kind == "component-node" and not self.simple[name]:
+            hook = getattr(self.nnet.components[n.component], "output_time_bounds", None)
+            b = hook(b) if hook is not None else UNBOUNDED
+        return b
+
+    def _all_time_bounds(self, recurrences: bool = False) -> dict[str, TimeBounds]:
         bounds: dict[str, TimeBounds] = {}
         get = bounds.__getitem__
         for scc in self.sccs:  # sources first
+            if self.recurrent[scc[0]]:
+                if recurrences:
+                    bounds.update(self._recurrence_bounds(scc, bounds))
+                else:
+                    bounds.update((name, UNBOUNDED) for name in scc)
+                continue
             for name in scc:
                 n = self.nodes[name]
-                if self.recurrent[name]:
-                    b = UNBOUNDED
-                elif n.kind == "input-node":
+                if n.kind == "input-node":
                     given = self._inputs.get(name)
                     if given is None or not len(given):
-                        b = (math.inf, -math.inf)
+                        b = _EMPTY
                     else:
                         t = np.asarray(given)[:, 1]
                         b = (int(t.min()), int(t.max()))
-                elif n.kind == "dim-range-node":
-                    b = bounds[n.source]
                 else:
-                    b = descriptor_time_bounds(n.descriptor, get)
-                    if n.kind == "component-node" and not self.simple[name]:
-                        hook = getattr(self.nnet.components[n.component],
-                                       "output_time_bounds", None)
-                        b = hook(b) if hook is not None else UNBOUNDED
+                    b = self._node_bounds(name, get)
                 bounds[name] = b
         return bounds
+
+    def _recurrence_bounds(self, scc: list[str], outer: dict[str, TimeBounds]
+                           ) -> dict[str, TimeBounds]:
+        """Bounds of the nodes of a recurrence: the least fixed point of the bound
+        rules from "nothing computable", widened (a side that moves again goes to
+        infinity, so it ends after a few sweeps). The result is a post-fixed point
+        of sound rules, so it contains every computable cindex (Knaster-Tarski)."""
+        cur: dict[str, TimeBounds] = {name: _EMPTY for name in scc}
+
+        def get(node: str) -> TimeBounds:
+            b = cur.get(node)
+            return outer[node] if b is None else b
+
+        changed = True
+        while changed:
+            changed = False
+            for name in scc:
+                old = cur[name]
+                b = self._node_bounds(name, get)
+                if b[0] > b[1]:
+                    continue  # nothing new
+                if old[0] > old[1]:
+                    cur[name] = b
+                    changed = True
+                    continue
+                lo = old[0] if b[0] >= old[0] else -math.inf
+                hi = old[1] if b[1] <= old[1] else math.inf
+                if (lo, hi) != old:
+                    cur[name] = (lo, hi)
+                    changed = True
+        return cur
+
+
+def _unshifted_nodes(e) -> list[str]:
+    """Nodes that part ``e`` reads at the very index of the row (no Offset, Round
+    or ReplaceIndex on the way)."""
+    if isinstance(e, NodeRef):
+        return [e.node]
+    if isinstance(e, OffsetOf) and e.t_offset == 0 and e.x_offset == 0:
+        return _unshifted_nodes(e.src)
+    if isinstance(e, SwitchOf):
+        return [x for s in e.srcs for x in _unshifted_nodes(s)]
+    if isinstance(e, (SumOf, FailoverOf)):
+        return _unshifted_nodes(e.a) + _unshifted_nodes(e.b)
+    if isinstance(e, IfDefinedOf):
+        return _unshifted_nodes(e.a)
+    return []
+
+
+def _unshifted_order(scc: list[str], nodes: dict) -> dict[str, int]:
+    """Rank of each node of a recurrence: sources first along the edges that read
+    the same index (a time step's own nodes), the other edges ignored (Kahn's
+    algorithm; a node on a cycle of such edges, which no valid recurrence has,
+    goes last)."""
+    members = set(scc)
+    preds: dict[str, set[str]] = {}
+    for name in scc:
+        n = nodes[name]
+        if n.kind == "dim-range-node":
+            src = [n.source]
+        elif n.descriptor is not None:
+            src = [x for p in n.descriptor.parts for x in _unshifted_nodes(p)]
+        else:
+            src = []
+        preds[name] = {x for x in src if x in members and x != name}
+    succ: dict[str, list[str]] = {name: [] for name in scc}
+    for name, ps in preds.items():
+        for p in ps:
+            succ[p].append(name)
+    left = {name: len(ps) for name, ps in preds.items()}
+    ready = [name for name in scc if not left[name]]
+    order: list[str] = []
+    while ready:
+        name = ready.pop(0)
+        order.append(name)
+        for c in succ[name]:
+            left[c] -= 1
+            if not left[c]:
+                ready.append(c)
+    seen = set(order)
+    order += [name for name in scc if name not in seen]
+    return {name: i for i, name in enumerate(order)}
