@@ -24,6 +24,7 @@ import numpy as np
 
 from ..io.kaldi_stream import make_reader
 from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
+from .blas import gemm_acc
 
 # -- helpers shared by the updatable families ------------------------------------------
 
@@ -204,17 +205,32 @@ def gather_blocks(blocks: list) -> np.ndarray:
     return blocks[0] if len(blocks) == 1 else np.hstack(blocks)
 
 
+def add_weight_grad(g: np.ndarray, out_deriv: np.ndarray, in_value) -> None:
+    """``g += out_deriv.T @ in_value`` in one BLAS call (no product temporary).
+    ``in_value`` may be a list of column blocks: then one GEMM per block into its
+    columns of ``g``, with no spliced copy (each entry is the same sum over rows)."""
+    if isinstance(in_value, list):
+        col = 0
+        for blk in in_value:
+            gemm_acc(g[:, col:col + blk.shape[1]], out_deriv.T, blk)
+            col += blk.shape[1]
+    else:
+        gemm_acc(g, out_deriv.T, in_value)
+
+
 class BlockInputMixin:
     """``propagate_blocks`` / ``backprop_blocks``: :meth:`propagate` /
-    :meth:`backprop` with the input value given as its column blocks, in order."""
+    :meth:`backprop` with the input value given as its column blocks, in order.
+    The backprop only reads the input for the weight gradient, which takes the
+    blocks as they are (:func:`add_weight_grad`)."""
 
     def propagate_blocks(self, indexes, blocks: list, out_value):
         return self.propagate(indexes, gather_blocks(blocks), out_value)
 
     def backprop_blocks(self, indexes, blocks: list, out_value, out_deriv, memo, grad,
                         in_deriv) -> None:
-        self.backprop(indexes, gather_blocks(blocks), out_value, out_deriv, memo, grad,
-                      in_deriv)
+        self.backprop(indexes, blocks[0] if len(blocks) == 1 else list(blocks), out_value,
+                      out_deriv, memo, grad, in_deriv)
 
 
 # -- AffineComponent and NaturalGradientAffineComponent ------------------------------
@@ -333,10 +349,12 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        """``in_value`` may be a list of column blocks (:class:`BlockInputMixin`)."""
         if in_deriv is not None:
-            in_deriv += out_deriv @ _cast(self.linear_params, out_deriv.dtype)
+            gemm_acc(in_deriv, out_deriv, _cast(self.linear_params, out_deriv.dtype))
         if grad is not None:
-            _add_grad(grad, "linear_params", out_deriv.T @ in_value)
+            if "linear_params" in grad:
+                add_weight_grad(grad["linear_params"], out_deriv, in_value)
             _add_grad(grad, "bias_params", out_deriv.sum(axis=0))
 
     def info(self) -> str:
@@ -507,9 +525,11 @@ class LinearComponent(BlockInputMixin, UpdatableComponent):
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        """``in_value`` may be a list of column blocks (:class:`BlockInputMixin`)."""
         if in_deriv is not None:
-            in_deriv += out_deriv @ _cast(self.params_, out_deriv.dtype)
-        _add_grad(grad, "params", out_deriv.T @ in_value)
+            gemm_acc(in_deriv, out_deriv, _cast(self.params_, out_deriv.dtype))
+        if grad is not None and "params" in grad:
+            add_weight_grad(grad["params"], out_deriv, in_value)
 
 
 # -- FixedAffineComponent -------------------------------------------------------------

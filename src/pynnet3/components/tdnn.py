@@ -21,6 +21,7 @@ from ..errors import ComputeError
 from ..index import KeySet, pack
 from .affine import matmul_blocks_into
 from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closing, register
+from .blas import gemm_acc
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 
 # ----------------------------------------------------------------------------------
@@ -494,7 +495,12 @@ class TdnnComponent(UpdatableComponent):
         d = self.input_dim
         if grad is not None:
             g = grad["linear_params"]
-            g += (out_deriv.T @ self._spliced(indexes, in_value)).astype(g.dtype)
+            if indexes.starts is not None:  # per offset into its columns: no spliced copy
+                n = indexes.num_out
+                for k, s in enumerate(indexes.starts):
+                    gemm_acc(g[:, k * d:(k + 1) * d], out_deriv.T, in_value[s:s + n])
+            else:
+                gemm_acc(g, out_deriv.T, self._spliced(indexes, in_value))
             if self.use_bias:
                 gb = grad["bias_params"]
                 gb += out_deriv.sum(axis=0).astype(gb.dtype)
@@ -503,7 +509,7 @@ class TdnnComponent(UpdatableComponent):
             if indexes.starts is not None:
                 n = indexes.num_out
                 for k, s in enumerate(indexes.starts):  # BACKPROP_ADDS
-                    in_deriv[s:s + n] += out_deriv @ w[:, k * d:(k + 1) * d]
+                    gemm_acc(in_deriv[s:s + n], out_deriv, w[:, k * d:(k + 1) * d])
                 return
             for k, rows in enumerate(indexes.src):  # BACKPROP_ADDS
                 scatter_add_rows(in_deriv, rows, out_deriv @ w[:, k * d:(k + 1) * d])

@@ -1,0 +1,95 @@
+"""``C += alpha * A @ B`` in one BLAS call, as Kaldi's ``AddMatMat(..., beta=1)``.
+
+NumPy's matmul has no accumulate form: ``c += a @ b`` writes the product to a
+temporary (fresh pages for a few-MB derivative), then reads it back to add. The
+backprops of the affine, linear and TDNN layers do this for every input derivative
+and weight gradient. :func:`gemm_acc` calls the ``sgemm``/``dgemm`` of the OpenBLAS
+that NumPy itself links (its ILP64 ``scipy_cblas_*gemm64_`` symbols) with
+``beta = 1``, straight on the arrays' memory (any row or column stride), and falls
+back to the NumPy expression where that library or layout is not available.
+
+Numerics: BLAS adds the products into C per block of the inner dimension. With
+C = 0 beforehand, or an inner dimension within one block (all input derivatives
+here), the floats are those of ``c += a @ b``; otherwise the additions into C are
+ordered differently (Kaldi's order), a difference of float32 rounding.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+
+import numpy as np
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+
+def _load():
+    """{dtype: gemm function} from NumPy's bundled OpenBLAS, or {}."""
+    libdir = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    for path in sorted(glob.glob(os.path.join(libdir, "libscipy_openblas64_*"))):
+        try:
+            lib = ctypes.CDLL(path)
+            fns = {np.dtype(np.float32): (lib.scipy_cblas_sgemm64_, ctypes.c_float),
+                   np.dtype(np.float64): (lib.scipy_cblas_dgemm64_, ctypes.c_double)}
+        except (OSError, AttributeError):
+            continue
+        out = {}
+        for dt, (fn, real) in fns.items():
+            i64, ptr, enum = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+            fn.argtypes = (enum, enum, enum, i64, i64, i64, real, ptr, i64, ptr, i64, real,
+                           ptr, i64)
+            fn.restype = None
+            out[dt] = fn
+        return out
+    return {}
+
+
+_GEMM = {} if os.environ.get("PYNNET3_NO_DIRECT_BLAS") else _load()
+
+
+def _layout(x: np.ndarray):
+    """``(transposed, leading dim)`` of a 2-D array as BLAS sees it (row-major, or
+    a transposed view of a row-major array), or None."""
+    it = x.itemsize
+    r, c = x.shape
+    s0, s1 = x.strides
+    if (s1 == it or c == 1) and (r == 1 or (s0 % it == 0 and s0 // it >= max(1, c))):
+        return False, (max(1, c) if r == 1 else s0 // it)
+    if (s0 == it or r == 1) and (c == 1 or (s1 % it == 0 and s1 // it >= max(1, r))):
+        return True, (max(1, r) if c == 1 else s1 // it)
+    return None
+
+
+def gemm_acc(c: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) -> None:
+    """``c += alpha * (a @ b)`` for 2-D arrays (views of any strides), in place."""
+    m, n = c.shape
+    k = a.shape[1]
+    if a.shape[0] != m or b.shape != (k, n):
+        raise ValueError(f"gemm_acc: shapes {c.shape} += {a.shape} @ {b.shape}")
+    if m == 0 or n == 0 or k == 0:
+        return
+    fn = _GEMM.get(c.dtype)
+    lay_c = _layout(c) if fn is not None else None
+    if lay_c is not None and lay_c[0]:  # column-major c: c.T += b.T @ a.T
+        c, a, b, (m, n) = c.T, b.T, a.T, (n, m)
+        lay_c = _layout(c)
+    lay_a = _layout(a) if lay_c is not None else None
+    lay_b = _layout(b) if lay_a is not None else None
+    if (lay_b is None or lay_c[0] or a.dtype != c.dtype or b.dtype != c.dtype
+            or not c.flags.writeable or np.may_share_memory(c, a)
+            or np.may_share_memory(c, b)):
+        prod = a @ b
+        if alpha != 1.0:
+            prod *= alpha
+        c += prod
+        return
+    fn(_ROW_MAJOR, _TRANS if lay_a[0] else _NO_TRANS, _TRANS if lay_b[0] else _NO_TRANS,
+       m, n, k, alpha, a.ctypes.data, lay_a[1], b.ctypes.data, lay_b[1], 1.0,
+       c.ctypes.data, lay_c[1])
+
+
+def available() -> bool:
+    """Whether :func:`gemm_acc` calls BLAS directly (else it is the NumPy expression)."""
+    return bool(_GEMM)

@@ -1,0 +1,138 @@
+"""components/blas.gemm_acc (``c += alpha a @ b`` in one BLAS call) and the
+backprops that use it (affine / linear with the input as column blocks, TDNN per
+time offset): the same floats as the NumPy expressions they replaced when the
+accumulator starts at zero, float32 rounding otherwise; the NumPy fallback
+(another library, a layout BLAS cannot take, overlapping operands) is the
+expression itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pynnet3.components import blas
+from pynnet3.components.affine import gather_blocks
+from tests.components.common import from_config
+
+
+def _operand(rng, shape, kind, dtype):
+    r, c = shape
+    if kind == "c":
+        return rng.standard_normal(shape).astype(dtype)
+    if kind == "f":
+        return np.asfortranarray(rng.standard_normal(shape).astype(dtype))
+    if kind == "strided":  # a column block of a wider matrix
+        return rng.standard_normal((r, c + 5)).astype(dtype)[:, 2:c + 2]
+    return rng.standard_normal((c + 4, r)).astype(dtype)[1:c + 1].T  # a transposed block
+
+
+KINDS = ["c", "f", "strided", "transposed"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gemm_acc_equals_the_numpy_expression(dtype):
+    rng = np.random.default_rng(21)
+    for trial in range(300):
+        m, n, k = (int(v) for v in rng.integers(1, 30, 3))
+        ka, kb, kc = (KINDS[int(i)] for i in rng.integers(0, 4, 3))
+        a, b = _operand(rng, (m, k), ka, dtype), _operand(rng, (k, n), kb, dtype)
+        c = _operand(rng, (m, n), kc, dtype)
+        alpha = [1.0, -0.5, 3.0][trial % 3]
+        zero = trial % 2 == 0
+        if zero:
+            c[...] = 0
+        want = c + alpha * (a @ b) if alpha != 1.0 else c + a @ b
+        got = c.copy(order="K") if kc != "strided" else c
+        blas.gemm_acc(got, a, b, alpha)
+        np.testing.assert_allclose(got, want, rtol=2e-6 if dtype == np.float32 else 1e-13,
+                                   atol=1e-5 if dtype == np.float32 else 1e-12)
+        if zero and alpha == 1.0 and min(m, n) > 1 and kc != "f" and blas.available():
+            # the same sgemm/dgemm as matmul (a column-major c is computed transposed,
+            # which may round differently)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_gemm_acc_edge_cases(monkeypatch):
+    rng = np.random.default_rng(2)
+    c = np.ones((3, 4), np.float32)
+    blas.gemm_acc(c, np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32))
+    assert np.array_equal(c, np.ones((3, 4)))  # empty inner dimension: unchanged
+    with pytest.raises(ValueError):
+        blas.gemm_acc(c, np.ones((3, 2), np.float32), np.ones((3, 4), np.float32))
+    # overlapping operands: the NumPy expression (a temporary first)
+    m = rng.standard_normal((6, 6)).astype(np.float32)
+    want = m.copy()
+    want[:, :3] += m[:, 3:] @ m[3:, 3:]
+    blas.gemm_acc(m[:, :3], m[:, 3:], m[3:, 3:])
+    np.testing.assert_array_equal(m, want)
+    # no direct BLAS: the NumPy expression exactly, also for mixed dtypes
+    monkeypatch.setattr(blas, "_GEMM", {})
+    a, b = rng.standard_normal((5, 3)), rng.standard_normal((3, 4)).astype(np.float32)
+    c = rng.standard_normal((5, 4)).astype(np.float32)
+    want = c.copy()
+    want += a @ b
+    blas.gemm_acc(c, a, b)
+    np.testing.assert_array_equal(c, want)
+
+
+def _affine(kind):
+    if kind == "LinearComponent":
+        return from_config("component name=a type=LinearComponent input-dim=12 output-dim=7")
+    return from_config(f"component name=a type={kind} input-dim=12 output-dim=7")
+
+
+@pytest.mark.parametrize("kind", ["AffineComponent", "NaturalGradientAffineComponent",
+                                  "LinearComponent"])
+def test_block_backprop_equals_gathered_input(kind):
+    rng = np.random.default_rng(4)
+    comp = _affine(kind)
+    big = rng.standard_normal((30, 9)).astype(np.float32)
+    blocks = [big[0:20, :5], big[3:23, 2:6], big[8:28, 6:9]]  # 5 + 4 + 3 = 12 columns
+    x = gather_blocks(blocks)
+    od = rng.standard_normal((20, 7)).astype(np.float32)
+    w = comp.linear_params if kind != "LinearComponent" else comp.params_
+    for start_at_zero in (True, False):
+        grad = {k: np.zeros_like(v) for k, v in comp.params().items()}
+        if not start_at_zero:
+            for v in grad.values():
+                v += rng.standard_normal(v.shape).astype(np.float32)
+        want = {k: v.copy() for k, v in grad.items()}
+        d_old = rng.standard_normal((20, 12)).astype(np.float32)[:, ::1]
+        d_new = d_old.copy()
+        d_old += od @ w  # the former formulas
+        for key in want:
+            want[key] += od.T @ x if want[key].ndim == 2 else od.sum(axis=0)
+        comp.backprop_blocks(None, blocks, None, od, None, grad, d_new)
+        if start_at_zero:
+            for key in want:
+                np.testing.assert_array_equal(grad[key], want[key])
+        else:
+            for key in want:
+                np.testing.assert_allclose(grad[key], want[key], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(d_new, d_old)
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_tdnn_backprop_per_offset_equals_spliced(use_bias):
+    rng = np.random.default_rng(6)
+    comp = from_config("component name=c type=TdnnComponent input-dim=6 output-dim=5 "
+                       f"time-offsets=-2,0,3 use-bias={str(use_bias).lower()}")
+    t_in, t_out = np.arange(-2, 23), np.arange(0, 20)
+    in_idx = np.stack([np.zeros_like(t_in), t_in, np.zeros_like(t_in)], 1)
+    out_idx = np.stack([np.zeros_like(t_out), t_out, np.zeros_like(t_out)], 1)
+    idx = comp.precompute_indexes(in_idx, out_idx, True)
+    assert idx.starts is not None  # the per-offset (slice) path
+    x = rng.standard_normal((len(in_idx), 6)).astype(np.float32)
+    od = rng.standard_normal((len(out_idx), 5)).astype(np.float32)
+    spliced = np.concatenate([x[s:s + len(out_idx)] for s in idx.starts], axis=1)
+    grad = {k: np.zeros_like(v) for k, v in comp.params().items()}
+    d_new = np.zeros_like(x)
+    comp.backprop(idx, x, None, od, None, grad, d_new)
+    np.testing.assert_array_equal(grad["linear_params"], od.T @ spliced)
+    d_old = np.zeros_like(x)
+    for k, s in enumerate(idx.starts):
+        d_old[s:s + len(out_idx)] += od @ comp.linear_params[:, 6 * k:6 * (k + 1)]
+    np.testing.assert_array_equal(d_new, d_old)
+    comp.backprop(idx, x, None, od, None, grad, d_new)  # accumulates
+    np.testing.assert_allclose(grad["linear_params"], 2 * (od.T @ spliced), rtol=1e-6)
+    np.testing.assert_allclose(d_new, 2 * d_old, rtol=1e-6)
