@@ -80,3 +80,36 @@ def test_bytes_and_errors(x):
         compress(x, INT16, -1.0)
     with pytest.raises(PynnetError, match="shape"):
         decompress(compress(x, UINT8, 0.0), np.empty((3, 3), np.float32))
+
+
+def _compress_former(x, kind, rng):
+    """compress as it was (a temporary per step)."""
+    from pynnet3.runtime.compression import CompressedMatrix, _int_type
+
+    itype = _int_type(kind)
+    info = np.iinfo(itype)
+    if rng == 0:
+        codes = (x > 0) if info.min == 0 else np.sign(x)
+        return CompressedMatrix(codes.astype(itype), 1.0)
+    scale = float(np.float32(rng) / np.float32(info.max))
+    q = np.rint(x * x.dtype.type(1.0 / scale)) if x.dtype.kind == "f" else np.rint(x / scale)
+    return CompressedMatrix(np.clip(q, info.min, info.max).astype(itype), scale)
+
+
+@pytest.mark.parametrize("kind", [INT8, UINT8, INT16, UINT16])
+@pytest.mark.parametrize("rng_value", [0.0, 1.0, 10.0])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_compress_equals_former_formula(kind, rng_value, dtype):
+    g = np.random.default_rng(kind)
+    x = (g.standard_normal((9, 7)) * 8).astype(dtype)
+    if dtype != np.int64:
+        x[0, :4] = [0.0, -0.0, 0.5, -0.5]  # signs of zero, halves
+        x[1, :2] = [1e6, -1e6]  # clamped
+    x = x[:, 1:6]  # a strided view
+    new, old = compress(x, kind, rng_value), _compress_former(x, kind, rng_value)
+    assert new.data.dtype == old.data.dtype and new.scale == old.scale
+    np.testing.assert_array_equal(new.data, old.data)
+    out_new, out_old = np.empty(x.shape, np.float32), np.empty(x.shape, np.float32)
+    decompress(new, out_new)
+    decompress(old, out_old)
+    np.testing.assert_array_equal(out_new, out_old)

@@ -68,14 +68,19 @@ def compress(array, kind: int, range: float) -> CompressedMatrix:  # noqa: A002 
     if range < 0:
         raise PynnetError(f"matrix compression range must be >= 0, got {range}")
     if range == 0:
-        codes = (x > 0) if info.min == 0 else np.sign(x)
-        return CompressedMatrix(codes.astype(itype), 1.0)
+        if info.min == 0:  # (a bool array is 0/1 bytes: a view, not a cast)
+            codes = np.greater(x, 0)
+            return CompressedMatrix(codes.view(itype) if itype is np.uint8
+                                    else codes.astype(itype), 1.0)
+        return CompressedMatrix(np.sign(x).astype(itype), 1.0)
     scale = float(np.float32(range) / np.float32(info.max))
     # The division happens in the matrix's own precision, as Kaldi's kernel does
-    # it in float; clipping before the cast avoids integer wrap-around.
-    q = np.rint(x * x.dtype.type(1.0 / scale)) if x.dtype.kind == "f" else \
-        np.rint(x / scale)
-    return CompressedMatrix(np.clip(q, info.min, info.max).astype(itype), scale)
+    # it in float; clipping before the cast avoids integer wrap-around. (One
+    # temporary, rounded and clipped in place.)
+    q = x * x.dtype.type(1.0 / scale) if x.dtype.kind == "f" else x / scale
+    np.rint(q, out=q)
+    np.clip(q, info.min, info.max, out=q)
+    return CompressedMatrix(q.astype(itype), scale)
 
 
 def decompress(obj: CompressedMatrix, out: np.ndarray) -> None:

@@ -24,6 +24,7 @@ from ..computation import CommandType as CT
 from ..errors import PynnetError, RuntimeInputError
 from ..index import unique_keys
 from .backend import get_backend
+from .numpy_backend import NumpyBackend
 
 _IO = (CT.ACCEPT_INPUT, CT.PROVIDE_OUTPUT)
 # Commands that do nothing at run time; I/O lookups step over them.
@@ -236,7 +237,9 @@ class NnetComputer:
             m = self.c.submatrices[cmd.dst].matrix
             out = np.empty(self.matrices[m].shape, dtype=self.dtype)
             decompress(self.matrices[m], out)
-            self.matrices[m] = be.from_numpy(out, self.dtype)
+            # (a NumPy backend takes the array as it is: from_numpy would copy it)
+            self.matrices[m] = out if isinstance(be, NumpyBackend) else \
+                be.from_numpy(out, self.dtype)
         elif t is CT.GOTO_LABEL:
             self.pc = self._label_of(cmd)
         elif t in _NOOPS:
