@@ -68,9 +68,10 @@ def best_ms(fn, reps: int) -> float:
     return best * 1e3
 
 
-def gemm_shapes(nnet, comp) -> list[tuple[int, int, int]]:
-    """(m, k, n) of every GEMM (an [m, k] by [k, n] product) the computation's
-    propagates and backprops of linear layers run."""
+def gemm_shapes(nnet, comp) -> list[tuple[int, int, int, bool]]:
+    """(m, k, n, a_transposed) of every GEMM (an [m, k] by [k, n] product) the
+    computation's propagates and backprops of linear layers run (a weight gradient's
+    [m, k] factor is the transpose of the output derivative, as the layers pass it)."""
     shapes = []
     for cmd in comp.commands:
         if cmd.type is not CommandType.PROPAGATE and cmd.type not in _BACKPROPS:
@@ -83,19 +84,20 @@ def gemm_shapes(nnet, comp) -> list[tuple[int, int, int]]:
         offsets = len(c.time_offsets) if c.type_name == "TdnnComponent" else 1
         din, dout = c.input_dim, c.output_dim  # a TDNN's weight is [out, offsets * din]
         if cmd.type is CommandType.PROPAGATE:
-            shapes += [(rows, din, dout)] * offsets
+            shapes += [(rows, din, dout, False)] * offsets
             continue
         if cmd.in_deriv:
-            shapes += [(rows, dout, din)] * offsets
+            shapes += [(rows, dout, din, False)] * offsets
         if cmd.type is CommandType.BACKPROP:
-            shapes.append((dout, rows, din * offsets))
+            shapes.append((dout, rows, din * offsets, True))
     return shapes
 
 
 def gemm_runner(shapes, rng):
-    bufs = [(rng.standard_normal((m, k)).astype(np.float32),
+    bufs = [(rng.standard_normal((k, m)).astype(np.float32).T if trans
+             else rng.standard_normal((m, k)).astype(np.float32),
              rng.standard_normal((k, n)).astype(np.float32),
-             np.empty((m, n), np.float32)) for m, k, n in shapes]
+             np.empty((m, n), np.float32)) for m, k, n, trans in shapes]
 
     def run():
         for a, b, y in bufs:

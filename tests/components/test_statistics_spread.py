@@ -108,3 +108,87 @@ def test_no_windows_and_no_rows():
     assert np.array_equal(r.spread(np.zeros((0, 3), np.float32)), np.zeros((5, 3)))
     r = RangeIndexes(np.arange(4), np.array([2, 2]), np.array([2, 2]), 4)  # empty windows
     assert np.array_equal(r.spread(np.ones((2, 3), np.float32)), np.zeros((4, 3)))
+
+
+@pytest.mark.parametrize("disjoint", [False, True])
+def test_spread_to_a_dtype_is_the_cast_float64_result(disjoint):
+    rng = np.random.default_rng(8 + disjoint)
+    for _ in range(100):
+        r = _random_case(rng, disjoint)
+        d = rng.standard_normal((len(r.lo), 5))[:, 1:4]  # float64, strided
+        for dtype in (np.float32, np.float64):
+            got = r.spread(d, dtype)
+            assert got.dtype == dtype and not np.shares_memory(got, d)
+            np.testing.assert_array_equal(got, r.spread(d).astype(dtype))
+        d32 = d.astype(np.float32)
+        np.testing.assert_array_equal(r.spread(d32, np.float32), r.spread(d32).astype(np.float32))
+
+
+def _stats_pair():
+    from tests.components.common import from_config
+
+    ext = from_config("component name=e type=StatisticsExtractionComponent input-dim=4 "
+                      "output-period=1 include-variance=true")
+    pool = from_config("component name=p type=StatisticsPoolingComponent input-dim=9 "
+                       "left-context=0 right-context=5 num-log-count-features=1 "
+                       "output-stddevs=true")
+    return ext, pool
+
+
+def test_identity_extraction_and_pooling_backprop_equal_former_formulas():
+    rng = np.random.default_rng(12)
+    ext, pool = _stats_pair()
+    t = np.arange(12)
+    idx = np.stack([np.repeat([0, 1], 12), np.tile(t, 2), np.zeros(24, np.int64)], 1)
+    r = ext.precompute_indexes(idx, idx, True)
+    assert r.is_identity
+    x = rng.standard_normal((24, 4)).astype(np.float32)
+    out = np.full((24, 9), np.nan, np.float32)
+    ext.propagate(r, x, out)
+    want = np.empty_like(out)  # the former formula: float64 window sums, cast back
+    want[:, 0] = 1.0
+    want[:, 1:5] = r.window_sums(x).astype(np.float32)
+    want[:, 5:] = r.window_sums(np.square(x)).astype(np.float32)
+    np.testing.assert_array_equal(out, want)
+    # pooling: one window of 6 per sequence at t = 0 and t = 6
+    out_idx = np.array([[n, tt, 0] for n in (0, 1) for tt in (0, 6)], np.int64)
+    rp = pool.precompute_indexes(idx, out_idx, True)
+    pooled = np.zeros((4, 9), np.float32)
+    pool.propagate(rp, out, pooled)
+    od = rng.standard_normal((4, 9)).astype(np.float32)
+    got = np.ones((24, 9), np.float32)
+    pool.backprop(rp, out, pooled, od, None, None, got)
+    # the former formula: float64 spread, cast, added
+    deriv = od[:, 1:].astype(np.float64)
+    mean, std = pooled[:, 1:5].astype(np.float64), pooled[:, 5:].astype(np.float64)
+    deriv[:, 4:] *= 0.5 / std
+    deriv[:, :4] -= 2.0 * mean * deriv[:, 4:]
+    deriv /= np.exp(pooled[:, 0].astype(np.float64))[:, None]
+    want = np.ones((24, 9), np.float32)
+    want[:, 1:] += rp.spread(deriv).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("variance", [True, False])
+def test_identity_extraction_backprop_equals_former_formula(variance):
+    from tests.components.common import from_config
+
+    rng = np.random.default_rng(14)
+    ext = from_config("component name=e type=StatisticsExtractionComponent input-dim=5 "
+                      f"output-period=1 include-variance={str(variance).lower()}")
+    idx = np.stack([np.repeat([0, 1, 2], 9), np.tile(np.arange(9), 3),
+                    np.zeros(27, np.int64)], 1)
+    r = ext.precompute_indexes(idx, idx, True)
+    assert r.is_identity
+    x = rng.standard_normal((27, 5)).astype(np.float32)
+    x[0, :2] = [0.0, -0.0]
+    od = rng.standard_normal((27, 12)).astype(np.float32)[:, :ext.output_dim]  # strided
+    od[0, 1:3] = -0.0
+    got = np.full((27, 5), np.nan, np.float32)
+    ext.backprop(r, x, None, od, None, None, got)
+    deriv = r.spread(od[:, 1:6])  # the former formula (float64, then cast)
+    if variance:
+        deriv += 2.0 * r.spread(od[:, 6:]) * x
+    want = deriv.astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(np.signbit(got), np.signbit(want))

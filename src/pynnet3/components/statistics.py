@@ -127,10 +127,19 @@ class RangeIndexes:
             self.__dict__["_identity"] = flag
         return flag
 
-    def spread(self, deriv: np.ndarray) -> np.ndarray:
+    @property
+    def is_identity(self) -> bool:
+        """Whether output row i's window is exactly input row i (x-vector extraction
+        with output-period 1): then window sums and spread are copies."""
+        plan = self._spread_plan()
+        return plan.owner_is_identity and plan.rows is None
+
+    def spread(self, deriv: np.ndarray, dtype=np.float64) -> np.ndarray:
         """The transpose of :meth:`window_sums`: input row ``i`` gets the sum of
-        ``deriv[o]`` over the outputs whose window holds ``i`` (a new float64 array,
-        ``[num_input_rows, cols]``; rows in no window get an exact 0).
+        ``deriv[o]`` over the outputs whose window holds ``i`` (a new array,
+        ``[num_input_rows, cols]``; rows in no window get an exact 0), summed in
+        float64 and then cast to ``dtype`` (disjoint windows: a cast of ``deriv``'s
+        rows, then a gather, which is the same).
 
         Disjoint windows (x-vector extraction and pooling): each row is in at most
         one window and gets that output's row, gathered (no arithmetic). Overlapping
@@ -138,11 +147,13 @@ class RangeIndexes:
         the rows of the outputs that start (+) or end (-) a window there."""
         plan = self._spread_plan()
         if plan.owner is not None:
+            if plan.rows is None and plan.owner_is_identity:  # input row i = output row i
+                return deriv.astype(dtype)  # (a copy)
+            if deriv.dtype != dtype:  # the (fewer) output rows, before the gather
+                deriv = deriv.astype(dtype)
             if plan.rows is None:  # every input row in exactly one window, in order
-                if plan.owner_is_identity:
-                    return deriv.astype(np.float64)
-                return deriv[plan.owner].astype(np.float64, copy=False)
-            out = np.zeros((self.num_input_rows, deriv.shape[1]), dtype=np.float64)
+                return deriv[plan.owner]
+            out = np.zeros((self.num_input_rows, deriv.shape[1]), dtype=dtype)
             out[plan.rows] = deriv[plan.owner]
             return out
         signed = np.empty((2 * len(deriv), deriv.shape[1]), dtype=np.float64)
@@ -156,7 +167,7 @@ class RangeIndexes:
         per_sorted[plan.uncovered] = 0.0
         out = np.zeros((self.num_input_rows, deriv.shape[1]), dtype=np.float64)
         out[self.perm] = per_sorted
-        return out
+        return out if out.dtype == dtype else out.astype(dtype)
 
     def _spread_plan(self) -> _SpreadPlan:
         plan = self.__dict__.get("_spread")
@@ -479,6 +490,11 @@ class StatisticsExtractionComponent(Component):
         d = self._input_dim
         dtype = out_value.dtype
         out_value[:, 0] = indexes.counts.astype(dtype)
+        if indexes.is_identity and in_value.dtype == dtype:  # one row per window: copies
+            out_value[:, 1:1 + d] = in_value
+            if self.include_variance:
+                np.square(in_value, out=out_value[:, 1 + d:])
+            return None
         out_value[:, 1:1 + d] = indexes.window_sums(in_value).astype(dtype)
         if self.include_variance:
             out_value[:, 1 + d:] = indexes.window_sums(np.square(in_value)).astype(dtype)
@@ -491,6 +507,15 @@ class StatisticsExtractionComponent(Component):
         d = self._input_dim
         # The count column has no derivative; the sums pass the derivative back
         # unchanged and the sums of squares as 2 x.
+        if indexes.is_identity:  # one row per window: dsum + 2 dsq x, in float64
+            if not self.include_variance:
+                in_deriv[...] = out_deriv[:, 1:1 + d]
+                return
+            acc = np.multiply(out_deriv[:, 1 + d:], in_value, dtype=np.float64)  # exact
+            acc *= 2.0
+            acc += out_deriv[:, 1:1 + d]
+            in_deriv[...] = acc
+            return
         deriv = indexes.spread(out_deriv[:, 1:1 + d])
         if self.include_variance:
             sq = indexes.spread(out_deriv[:, 1 + d:])  # deriv += 2 sq x, in place
@@ -704,7 +729,7 @@ class StatisticsPoolingComponent(Component):
         deriv /= counts[:, None]
         # The count column is not differentiable (it comes from the extraction's
         # constant counts); Kaldi leaves its derivative untouched.
-        in_deriv[:, 1:] += indexes.spread(deriv).astype(in_deriv.dtype)
+        in_deriv[:, 1:] += indexes.spread(deriv, in_deriv.dtype)
 
 
 __all__ = ["StatisticsExtractionComponent", "StatisticsPoolingComponent", "RangeIndexes",
