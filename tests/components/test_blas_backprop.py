@@ -136,3 +136,29 @@ def test_tdnn_backprop_per_offset_equals_spliced(use_bias):
     comp.backprop(idx, x, None, od, None, grad, d_new)  # accumulates
     np.testing.assert_allclose(grad["linear_params"], 2 * (od.T @ spliced), rtol=1e-6)
     np.testing.assert_allclose(d_new, 2 * d_old, rtol=1e-6)
+
+
+def test_propagate_adds_in_one_gemm():
+    """LinearComponent and a bias-free TDNN add their product into the output: into
+    zeros, exactly the product; into other values, the sum to float32 rounding."""
+    rng = np.random.default_rng(8)
+    lin = from_config("component name=l type=LinearComponent input-dim=40 output-dim=24")
+    tdnn = from_config("component name=c type=TdnnComponent input-dim=20 output-dim=24 "
+                       "time-offsets=-1,0 use-bias=false")
+    t_in, t_out = np.arange(-1, 30), np.arange(0, 30)
+    in_idx = np.stack([np.zeros_like(t_in), t_in, np.zeros_like(t_in)], 1)
+    out_idx = np.stack([np.zeros_like(t_out), t_out, np.zeros_like(t_out)], 1)
+    tidx = tdnn.precompute_indexes(in_idx, out_idx, True)
+    x_lin = rng.standard_normal((30, 40)).astype(np.float32)
+    x_tdnn = rng.standard_normal((31, 20)).astype(np.float32)
+    spliced = np.concatenate([x_tdnn[s:s + 30] for s in tidx.starts], axis=1)
+    cases = [(lin, None, x_lin, x_lin @ lin.params_.T),
+             (tdnn, tidx, x_tdnn, spliced @ tdnn.linear_params.T)]
+    for comp, idx, x, prod in cases:
+        out = np.zeros((30, 24), np.float32)
+        comp.propagate(idx, x, out)
+        np.testing.assert_array_equal(out, prod)
+        base = rng.standard_normal((30, 24)).astype(np.float32)
+        out = base.copy()
+        comp.propagate(idx, x, out)
+        np.testing.assert_allclose(out, base + prod, rtol=1e-5, atol=1e-5)

@@ -521,7 +521,8 @@ class LinearComponent(BlockInputMixin, UpdatableComponent):
         return self.propagate(indexes, gather_blocks(blocks), out_value)
 
     def propagate(self, indexes, in_value, out_value):
-        out_value += in_value @ _cast(self.params_, in_value.dtype).T
+        # PROPAGATE_ADDS in one BLAS call (into a zeroed output: the floats of the product)
+        gemm_acc(out_value, in_value, _cast(self.params_, in_value.dtype).T)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:

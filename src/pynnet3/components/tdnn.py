@@ -488,7 +488,8 @@ class TdnnComponent(UpdatableComponent):
             np.matmul(self._spliced(indexes, in_value), w.T, out=out_value)
             out_value += self.bias_params.astype(dt, copy=False)
         else:
-            out_value += self._spliced(indexes, in_value) @ w.T  # PROPAGATE_ADDS
+            # PROPAGATE_ADDS in one BLAS call (into a zeroed output: the floats of the product)
+            gemm_acc(out_value, self._spliced(indexes, in_value), w.T)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
