@@ -117,3 +117,31 @@ def test_batchnorm_training_matches_former_formula(dtype, layout):
             comp.backprop(None, x, out_new, dz, memo, None, d_new)
         np.testing.assert_array_equal(out_new, out_old)
         np.testing.assert_array_equal(d_new, d_old)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("strided", [False, True])
+def test_log_softmax_matches_former_formula(dtype, strided):
+    rng = np.random.default_rng(9)
+    new = from_config("component name=s type=LogSoftmaxComponent dim=6", 4)
+    old = from_config("component name=s type=LogSoftmaxComponent dim=6", 4)
+    for rows in (1, 13):
+        x = _strided(rng, rows, 6, dtype) * 5 if strided else \
+            (rng.standard_normal((rows, 6)) * 5).astype(dtype)
+        y_new, y_old = np.empty((rows, 6), dtype), np.empty((rows, 6), dtype)
+        new.propagate(None, x, y_new)
+        NonlinearComponent.propagate(old, None, x, y_old)
+        np.testing.assert_array_equal(y_new, y_old)
+        dy = _strided(rng, rows, 6, dtype)
+        for grad in (None, {}):
+            d_new, d_old = np.full((rows, 6), 3.0, dtype), np.full((rows, 6), 3.0, dtype)
+            new.backprop(None, x, y_new, dy, None, grad, d_new)
+            d_old[...] = old._diff(y_old, dy)
+            if grad is not None:
+                old.store_backprop_stats(dy)
+            np.testing.assert_array_equal(d_new, d_old)
+    np.testing.assert_array_equal(new.oderiv_sumsq, old.oderiv_sumsq)
+    x = rng.standard_normal((5, 6)).astype(dtype)  # in place: the former path
+    want = new._forward(x)
+    new.propagate(None, x, x)
+    np.testing.assert_array_equal(x, want)

@@ -520,6 +520,30 @@ class LogSoftmaxComponent(_RowNormalizedNonlinear):
     def _diff(self, y, dy):
         return dy - np.exp(y) * dy.sum(axis=1, keepdims=True)
 
+    def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray):
+        """:meth:`_forward` with the shifted input and the result in ``out_value``
+        (the same float operations; one exp temporary)."""
+        if out_value.dtype != in_value.dtype or np.may_share_memory(in_value, out_value):
+            return super().propagate(indexes, in_value, out_value)
+        np.subtract(in_value, in_value.max(axis=1, keepdims=True), out=out_value)
+        out_value -= np.log(np.exp(out_value).sum(axis=1, keepdims=True))
+        return None
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
+                 in_deriv) -> None:
+        """:meth:`_diff` computed in ``in_deriv`` (the same float operations)."""
+        if in_deriv is None or in_deriv.dtype != out_deriv.dtype \
+                or np.may_share_memory(in_deriv, out_deriv) \
+                or np.may_share_memory(in_deriv, out_value):
+            super().backprop(indexes, in_value, out_value, out_deriv, memo, grad, in_deriv)
+            return
+        if grad is not None:  # Kaldi's "to_update != NULL"
+            self.store_backprop_stats(out_deriv)
+        row_sums = out_deriv.sum(axis=1, keepdims=True)
+        np.exp(out_value, out=in_deriv)
+        in_deriv *= row_sums
+        np.subtract(out_deriv, in_deriv, out=in_deriv)
+
     def store_stats(self, in_value, out_value, memo) -> None:
         """Kaldi's LogSoftmaxComponent keeps the base class's no-op StoreStats."""
 
