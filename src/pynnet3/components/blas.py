@@ -6,7 +6,8 @@ backprops of the affine, linear and TDNN layers do this for every input derivati
 and weight gradient. :func:`gemm_acc` calls the ``sgemm``/``dgemm`` of the OpenBLAS
 that NumPy itself links (its ILP64 ``scipy_cblas_*gemm64_`` symbols) with
 ``beta = 1``, straight on the arrays' memory (any row or column stride), and falls
-back to the NumPy expression where that library or layout is not available.
+back to the NumPy expression where that library or layout is not available (or when
+``PYNNET3_NO_DIRECT_BLAS`` is set in the environment at import).
 
 Numerics: BLAS adds the products into C per block of the inner dimension. With
 C = 0 beforehand, or an inner dimension within one block (all input derivatives
