@@ -162,3 +162,15 @@ def test_propagate_adds_in_one_gemm():
         out = base.copy()
         comp.propagate(idx, x, out)
         np.testing.assert_allclose(out, base + prod, rtol=1e-5, atol=1e-5)
+
+
+def test_unaligned_and_broadcast_operands_use_the_numpy_expression():
+    rng = np.random.default_rng(3)
+    raw = np.zeros(4 * 12 + 1, np.uint8)[1:].view(np.float32).reshape(4, 3)  # unaligned
+    raw[...] = rng.standard_normal((4, 3))
+    assert not raw.flags.aligned
+    b = np.broadcast_to(rng.standard_normal((1, 5)).astype(np.float32), (3, 5))  # stride 0
+    c = rng.standard_normal((4, 5)).astype(np.float32)
+    want = c + raw @ b
+    blas.gemm_acc(c, raw, b)
+    np.testing.assert_allclose(c, want, rtol=1e-6, atol=1e-6)

@@ -79,8 +79,9 @@ def gemm_acc(c: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) ->
     lay_a = _layout(a) if lay_c is not None else None
     lay_b = _layout(b) if lay_a is not None else None
     if (lay_b is None or lay_c[0] or a.dtype != c.dtype or b.dtype != c.dtype
-            or not c.flags.writeable or np.may_share_memory(c, a)
-            or np.may_share_memory(c, b)):
+            or not (c.flags.writeable and c.flags.aligned and a.flags.aligned
+                    and b.flags.aligned)
+            or np.may_share_memory(c, a) or np.may_share_memory(c, b)):
         prod = a @ b
         if alpha != 1.0:
             prod *= alpha
