@@ -29,6 +29,13 @@ def _operand(rng, shape, kind, dtype):
 KINDS = ["c", "f", "strided", "transposed"]
 
 
+@pytest.fixture(autouse=True)
+def direct_for_all_sizes(monkeypatch):
+    """The small shapes here take the direct BLAS call too (not the NumPy expression
+    that gemm_acc uses below MIN_DIRECT_ENTRIES)."""
+    monkeypatch.setattr(blas, "MIN_DIRECT_ENTRIES", 0)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gemm_acc_equals_the_numpy_expression(dtype):
     rng = np.random.default_rng(21)
@@ -174,3 +181,22 @@ def test_unaligned_and_broadcast_operands_use_the_numpy_expression():
     want = c + raw @ b
     blas.gemm_acc(c, raw, b)
     np.testing.assert_allclose(c, want, rtol=1e-6, atol=1e-6)
+
+
+def test_small_products_use_the_numpy_expression(monkeypatch):
+    monkeypatch.setattr(blas, "MIN_DIRECT_ENTRIES", 100)
+    calls = []
+    fake = {dt: (lambda *args, f=fn: (calls.append(1), f(*args))[1])
+            for dt, fn in blas._GEMM.items()}
+    monkeypatch.setattr(blas, "_GEMM", fake)
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((9, 4)).astype(np.float32), \
+        rng.standard_normal((4, 11)).astype(np.float32)
+    c = np.zeros((9, 11), np.float32)  # 99 entries: NumPy
+    blas.gemm_acc(c, a, b)
+    np.testing.assert_array_equal(c, a @ b)
+    assert not calls
+    c = np.zeros((10, 11), np.float32)
+    a = rng.standard_normal((10, 4)).astype(np.float32)
+    blas.gemm_acc(c, a, b)  # 110 entries: BLAS (where available)
+    assert len(calls) == (1 if fake else 0)

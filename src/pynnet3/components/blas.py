@@ -48,6 +48,9 @@ def _load():
 
 
 _GEMM = {} if os.environ.get("PYNNET3_NO_DIRECT_BLAS") else _load()
+# Below this many result entries the NumPy expression is used: its temporary is
+# small, and the direct call costs ~5 us more than matmul (ctypes, layout checks).
+MIN_DIRECT_ENTRIES = 16384
 
 
 def _layout(x: np.ndarray):
@@ -71,7 +74,7 @@ def gemm_acc(c: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) ->
         raise ValueError(f"gemm_acc: shapes {c.shape} += {a.shape} @ {b.shape}")
     if m == 0 or n == 0 or k == 0:
         return
-    fn = _GEMM.get(c.dtype)
+    fn = _GEMM.get(c.dtype) if m * n >= MIN_DIRECT_ENTRIES else None
     lay_c = _layout(c) if fn is not None else None
     if lay_c is not None and lay_c[0]:  # column-major c: c.T += b.T @ a.T
         c, a, b, (m, n) = c.T, b.T, a.T, (n, m)
