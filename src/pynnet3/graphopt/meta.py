@@ -70,7 +70,8 @@ _REGISTRY_OF = {"shatter": "shatter", "constant_folding": "fold",
 
 @dataclass
 class PassRecord:
-    """One pass run: what it changed and the network's size after it."""
+    """One pass run: what it changed and the network's size after it. ``declined``
+    lists the rules' reasons not already given by an earlier run of the pass."""
 
     name: str
     iteration: int
@@ -184,7 +185,9 @@ def _run_pass(name: str, rewriter: NetworkRewriter, options: NetworkOptions, ite
                                      keep_derivatives=options.keep_derivatives,
                                      log=RewriteLog())
         rec.applied = log.counts()
-        rec.declined = [f"{d.rule} at {d.nodes[0]}: {d.declined}" for d in log.declined]
+        said = {d for p in report.passes if p.name == name for d in p.declined}
+        rec.declined = [text for text in (f"{d.rule} at {d.nodes[0]}: {d.declined}"
+                                          for d in log.declined) if text not in said]
         rewriter.remove_orphans()
     try:
         rewriter.validate()
