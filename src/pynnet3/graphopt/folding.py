@@ -51,6 +51,22 @@ def _comp_name(ctx: RewriteContext, node: str) -> str:
     return ctx.nnet.node(node).component
 
 
+def next_is_fixed_map(match: Match, ctx: RewriteContext) -> str | None:
+    """The match holds when the inner node is a fixed elementwise map in its mode."""
+    comp = match.components[1]
+    if elementwise(comp, ctx.keep_derivatives) is None:
+        return f"{match.nodes[1]!r} ({comp.type_name}) is not a fixed elementwise map in its mode"
+    return None
+
+
+def root_is_fixed_map(match: Match, ctx: RewriteContext) -> str | None:
+    """The match holds when the root is a fixed elementwise map in its mode."""
+    comp = match.components[0]
+    if elementwise(comp, ctx.keep_derivatives) is None:
+        return f"{match.root!r} ({comp.type_name}) is not a fixed elementwise map in its mode"
+    return None
+
+
 def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | str:
     """Root: a linear component reading an elementwise map ``y = x*s + o`` in some
     column blocks; the blocks' weights absorb ``s`` and the bias absorbs ``W o``."""
@@ -168,13 +184,13 @@ def _register() -> None:
             f"fold-{_short(t)}-into-next-linear",
             Pattern(f"{_short(t)}->linear", entries=(LINEAR_TYPES, t),
                     config_patterns=({}, cfg), edges=("columns",), shared_inner=True),
-            fold_into_next_linear, priority=2,
+            fold_into_next_linear, priority=2, check=next_is_fixed_map,
             description=f"{t} folded into the linear component that reads it"))
         register_rule("fold", Rule(
             f"fold-{_short(t)}-into-previous-linear",
             Pattern(f"linear->{_short(t)}", entries=(t, LINEAR_TYPES),
                     config_patterns=(cfg, {}), edges=("plain",)),
-            fold_into_previous_linear, priority=1,
+            fold_into_previous_linear, priority=1, check=root_is_fixed_map,
             description=f"{t} folded into the linear component it reads"))
     register_rule("fold", Rule(
         "merge-affine-into-affine", MERGE_PATTERN, merge_affine_into_affine, priority=0,

@@ -42,16 +42,31 @@ def _outputs_reached(nnet, name: str) -> frozenset[str]:
     return frozenset(outs)
 
 
+def _siblings(match: Match, ctx: RewriteContext) -> list:
+    text = str(match.inputs[0])
+    return [n for n in ctx.nnet.nodes if n.kind == "component-node"
+            and str(n.descriptor) == text
+            and ctx.nnet.components[n.component].type_name in AFFINE_TYPES]
+
+
+def has_siblings(match: Match, ctx: RewriteContext) -> str | None:
+    """The match holds when another affine node reads the same input and the root
+    is the first of them (the group is fused from there)."""
+    group = _siblings(match, ctx)
+    if len(group) < 2:
+        return "no other affine node reads the same input"
+    if group[0].name != match.root:
+        return f"fused from its first sibling {group[0].name!r}"
+    return None
+
+
 def fuse_sibling_affines(match: Match, ctx: RewriteContext) -> Replacement | str:
     root = match.root
     nnet = ctx.nnet
-    text = str(match.inputs[0])
-    group = [n for n in nnet.nodes if n.kind == "component-node" and str(n.descriptor) == text
-             and nnet.components[n.component].type_name in AFFINE_TYPES]
-    if len(group) < 2:
-        return "no other affine node reads the same input"
-    if group[0].name != root:
-        return f"fused from its first sibling {group[0].name!r}"
+    reason = has_siblings(match, ctx)
+    if reason is not None:
+        return reason
+    group = _siblings(match, ctx)
     reach = _outputs_reached(nnet, root)
     group = [n for n in group if _outputs_reached(nnet, n.name) == reach]
     if len(group) < 2:
@@ -79,6 +94,19 @@ def fuse_sibling_affines(match: Match, ctx: RewriteContext) -> Replacement | str
                        replaces=ranges[1:], note=f"{len(group)} affines as one GEMM")
 
 
+def is_spliced(match: Match, ctx: RewriteContext) -> str | None:
+    """The match holds when the input is one node at several distinct time offsets."""
+    found = offsets_of_single_node(match.inputs[0])
+    if found is None:
+        return f"its input {match.inputs[0]} is not one node at time offsets"
+    offsets = found[1]
+    if len(offsets) < 2:
+        return "it reads a single frame: nothing is spliced"
+    if len(set(offsets)) != len(offsets):
+        return f"time offsets {offsets} repeat"
+    return None
+
+
 def fuse_spliced_affine(match: Match, ctx: RewriteContext) -> Replacement | str:
     """An affine layer reading one node at several time offsets becomes a TDNN layer
     over that node: the TDNN reads the offsets itself, so no spliced input is
@@ -86,14 +114,10 @@ def fuse_spliced_affine(match: Match, ctx: RewriteContext) -> Replacement | str:
     offset."""
     root = match.root
     comp = match.components[0]
-    found = offsets_of_single_node(match.inputs[0])
-    if found is None:
-        return f"its input {match.inputs[0]} is not one node at time offsets"
-    node, offsets = found
-    if len(offsets) < 2:
-        return "it reads a single frame: nothing is spliced"
-    if len(set(offsets)) != len(offsets):
-        return f"time offsets {offsets} repeat"
+    reason = is_spliced(match, ctx)
+    if reason is not None:
+        return reason
+    node, offsets = offsets_of_single_node(match.inputs[0])
     pending = _merge_pending(ctx, root)
     if pending:
         return f"merge-affine-into-affine applies first ({pending})"
@@ -138,11 +162,11 @@ register_rule("fuse", Rule(
     "fuse-spliced-affine-as-tdnn",
     Pattern("spliced-affine", entries=(("AffineComponent", "NaturalGradientAffineComponent",
                                         "FixedAffineComponent", "LinearComponent"),)),
-    fuse_spliced_affine,
+    fuse_spliced_affine, check=is_spliced,
     description="an affine layer over one node at several time offsets as a TDNN layer "
                 "(no spliced copy)"))
 
 register_rule("parameter", Rule(
     "fuse-sibling-affines", Pattern("sibling-affines", entries=(AFFINE_TYPES,)),
-    fuse_sibling_affines,
+    fuse_sibling_affines, check=has_siblings,
     description="affine layers reading the same input computed as one GEMM"))

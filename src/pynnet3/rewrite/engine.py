@@ -123,6 +123,9 @@ def rewrite_to_fixed_point(rewriter: NetworkRewriter, rules: list[Rule], *,
         order = {n: i for i, n in enumerate(g.reverse_topological())}
         applied = 0
         for rule, m in choose(matches, strategy, order):
+            if rule.check is not None and rule.check(m, context) is not None:
+                declined_seen.add((rule.name, m.nodes))  # not a match after all
+                continue
             rep = rule.rewrite(m, context)
             if isinstance(rep, str):
                 declined_seen.add((rule.name, m.nodes))
@@ -153,8 +156,12 @@ def why_not(rewriter: NetworkRewriter, rule: Rule, node: str,
     m = match_pattern(rewriter.graph, node, rule.pattern, rewriter.preserve)
     if isinstance(m, MatchFailure):
         return str(m)
-    rep = rule.rewrite(m, RewriteContext(rewriter.nnet, keep_derivatives,
-                                        rewriter.preserve))
+    context = RewriteContext(rewriter.nnet, keep_derivatives, rewriter.preserve)
+    if rule.check is not None:
+        reason = rule.check(m, context)
+        if reason is not None:
+            return f"{rule.name} at {node}: {reason}"
+    rep = rule.rewrite(m, context)
     if isinstance(rep, str):
         return f"{rule.name} at {node}: declined: {rep}"
     return "matches"

@@ -58,12 +58,17 @@ class RewriteContext:
 
 
 RewriteFn = Callable[[Match, RewriteContext], "Replacement | str"]
+CheckFn = Callable[[Match, RewriteContext], "str | None"]
 
 
 @dataclass
 class Rule:
     """A named rewrite: ``pattern`` finds candidates, ``rewrite(match, context)``
-    builds the replacement or declines with a reason. A rule that is not
+    builds the replacement or declines with a reason. ``check(match, context)``,
+    when given, is a further condition of the match (a reason when it does not
+    hold): a failed check is a non-match (not a decline the report lists), while
+    ``rewrite`` declines are near misses worth reporting (a cost model said no).
+    A rule that is not
     ``enabled_by_default`` runs only when asked for by name
     (``NetworkOptions(enable_rules=...)``)."""
 
@@ -73,6 +78,7 @@ class Rule:
     priority: int = 0
     description: str = ""
     enabled_by_default: bool = True
+    check: CheckFn | None = None
 
 
 class RuleRegistry:
