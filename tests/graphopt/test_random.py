@@ -22,11 +22,11 @@ TOL = 1e-5
 
 VARIANTS = [("all", NetworkOptions()),
             ("all+derivatives", NetworkOptions(keep_derivatives=True))] + \
-    [(name, only(name)) for name in PASS_ORDER if name != "fusion"]  # fuse: user rules
+    [(name, only(name)) for name in PASS_ORDER]
 
 
 def test_variants_cover_every_pass():
-    assert {name for name, _ in VARIANTS} >= set(PASS_ORDER) - {"fusion"}
+    assert {name for name, _ in VARIANTS} >= set(PASS_ORDER)
 
 
 def network_in_test_mode(seed: int):
