@@ -5,6 +5,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from . import errors
+from .am import AcousticModel, read_am
 from .analysis import check_computation
 from .cache import CachingCompiler
 from .compiler import ComputationRequest, IoSpecification, compile_computation
@@ -38,6 +39,7 @@ def check(computation: NnetComputation, nnet: Nnet) -> None:
     check_computation(computation, nnet)
 
 
-__all__ = ["CachingCompiler", "ComputationRequest", "IoSpecification", "NetworkOptions",
-           "NetworkReport", "Nnet", "NnetComputation", "OptimizeOptions", "OptimizeReport",
-           "RunResult", "check", "compile", "errors", "optimize_network", "read_nnet", "run"]
+__all__ = ["AcousticModel", "CachingCompiler", "ComputationRequest", "IoSpecification",
+           "NetworkOptions", "NetworkReport", "Nnet", "NnetComputation", "OptimizeOptions",
+           "OptimizeReport", "RunResult", "check", "compile", "errors", "optimize_network",
+           "read_am", "read_nnet", "run"]

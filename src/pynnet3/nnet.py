@@ -26,6 +26,7 @@ from .components.base import Component, check_dims
 from .config import ConfigLine, is_valid_name, split_config_lines
 from .descriptor import Descriptor, RoundOf, SwitchOf, parse_descriptor
 from .errors import ConfigError, DescriptorError, DimensionError, GraphError
+from .io.am_file import is_am_bytes
 from .io.atomic import atomic_write  # (also importable from here, as before)
 from .io.model_file import ModelParts, parse_model_bytes, write_model_parts
 
@@ -448,12 +449,18 @@ def _node_from_config(cl: ConfigLine, names: set[str]) -> Node:
 
 
 def read_nnet(path: str | os.PathLike) -> Nnet:
-    """Read a Kaldi nnet3 model, text or binary (auto-detected by the ``\\0B`` marker)."""
+    """Read a Kaldi nnet3 model, text or binary (auto-detected by the ``\\0B`` marker):
+    a raw network, or the network of an acoustic model (``final.mdl``)."""
     path = Path(path)
     return nnet_from_bytes(path.read_bytes(), str(path))
 
 
 def nnet_from_bytes(data: bytes, source: str = "<bytes>") -> Nnet:
-    """A network from the bytes of a Kaldi model file, text or binary; ``source``
+    """A network from the bytes of a Kaldi model file, text or binary, raw or an
+    acoustic model (its network; :func:`pynnet3.read_am` keeps the rest); ``source``
     names it in error messages."""
+    if is_am_bytes(data):
+        from .am import AcousticModel
+
+        return AcousticModel.from_bytes(data, source).nnet
     return Nnet.from_model_parts(parse_model_bytes(data, source), source)
