@@ -86,4 +86,9 @@ class CheckError(PynnetError):
     """The computation checker found a violated invariant."""
 
 
+class DependencyError(PynnetError):
+    """An optional program or package a feature needs is missing (Graphviz's ``dot``
+    for drawing SVG/PNG/PDF, matplotlib for plots); the message says what to install."""
+
+
 ComputationCheckError = CheckError

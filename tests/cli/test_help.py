@@ -15,7 +15,8 @@ import pynnet3
 from pynnet3.cli.main import build_parser, main
 from pynnet3.optimize import OptimizeOptions
 
-_COMMANDS = ["info", "init", "copy", "optimize-network", "show-computation", "demo"]
+_COMMANDS = ["info", "init", "copy", "optimize-network", "show-computation", "demo",
+             "draw"]
 _MARKUP = re.compile(r"`|:(class|func|mod|meth|attr):|\*\*")
 
 

@@ -15,6 +15,7 @@ from dataclasses import fields
 
 from ..errors import PynnetError
 from ..runtime.allocator import tune_malloc
+from .draw import add_draw_command
 from .files import STDIO, read_bytes, read_config, read_model, write_model
 from .network import add_network_flags, cmd_optimize_network
 
@@ -275,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, metavar="INT",
                    help="random seed for the parameters and the features (default: 0)")
     s.set_defaults(fn=_cmd_demo)
+
+    add_draw_command(sub, _command, kaldi_bool)
     return p
 
 

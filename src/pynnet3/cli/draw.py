@@ -1,0 +1,76 @@
+"""``pynnet3 draw MODEL OUT``: the network as a graph (pynnet3.viz.network_graph).
+
+The format follows OUT's suffix: ``.dot`` is the DOT text itself (no dependency;
+``-`` writes it to stdout), ``.svg``, ``.png`` and ``.pdf`` are rendered by
+Graphviz's ``dot`` program. Files are written atomically.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..errors import PynnetError
+from ..io.atomic import atomic_write
+from ..viz.graph import RENDER_FORMATS, network_graph, render_dot
+from .files import STDIO, read_model
+
+FORMATS = ("dot", "gv", *RENDER_FORMATS)
+
+
+def cmd_draw(args) -> int:
+    fmt = "dot" if args.out == STDIO else Path(args.out).suffix.lower().lstrip(".")
+    if fmt not in FORMATS:
+        raise PynnetError(f"{args.out}: unknown drawing format {fmt or '(no suffix)'!r}; "
+                          "OUT must end in .dot, .svg, .png or .pdf")
+    nnet = read_model(args.model)
+    if args.set_test_mode is not None:
+        nnet.set_test_mode(args.set_test_mode)
+    optimized = None
+    if args.optimized:
+        from ..graphopt import optimize_network
+        from .network import network_options_from_args
+
+        optimized = optimize_network(nnet, network_options_from_args(args))
+    text = network_graph(nnet, optimized, rankdir=args.rankdir)
+    data = text.encode() if fmt in ("dot", "gv") else render_dot(text, fmt)
+    if args.out == STDIO:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        atomic_write(args.out, data)
+    return 0
+
+
+def add_draw_command(sub, command, kaldi_bool) -> None:
+    """Register ``draw`` on the subparsers ``sub`` (``command`` makes a subparser)."""
+    from .network import add_network_flags
+
+    s = command(sub, "draw", "draw the network as a graph (DOT, SVG, PNG, PDF)",
+                "Draw a model's nodes (inputs, outputs, components, dim ranges) and the\n"
+                "edges of their descriptors, labelled with time offsets, scales and\n"
+                "IfDefined/Failover/ReplaceIndex/Round/Sum; recurrences are red dashed\n"
+                "edges, components are coloured by type with their dims and parameter\n"
+                "counts. OUT's suffix picks the format: .dot (text, always works; '-'\n"
+                "writes it to stdout), or .svg, .png, .pdf rendered with Graphviz's\n"
+                "'dot' program (install Graphviz for those). With --optimized=true the\n"
+                "network optimizer's result is drawn beside the original, with removed,\n"
+                "new and changed nodes marked.")
+    s.add_argument("model", metavar="MODEL",
+                   help="model file: Kaldi nnet3, text or binary (detected)")
+    s.add_argument("out", metavar="OUT",
+                   help="where to write the drawing: NAME.dot, NAME.svg, NAME.png or "
+                        "NAME.pdf, or '-' for DOT text on stdout")
+    s.add_argument("--optimized", type=kaldi_bool, default=False, metavar="true|false",
+                   help="also run the network optimizer and draw its result beside the "
+                        "original, marking removed, new and changed nodes (default: false)")
+    s.add_argument("--set-test-mode", dest="set_test_mode", type=kaldi_bool, default=None,
+                   metavar="true|false",
+                   help="switch BatchNorm and dropout to test mode first (true; lets the "
+                        "optimizer fold them) or training mode (false) (default: leave "
+                        "them as they are)")
+    s.add_argument("--rankdir", choices=("TB", "LR", "BT", "RL"), default="TB",
+                   help="layout direction: TB top to bottom, LR left to right, BT, RL "
+                        "(default: TB)")
+    add_network_flags(s, kaldi_bool)
+    s.set_defaults(fn=cmd_draw)
