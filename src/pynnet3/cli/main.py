@@ -15,7 +15,8 @@ from dataclasses import fields
 
 from ..errors import PynnetError
 from ..runtime.allocator import tune_malloc
-from .draw import add_draw_command
+from .am import add_am_commands
+from .draw import add_draw_command, add_memory_plot_flags, write_memory_plot
 from .files import STDIO, read_bytes, read_config, read_model, write_model
 from .network import add_network_flags, cmd_optimize_network
 
@@ -82,6 +83,7 @@ def _cmd_show(args) -> int:
     sys.stdout.write(str(req) + "\n")
     sys.stdout.write(str(comp))
     sys.stdout.write("# stats: " + json.dumps(comp.stats()) + "\n")
+    write_memory_plot(args, nnet, req, comp)
     if net_report is not None:
         sys.stdout.write("# network optimizer report (rules applied, sizes after each pass)\n")
         sys.stdout.write(str(net_report) + "\n")
@@ -265,9 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
                    default=False, metavar="true|false",
                    help="run the network optimizer on the model first and print its "
                         "rule-by-rule report (default: false)")
+    add_memory_plot_flags(s)
     add_optimize_flags(s)
     add_network_flags(s, kaldi_bool)
     s.set_defaults(fn=_cmd_show)
+
+    add_am_commands(sub, _command, kaldi_bool)
 
     s = _command(sub, "demo", "compile and run the bundled TDNN-F example",
                  "Build the bundled TDNN-F network (examples/tdnnf.config in the package),\n"
