@@ -74,3 +74,48 @@ def test_rendered(model, tmp_path, suffix, head):
     out = tmp_path / ("g" + suffix)
     assert main(["draw", str(model), str(out), "--optimized=true"]) == 0
     assert out.read_bytes()[:4096].find(head) >= 0
+
+
+# -- show-computation --memory-plot ----------------------------------------------------
+
+def _request(tmp_path):
+    import json
+
+    idx = [[0, t, 0] for t in range(-1, 6)]
+    req = {"inputs": [{"name": "input", "indexes": idx, "has_deriv": True}],
+           "outputs": [{"name": "output", "indexes": [[0, t, 0] for t in range(5)],
+                        "has_deriv": True}],
+           "need_model_derivative": True}
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(req))
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"optimized": {"peak_memory_floats": 100},
+                                 "unoptimized": {"peak_memory_floats": 300}}))
+    return path, stats
+
+
+@pytest.mark.parametrize("optimize", ["true", "false"])
+@pytest.mark.parametrize("suffix,head", [(".png", b"\x89PNG"), (".svg", b"<svg")])
+def test_memory_plot(model, tmp_path, capsys, optimize, suffix, head):
+    pytest.importorskip("matplotlib")
+    req, stats = _request(tmp_path)
+    out = tmp_path / ("memory" + suffix)
+    assert main(["show-computation", str(model), "--request", str(req),
+                 f"--optimize={optimize}", "--memory-plot", str(out),
+                 "--kaldi-stats", str(stats)]) == 0
+    assert out.read_bytes()[:4096].find(head) >= 0
+    assert "# stats:" in capsys.readouterr().out
+
+
+def test_memory_plot_errors(model, tmp_path, capsys, monkeypatch):
+    import sys
+
+    req, _ = _request(tmp_path)
+    assert main(["show-computation", str(model), "--request", str(req),
+                 "--memory-plot", str(tmp_path / "m.jpeg")]) == 1
+    assert "must end in .png, .svg or .pdf" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["show-computation", str(model), "--request", str(req),
+                 "--memory-plot", str(tmp_path / "m.png")]) == 1
+    assert "pip install 'pynnet3[viz]'" in capsys.readouterr().err
+    assert not (tmp_path / "m.png").exists()

@@ -74,3 +74,54 @@ def add_draw_command(sub, command, kaldi_bool) -> None:
                         "(default: TB)")
     add_network_flags(s, kaldi_bool)
     s.set_defaults(fn=cmd_draw)
+
+
+# -- show-computation --memory-plot ----------------------------------------------------
+
+def add_memory_plot_flags(s) -> None:
+    """``--memory-plot`` and ``--kaldi-stats`` of ``pynnet3 show-computation``."""
+    s.add_argument("--memory-plot", dest="memory_plot", default=None, metavar="OUT.png",
+                   type=_plot_path,
+                   help="also plot live floats per command to OUT (.png, .svg or .pdf; "
+                        "needs matplotlib: pip install 'pynnet3[viz]'): with "
+                        "--optimize=true the unoptimized computation too, on the same "
+                        "axes; the peak marked with the matrices alive at it, the "
+                        "forward/backward boundary as a line (default: no plot)")
+    s.add_argument("--kaldi-stats", dest="kaldi_stats", default=None, metavar="STATS.json",
+                   help="with --memory-plot, draw Kaldi's peak_memory_floats from this "
+                        "stats.json (kaldi-reference format; its optimized or unoptimized "
+                        "entry, as --optimize says) as a horizontal line (default: none)")
+
+
+def _plot_path(text: str) -> str:
+    import argparse
+
+    if Path(text).suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must end in .png, .svg or .pdf")
+    return text
+
+
+def write_memory_plot(args, nnet, request, comp) -> None:
+    """The plot of ``show-computation --memory-plot`` (nothing without the flag)."""
+    if not args.memory_plot:
+        return
+    import json
+
+    from ..compiler import compile_computation
+    from ..viz.memory import plot_memory
+
+    kaldi_peak = None
+    if args.kaldi_stats:
+        with open(args.kaldi_stats, encoding="utf-8") as f:
+            stats = json.load(f)
+        try:
+            kaldi_peak = float(stats["optimized" if args.optimize else "unoptimized"]
+                               ["peak_memory_floats"])
+        except (KeyError, TypeError, ValueError):
+            raise PynnetError(f"{args.kaldi_stats}: no peak_memory_floats under "
+                              f"{'optimized' if args.optimize else 'unoptimized'}") from None
+    if args.optimize:
+        plot_memory(args.memory_plot, compile_computation(nnet, request), comp,
+                    kaldi_peak=kaldi_peak)
+    else:
+        plot_memory(args.memory_plot, comp, kaldi_peak=kaldi_peak, labels=("unoptimized", ""))
