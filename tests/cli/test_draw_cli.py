@@ -119,3 +119,16 @@ def test_memory_plot_errors(model, tmp_path, capsys, monkeypatch):
                  "--memory-plot", str(tmp_path / "m.png")]) == 1
     assert "pip install 'pynnet3[viz]'" in capsys.readouterr().err
     assert not (tmp_path / "m.png").exists()
+
+
+@pytest.mark.parametrize("network_optimize", ["true", "false"])
+def test_report_plot(model, tmp_path, capsys, network_optimize):
+    pytest.importorskip("matplotlib")
+    req, _ = _request(tmp_path)
+    out = tmp_path / "report.svg"
+    assert main(["show-computation", str(model), "--request", str(req),
+                 f"--network-optimize={network_optimize}", "--report-plot", str(out)]) == 0
+    assert out.read_bytes()[:4096].find(b"<svg") >= 0
+    text = capsys.readouterr().out
+    assert "# optimization report" not in text  # (only with --report)
+    assert ("network optimizer report" in text) == (network_optimize == "true")

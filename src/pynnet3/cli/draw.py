@@ -3,6 +3,10 @@
 The format follows OUT's suffix: ``.dot`` is the DOT text itself (no dependency;
 ``-`` writes it to stdout), ``.svg``, ``.png`` and ``.pdf`` are rendered by
 Graphviz's ``dot`` program. Files are written atomically.
+
+Also the plot flags of ``pynnet3 show-computation``: ``--memory-plot`` (live floats
+per command, pynnet3.viz.plot_memory) and ``--report-plot`` (sizes after every
+optimizer pass, pynnet3.viz.plot_report).
 """
 
 from __future__ import annotations
@@ -76,10 +80,11 @@ def add_draw_command(sub, command, kaldi_bool) -> None:
     s.set_defaults(fn=cmd_draw)
 
 
-# -- show-computation --memory-plot ----------------------------------------------------
+# -- show-computation --memory-plot, --report-plot --------------------------------------
 
 def add_memory_plot_flags(s) -> None:
-    """``--memory-plot`` and ``--kaldi-stats`` of ``pynnet3 show-computation``."""
+    """``--memory-plot``, ``--kaldi-stats`` and ``--report-plot`` of
+    ``pynnet3 show-computation``."""
     s.add_argument("--memory-plot", dest="memory_plot", default=None, metavar="OUT.png",
                    type=_plot_path,
                    help="also plot live floats per command to OUT (.png, .svg or .pdf; "
@@ -91,6 +96,12 @@ def add_memory_plot_flags(s) -> None:
                    help="with --memory-plot, draw Kaldi's peak_memory_floats from this "
                         "stats.json (kaldi-reference format; its optimized or unoptimized "
                         "entry, as --optimize says) as a horizontal line (default: none)")
+    s.add_argument("--report-plot", dest="report_plot", default=None, metavar="OUT.png",
+                   type=_plot_path,
+                   help="chart commands, matrices and peak memory after every optimizer "
+                        "pass (and, with --network-optimize=true, components, nodes and "
+                        "parameters after every network pass) to OUT (.png, .svg or .pdf; "
+                        "needs matplotlib) (default: no chart)")
 
 
 def _plot_path(text: str) -> str:
@@ -125,3 +136,11 @@ def write_memory_plot(args, nnet, request, comp) -> None:
                     kaldi_peak=kaldi_peak)
     else:
         plot_memory(args.memory_plot, comp, kaldi_peak=kaldi_peak, labels=("unoptimized", ""))
+
+
+def write_report_plot(args, report, net_report) -> None:
+    """The chart of ``show-computation --report-plot`` (nothing without the flag)."""
+    if args.report_plot:
+        from ..viz.report import plot_report
+
+        plot_report(args.report_plot, report, net_report)

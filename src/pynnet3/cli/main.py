@@ -16,7 +16,7 @@ from dataclasses import fields
 from ..errors import PynnetError
 from ..runtime.allocator import tune_malloc
 from .am import add_am_commands
-from .draw import add_draw_command, add_memory_plot_flags, write_memory_plot
+from .draw import add_draw_command, add_memory_plot_flags, write_memory_plot, write_report_plot
 from .files import STDIO, read_bytes, read_config, read_model, write_model
 from .network import add_network_flags, cmd_optimize_network
 
@@ -71,7 +71,7 @@ def _cmd_show(args) -> int:
         net_report = NetworkReport()
         nnet = optimize_network(nnet, network_options_from_args(args), report=net_report)
     req = ComputationRequest.from_json_text(*read_bytes(args.request))
-    report = OptimizeReport() if args.report else None
+    report = OptimizeReport() if args.report or args.report_plot else None
     options = optimize_options_from_args(args) if args.optimize else False
     if report is not None:  # the per-pass report needs the plain pipeline
         comp = compile(nnet, req, optimize=options, report=report, check=args.check)
@@ -84,10 +84,11 @@ def _cmd_show(args) -> int:
     sys.stdout.write(str(comp))
     sys.stdout.write("# stats: " + json.dumps(comp.stats()) + "\n")
     write_memory_plot(args, nnet, req, comp)
+    write_report_plot(args, report, net_report)
     if net_report is not None:
         sys.stdout.write("# network optimizer report (rules applied, sizes after each pass)\n")
         sys.stdout.write(str(net_report) + "\n")
-    if report is not None:
+    if args.report:
         sys.stdout.write("# optimization report (sizes after each pass)\n")
         sys.stdout.write(str(report) + "\n")
     return 0
