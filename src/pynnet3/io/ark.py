@@ -1,87 +1,388 @@
-"""Kaldi binary archives of matrices and vectors (``ark:`` files), without kaldiio.
+"""Kaldi tables of matrices and vectors (archives and scp files) through kaldiio.
 
-An archive is a sequence of entries ``<key> \\0B <object>``, the object being a
-float or double matrix (``FM ``/``DM ``: ``\\x04`` + int32 rows, ``\\x04`` + int32
-cols, row-major data) or vector (``FV ``/``DV ``: ``\\x04`` + int32 dim, data).
-Only the binary form is handled; anything else raises :class:`FormatError` naming
-the byte offset.
+Kaldi names a table to read with an *rspecifier* and one to write with a
+*wspecifier*: ``ark:feats.ark``, ``scp:feats.scp``, ``ark,t:out.txt``,
+``ark,scp:out.ark,out.scp``, ``ark:-`` (stdin / stdout), ``"ark:gunzip -c f.gz |"``
+(a pipe to read), ``"ark:| gzip -c > f.gz"`` (a pipe to write), scp lines with
+byte offsets (``utt1 feats.ark:123``). Kaldi's options before the colon (``s``,
+``cs``, ``p``, ``t``, ``b``, ``f``, ...) are accepted; ``t`` writes text and ``p``
+(permissive) stops quietly at a bad entry. kaldiio does the reading (binary and text
+entries; float, double and compressed ``CM``/``CM2``/``CM3`` matrices) and the
+writing. This module adds what Kaldi's tools promise and kaldiio leaves to us:
+
+- :class:`TableWriter` writes an archive (and its scp) to temporary files beside the
+  targets and renames them into place only on :meth:`TableWriter.commit`, so a run that
+  fails or is killed leaves no complete-looking output (:mod:`pynnet3.io.atomic` names
+  and cleans the temporaries); the scp names the final archive path.
+- :func:`read_table` yields entries one by one; an entry of an scp that cannot be read
+  is reported as a :class:`TableEntryError` entry and reading goes on, an archive
+  that breaks ends the iteration with a :class:`FormatError`.
+- :func:`random_access_table` is Kaldi's RandomAccess reader (a mapping by key).
+- Errors are :class:`pynnet3.errors.FormatError` naming the specifier.
+
+:func:`parse_ark`, :func:`ark_bytes`, :func:`read_ark` and :func:`write_ark` are the
+small whole-archive helpers (bytes and files).
 """
 
 from __future__ import annotations
 
+import io
 import os
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..errors import FormatError
-from .atomic import atomic_write
+from .atomic import _host, remove_stale_temporaries, temp_prefix
 
-_TYPES = {b"FM ": (np.float32, 2), b"DM ": (np.float64, 2),
-          b"FV ": (np.float32, 1), b"DV ": (np.float64, 1)}
-
-
-def _int32(data: bytes, pos: int, source: str) -> tuple[int, int]:
-    if data[pos:pos + 1] != b"\x04" or pos + 5 > len(data):
-        raise FormatError("expected a 4-byte integer (size byte \\x04)", source, offset=pos)
-    return int(np.frombuffer(data, dtype="<i4", count=1, offset=pos + 1)[0]), pos + 5
+# Kaldi's table options (util/kaldi-table.h): read-side and write-side.
+_READ_OPTIONS = {"ark", "scp", "t", "b", "s", "ns", "cs", "ncs", "o", "no", "p", "np", "bg"}
+_WRITE_OPTIONS = {"ark", "scp", "t", "b", "f", "nf", "p", "np"}
 
 
-def parse_ark(data: bytes, source: str = "<bytes>") -> Iterator[tuple[str, np.ndarray]]:
-    """Yield ``(key, array)`` for every entry of a binary archive held in ``data``."""
-    pos = 0
-    n = len(data)
-    while pos < n:
-        while pos < n and data[pos:pos + 1] in (b"\n", b" "):
-            pos += 1
-        if pos >= n:
-            return
-        end = data.find(b" ", pos)
-        if end < 0:
-            raise FormatError("archive key without object", source, offset=pos)
-        key = data[pos:end].decode("utf-8", errors="replace")
-        pos = end + 1
-        if data[pos:pos + 2] != b"\0B":
-            raise FormatError(f"entry {key!r} is not in binary form (no \\0B marker)",
-                              source, offset=pos)
-        pos += 2
-        tag = data[pos:pos + 3]
-        if tag not in _TYPES:
-            raise FormatError(f"entry {key!r}: unsupported object type", source, offset=pos,
-                              token=tag.decode("latin-1"))
-        dtype, ndim = _TYPES[tag]
-        pos += 3
-        if ndim == 2:
-            rows, pos = _int32(data, pos, source)
-            cols, pos = _int32(data, pos, source)
-            shape: tuple[int, ...] = (rows, cols)
-        else:
-            dim, pos = _int32(data, pos, source)
-            shape = (dim,)
-        if min(shape) < 0:
-            raise FormatError(f"entry {key!r}: negative size {shape}", source, offset=pos)
-        count = int(np.prod(shape))
-        nbytes = count * np.dtype(dtype).itemsize
-        if pos + nbytes > n:
-            raise FormatError(f"entry {key!r}: data truncated ({n - pos} of {nbytes} bytes)",
-                              source, offset=pos)
-        arr = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<"), count=count,
-                            offset=pos).reshape(shape).astype(dtype)
-        pos += nbytes
+def _kaldiio():
+    try:
+        import kaldiio
+    except ImportError as e:  # (a dependency: only a broken install gets here)
+        raise FormatError("reading and writing Kaldi archives needs the kaldiio package "
+                          "(pip install kaldiio)") from e
+    return kaldiio
+
+
+@dataclass(frozen=True)
+class Specifier:
+    """A parsed rspecifier or wspecifier: ``kind`` is ``"ark"``, ``"scp"`` or
+    ``"ark,scp"``; ``targets`` the file names (two for ``ark,scp``), each a path,
+    ``-`` or a pipe; ``options`` the other letters."""
+
+    text: str
+    kind: str
+    targets: tuple[str, ...]
+    options: frozenset[str]
+
+    @property
+    def is_text(self) -> bool:
+        return "t" in self.options
+
+    @property
+    def permissive(self) -> bool:
+        return "p" in self.options
+
+
+def parse_specifier(text: str, write: bool = False) -> Specifier:
+    """Parse an rspecifier (``write=False``) or a wspecifier; a malformed one is a
+    :class:`FormatError` saying what was expected."""
+    what = "wspecifier" if write else "rspecifier"
+    head, sep, rest = str(text).partition(":")
+    words = [w.strip() for w in head.split(",")] if sep else []
+    allowed = _WRITE_OPTIONS if write else _READ_OPTIONS
+    if not sep or not rest.strip() or not words or any(w not in allowed for w in words):
+        example = "ark:out.ark, ark,t:out.txt, ark,scp:out.ark,out.scp or ark:-" if write \
+            else "ark:feats.ark, scp:feats.scp, ark:- or 'ark:command |'"
+        raise FormatError(f"bad {what} {text!r}: expected {example}")
+    has_ark, has_scp = "ark" in words, "scp" in words
+    if has_ark and has_scp:
+        if not write:
+            raise FormatError(f"bad rspecifier {text!r}: give ark: or scp:, not both")
+        ark, comma, scp = rest.partition(",")
+        if not comma or not ark.strip() or not scp.strip():
+            raise FormatError(f"bad wspecifier {text!r}: ark,scp needs two files, "
+                              "e.g. ark,scp:out.ark,out.scp")
+        return Specifier(text, "ark,scp", (ark.strip(), scp.strip()),
+                         frozenset(words) - {"ark", "scp"})
+    if not (has_ark or has_scp):
+        raise FormatError(f"bad {what} {text!r}: it names neither ark nor scp")
+    if write and has_scp:
+        raise FormatError(f"bad wspecifier {text!r}: writing an scp alone (to the files it "
+                          "lists) is not supported; use ark:FILE or ark,scp:FILE.ark,FILE.scp")
+    kind = "ark" if has_ark else "scp"
+    return Specifier(text, kind, (rest.strip(),), frozenset(words) - {kind})
+
+
+def _is_stream(target: str) -> bool:
+    """``-`` or a pipe: written in place, not through a temporary."""
+    return target == "-" or target.startswith("|") or target.endswith("|")
+
+
+# -- reading -------------------------------------------------------------------------------------
+class TableEntryError:
+    """Yielded by :func:`read_table` in place of an array for an scp entry that could
+    not be read (the message says why); reading goes on with the next entry."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"TableEntryError({self.message!r})"
+
+
+def _as_array(key: str, value, source: str) -> np.ndarray:
+    if isinstance(value, tuple):  # (rate, wave) of a wav entry: not a matrix
+        raise FormatError(f"entry {key!r} is a wav, not a matrix or vector", source)
+    arr = np.asarray(value)
+    if arr.dtype.kind in "iu":  # (kaldiio reads a text "[ 1 2 ]" as integers)
+        arr = arr.astype(np.float32)
+    if arr.ndim not in (1, 2) or arr.dtype.kind != "f":
+        raise FormatError(f"entry {key!r}: expected a float matrix or vector, got "
+                          f"{arr.dtype} of shape {arr.shape}", source)
+    return arr
+
+
+def read_table(rspecifier: str) -> Iterator[tuple[str, np.ndarray | TableEntryError]]:
+    """Entries ``(key, array)`` of a table in order (Kaldi's SequentialTableReader).
+    An scp entry that cannot be read gives ``(key, TableEntryError)``; an archive that
+    breaks raises :class:`FormatError` after its good entries (with ``p``: stops
+    quietly)."""
+    spec = parse_specifier(rspecifier)
+    kaldiio = _kaldiio()
+    if spec.kind == "scp":
+        yield from _read_scp(spec, kaldiio)
+        return
+    try:
+        f = kaldiio.utils.open_like_kaldi(spec.targets[0], "rb")
+    except OSError as e:
+        raise FormatError(f"cannot open {spec.targets[0]!r}: {e.strerror or e}",
+                          rspecifier) from None
+    with f:
+        entries = kaldiio.load_ark(f)
+        while True:
+            try:
+                key, value = next(entries)
+                arr = _as_array(key, value, rspecifier)
+            except StopIteration:
+                return
+            except Exception as e:
+                if spec.permissive:
+                    return
+                raise FormatError(f"corrupt or truncated archive: {_why(e)}",
+                                  rspecifier) from None
+            yield key, arr
+
+
+def _why(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def _scp_lines(spec: Specifier, kaldiio) -> list[tuple[str, str]]:
+    try:
+        with kaldiio.utils.open_like_kaldi(spec.targets[0], "r") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise FormatError(f"cannot open {spec.targets[0]!r}: {e.strerror or e}",
+                          spec.text) from None
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        parts = line.strip().split(None, 1)
+        if len(parts) != 2:
+            raise FormatError(f"scp line {number}: expected 'KEY RXFILENAME', got "
+                              f"{line.strip()!r}", spec.text)
+        out.append((parts[0], parts[1]))
+    return out
+
+
+def _read_scp(spec: Specifier, kaldiio) -> Iterator[tuple[str, np.ndarray | TableEntryError]]:
+    for key, where in _scp_lines(spec, kaldiio):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                arr = _as_array(key, kaldiio.load_mat(where), spec.text)
+        except Exception as e:
+            if spec.permissive:
+                return
+            yield key, TableEntryError(f"cannot read {where!r}: {_why(e)}")
+            continue
         yield key, arr
 
 
-def read_ark(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """All entries of a binary archive file, key -> array (later keys win)."""
-    from pathlib import Path
+class _ScpTable(Mapping):
+    """Random access to an scp: entries loaded when asked for."""
 
-    return dict(parse_ark(Path(path).read_bytes(), str(path)))
+    def __init__(self, spec: Specifier, kaldiio):
+        self._spec, self._kaldiio = spec, kaldiio
+        self._where = dict(_scp_lines(spec, kaldiio))
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        where = self._where[key]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return _as_array(key, self._kaldiio.load_mat(where), self._spec.text)
+        except FormatError:
+            raise
+        except Exception as e:
+            raise FormatError(f"entry {key!r}: cannot read {where!r}: {_why(e)}",
+                              self._spec.text) from None
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def random_access_table(rspecifier: str) -> Mapping[str, np.ndarray]:
+    """Kaldi's RandomAccessTableReader: a mapping ``key -> array``. An scp is read
+    lazily (entries loaded when asked for), an archive or pipe whole."""
+    spec = parse_specifier(rspecifier)
+    kaldiio = _kaldiio()
+    if spec.kind == "scp":
+        return _ScpTable(spec, kaldiio)
+    return {key: value for key, value in read_table(rspecifier)}
+
+
+# -- writing -------------------------------------------------------------------------------------
+def _temp_path(path: str) -> Path:
+    import secrets
+
+    p = Path(path)
+    folder = p.parent if str(p.parent) else Path(".")
+    return folder / f"{temp_prefix(p)}{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+class TableWriter:
+    """Kaldi's TableWriter for matrices and vectors. Files are written to temporaries
+    beside the targets and renamed into place by :meth:`commit` (the scp last, naming
+    the final archive); :meth:`abort` (or leaving a ``with`` block by an exception)
+    removes them. ``-`` and pipes are written as they go. ``compression_method``:
+    kaldiio's (Kaldi's CompressionMethod numbers, 1 = automatic) or None."""
+
+    def __init__(self, wspecifier: str, compression_method: int | None = None):
+        self.spec = parse_specifier(wspecifier, write=True)
+        self._kaldiio = _kaldiio()
+        self.compression_method = compression_method
+        self.num_written = 0
+        self._done = False
+        self._files: list[tuple[io.IOBase, Path | None, str]] = []  # (file, temp, target)
+        self._scp = None
+        try:
+            ark = self.spec.targets[0]
+            self._ark = self._open(ark, "wb")
+            self._ark_name = ark
+            if self.spec.kind == "ark,scp":
+                if _is_stream(ark):
+                    raise FormatError(f"bad wspecifier {wspecifier!r}: an scp needs the "
+                                      "archive to be a file (not '-' or a pipe)")
+                self._scp = self._open(self.spec.targets[1], "w")
+        except BaseException:
+            self.abort()
+            raise
+
+    def _open(self, target: str, mode: str):
+        if _is_stream(target):
+            f = self._kaldiio.utils.open_like_kaldi(target, mode)
+            self._files.append((f, None, target))
+            return f
+        remove_stale_temporaries(target)
+        tmp = _temp_path(target)
+        try:
+            f = open(tmp, mode.replace("w", "x"))  # noqa: SIM115
+        except OSError as e:
+            raise FormatError(f"cannot write {target!r}: {e.strerror or e}",
+                              self.spec.text) from None
+        self._files.append((f, tmp, target))
+        return f
+
+    def write(self, key: str, array) -> None:
+        """Write one entry (a matrix or vector, stored as float32 ``FM``/``FV``)."""
+        if not key or any(ch.isspace() for ch in key):
+            raise FormatError(f"archive key {key!r} is empty or has whitespace",
+                              self.spec.text)
+        arr = np.asarray(array)
+        if arr.ndim not in (1, 2):
+            raise FormatError(f"entry {key!r}: expected a matrix or vector, got shape "
+                              f"{arr.shape}", self.spec.text)
+        if arr.dtype != np.float64:
+            arr = arr.astype(np.float32, copy=False)
+        offset = self._ark.tell() if self._scp is not None else 0
+        self._kaldiio.save_ark(self._ark, {key: arr}, text=self.spec.is_text,
+                               compression_method=self.compression_method)
+        if self._scp is not None:
+            position = offset + len(key.encode("utf-8")) + 1
+            self._scp.write(f"{key} {self._ark_name}:{position}\n")
+        if "f" in self.spec.options:
+            self._ark.flush()
+        self.num_written += 1
+
+    __setitem__ = write
+
+    def commit(self) -> None:
+        """Flush, sync and rename the temporaries into place (the archive before the
+        scp, so a listed archive always exists)."""
+        if self._done:
+            return
+        try:
+            for f, tmp, _target in self._files:
+                f.flush()
+                if tmp is not None:
+                    os.fsync(f.fileno())
+                f.close()
+            mask = os.umask(0)
+            os.umask(mask)
+            for _f, tmp, target in self._files:
+                if tmp is not None:
+                    os.chmod(tmp, 0o666 & ~mask)
+                    os.replace(tmp, target)
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+
+    def abort(self) -> None:
+        """Close and remove the temporaries; the targets are left as they were."""
+        if self._done:
+            return
+        self._done = True
+        for f, tmp, _target in self._files:
+            try:
+                if tmp is not None or not f.closed:
+                    f.close()
+            except Exception:  # (a broken pipe: nothing to keep)
+                pass
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+    def __enter__(self) -> TableWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+# -- whole archives --------------------------------------------------------------------------------
+def parse_ark(data: bytes, source: str = "<bytes>") -> Iterator[tuple[str, np.ndarray]]:
+    """Yield ``(key, array)`` for every entry of an archive held in ``data`` (binary or
+    text entries, compressed matrices); a bad archive is a :class:`FormatError`."""
+    kaldiio = _kaldiio()
+    entries = kaldiio.load_ark(io.BytesIO(data))
+    while True:
+        try:
+            key, value = next(entries)
+            arr = _as_array(key, value, source)
+        except StopIteration:
+            return
+        except FormatError:
+            raise
+        except Exception as e:
+            raise FormatError(f"corrupt or truncated archive: {_why(e)}", source) from None
+        yield key, arr
 
 
 def ark_bytes(entries: dict[str, np.ndarray], double: bool = False) -> bytes:
     """Binary archive bytes for ``key -> matrix or vector`` (float32 unless ``double``)."""
-    out = bytearray()
-    dtype = np.dtype("<f8" if double else "<f4")
+    kaldiio = _kaldiio()
+    out = io.BytesIO()
+    dtype = np.float64 if double else np.float32
     for key, value in entries.items():
         if not key or any(ch.isspace() for ch in key):
             raise FormatError(f"archive key {key!r} is empty or has whitespace")
@@ -89,15 +390,22 @@ def ark_bytes(entries: dict[str, np.ndarray], double: bool = False) -> bytes:
         if arr.ndim not in (1, 2):
             raise FormatError(f"entry {key!r}: expected a matrix or vector, got shape "
                               f"{arr.shape}")
-        tag = ("D" if double else "F") + ("M " if arr.ndim == 2 else "V ")
-        out += key.encode() + b" \0B" + tag.encode()
-        for d in arr.shape:
-            out += b"\x04" + np.int32(d).astype("<i4").tobytes()
-        out += np.ascontiguousarray(arr, dtype=dtype).tobytes()
-    return bytes(out)
+        kaldiio.save_ark(out, {key: np.ascontiguousarray(arr, dtype=dtype)})
+    return out.getvalue()
+
+
+def read_ark(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """All entries of an archive file, key -> array (later keys win)."""
+    return dict(parse_ark(Path(path).read_bytes(), str(path)))
 
 
 def write_ark(path: str | os.PathLike, entries: dict[str, np.ndarray],
               double: bool = False) -> None:
     """Write a binary archive (atomically)."""
+    from .atomic import atomic_write
+
     atomic_write(path, ark_bytes(entries, double))
+
+
+__all__ = ["Specifier", "TableEntryError", "TableWriter", "ark_bytes", "parse_ark",
+           "parse_specifier", "random_access_table", "read_ark", "read_table", "write_ark"]

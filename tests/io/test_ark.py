@@ -1,0 +1,137 @@
+"""Kaldi tables through kaldiio (pynnet3.io.ark): specifiers, reading ark / scp /
+pipes / compressed / text entries, atomic writing of ark and ark,scp, errors."""
+
+from __future__ import annotations
+
+import os
+
+import kaldiio
+import numpy as np
+import pytest
+
+from pynnet3.errors import FormatError
+from pynnet3.io.ark import (
+    TableEntryError,
+    TableWriter,
+    ark_bytes,
+    parse_ark,
+    parse_specifier,
+    random_access_table,
+    read_ark,
+    read_table,
+    write_ark,
+)
+from pynnet3.io.atomic import TAG
+
+
+def _entries(seed=0):
+    rng = np.random.default_rng(seed)
+    return {"a": rng.standard_normal((4, 3)).astype(np.float32),
+            "b": rng.standard_normal(5).astype(np.float32),
+            "c": rng.standard_normal((1, 3)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("text, write, kind, targets, options", [
+    ("ark:f.ark", False, "ark", ("f.ark",), set()),
+    ("ark,s,cs:-", False, "ark", ("-",), {"s", "cs"}),
+    ("scp,p:f.scp", False, "scp", ("f.scp",), {"p"}),
+    ("ark:gunzip -c f.gz |", False, "ark", ("gunzip -c f.gz |",), set()),
+    ("ark,t:o.txt", True, "ark", ("o.txt",), {"t"}),
+    ("ark,scp,t:o.ark,o.scp", True, "ark,scp", ("o.ark", "o.scp"), {"t"}),
+])
+def test_specifiers(text, write, kind, targets, options):
+    spec = parse_specifier(text, write=write)
+    assert (spec.kind, spec.targets, set(spec.options)) == (kind, targets, options)
+
+
+@pytest.mark.parametrize("text, write", [
+    ("f.ark", False), ("ark:", False), ("ark,scp:a,b", False), ("ark,zz:f", False),
+    ("scp:o.scp", True), ("ark,scp:o.ark", True), ("t:o.txt", True)])
+def test_bad_specifiers(text, write):
+    with pytest.raises(FormatError, match="specifier"):
+        parse_specifier(text, write=write)
+
+
+def test_ark_scp_round_trip_with_offsets(tmp_path):
+    entries = _entries()
+    ark, scp = tmp_path / "o.ark", tmp_path / "o.scp"
+    with TableWriter(f"ark,scp:{ark},{scp}") as w:
+        for k, v in entries.items():
+            w.write(k, v)
+    assert sorted(os.listdir(tmp_path)) == ["o.ark", "o.scp"]
+    for spec in (f"scp:{scp}", f"ark:{ark}", f"ark:cat {ark} |"):
+        got = dict(read_table(spec))
+        assert list(got) == list(entries)
+        for k in entries:
+            np.testing.assert_array_equal(got[k], entries[k])
+    # kaldiio and Kaldi read our scp (offsets point after "KEY ")
+    for k, v in kaldiio.load_scp(str(scp)).items():
+        np.testing.assert_array_equal(v, entries[k])
+    assert random_access_table(f"scp:{scp}")["c"].shape == (1, 3)
+    assert set(random_access_table(f"ark:{ark}")) == set(entries)
+
+
+def test_text_and_compressed_entries(tmp_path):
+    entries = _entries(1)
+    with TableWriter(f"ark,t:{tmp_path}/o.txt") as w:
+        for k, v in entries.items():
+            w.write(k, v)
+    assert (tmp_path / "o.txt").read_bytes().startswith(b"a  [")
+    got = dict(read_table(f"ark:{tmp_path}/o.txt"))
+    for k in entries:
+        np.testing.assert_allclose(got[k], entries[k], rtol=1e-6)
+    mats = {k: v for k, v in entries.items() if v.ndim == 2}
+    with TableWriter(f"ark:{tmp_path}/c.ark", compression_method=1) as w:
+        for k, v in mats.items():
+            w.write(k, v)
+    assert (tmp_path / "c.ark").read_bytes().count(b"\0BCM") == len(mats)
+    for k, v in read_table(f"ark:{tmp_path}/c.ark"):
+        assert v.dtype == np.float32
+        np.testing.assert_allclose(v, mats[k], atol=0.05)
+
+
+def test_writer_abort_and_exceptions_leave_nothing(tmp_path):
+    (tmp_path / "o.ark").write_bytes(b"old")
+    spec = f"ark,scp:{tmp_path}/o.ark,{tmp_path}/o.scp"
+    with pytest.raises(RuntimeError), TableWriter(spec) as w:
+        w.write("a", np.zeros((2, 2)))
+        assert any(TAG in p for p in os.listdir(tmp_path))
+        raise RuntimeError
+    assert os.listdir(tmp_path) == ["o.ark"]
+    assert (tmp_path / "o.ark").read_bytes() == b"old"
+
+
+def test_scp_entry_errors_do_not_stop_reading(tmp_path):
+    entries = _entries(2)
+    kaldiio.save_ark(str(tmp_path / "f.ark"), entries, scp=str(tmp_path / "f.scp"))
+    lines = (tmp_path / "f.scp").read_text().splitlines()
+    lines.insert(1, f"lost {tmp_path}/nothere.ark:5")
+    (tmp_path / "f.scp").write_text("\n".join(lines) + "\n")
+    got = list(read_table(f"scp:{tmp_path}/f.scp"))
+    assert [k for k, _ in got] == ["a", "lost", "b", "c"]
+    assert isinstance(got[1][1], TableEntryError) and "nothere.ark" in got[1][1].message
+    assert [k for k, _ in read_table(f"scp,p:{tmp_path}/f.scp")] == ["a"]
+    with pytest.raises(FormatError, match="lost"):
+        random_access_table(f"scp:{tmp_path}/f.scp")["lost"]
+
+
+def test_a_truncated_archive_yields_its_good_entries_first(tmp_path):
+    data = ark_bytes(_entries(3))
+    (tmp_path / "t.ark").write_bytes(data[:-6])
+    seen = []
+    with pytest.raises(FormatError, match="truncated"):
+        for k, _ in read_table(f"ark:{tmp_path}/t.ark"):
+            seen.append(k)
+    assert seen == ["a", "b"]
+    assert [k for k, _ in read_table(f"ark,p:{tmp_path}/t.ark")] == ["a", "b"]
+
+
+def test_whole_archive_helpers(tmp_path):
+    entries = _entries(4)
+    write_ark(tmp_path / "w.ark", entries, double=True)
+    back = read_ark(tmp_path / "w.ark")
+    assert back["a"].dtype == np.float64
+    assert ark_bytes(back, double=True) == (tmp_path / "w.ark").read_bytes()
+    assert list(dict(parse_ark(ark_bytes(entries)))) == ["a", "b", "c"]
+    with pytest.raises(FormatError, match="whitespace"):
+        ark_bytes({"a b": entries["a"]})
