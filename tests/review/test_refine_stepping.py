@@ -9,7 +9,6 @@ same computation."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import pynnet3
 from pynnet3.components import affine
@@ -18,8 +17,6 @@ from pynnet3.runtime.computer import NnetComputer
 from tests.compiler import nets as N
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: stepping API runs forward-only computations "
-                   "outside near_zero_refinement(False) (refinement on, block GEMMs off)")
 def test_stepping_forward_only_sees_no_backward(monkeypatch):
     nnet = pynnet3.Nnet.from_config(N.TDNN, seed=1)
     req = N.request({"input": N.frames(-3, 13)}, {"output": N.frames(0, 10)})

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..limits import exceeded
 from .kaldi_stream import KaldiReader, KaldiWriter, make_reader, make_writer
 from .model_file import ModelParts, read_model_parts, write_model_parts
 
@@ -211,6 +212,9 @@ def _read_topology_text(r: KaldiReader) -> HmmTopology:
             if phone <= 0 or phone in owner:
                 raise r.error("phone listed twice or not positive in <ForPhones>",
                               token=str(phone), pos=start)
+            too_big = exceeded("max_dim", phone, "phone id")  # (sizes the phone table)
+            if too_big:
+                raise r.error(too_big, token=str(phone), pos=start)
             owner[phone] = len(entries)
         r.expect_token("</ForPhones>")
         states = []

@@ -371,12 +371,13 @@ class NnetComputer:
         self.pending.clear()
         if self.pc >= len(cmds):
             raise RuntimeInputError("the computation has already finished")
-        while self.pc < len(cmds):
-            cmd = cmds[self.pc]
-            if cmd.type in _IO:
-                break
-            self._execute(cmd)
-            self.pc += 1
+        with near_zero_refinement(self._has_backward):  # (as run() does)
+            while self.pc < len(cmds):
+                cmd = cmds[self.pc]
+                if cmd.type in _IO:
+                    break
+                self._execute(cmd)
+                self.pc += 1
 
     def get_output(self, name: str, is_deriv: bool = False) -> np.ndarray:
         """A copy of the output (or, with ``is_deriv``, the input derivative) of node
