@@ -50,3 +50,13 @@ def test_many_short_windows():
         v = rng.standard_normal((nin, 2)).astype(np.float32)
         np.testing.assert_allclose(r.window_sums(v), _definition(v, perm, lo, hi),
                                    rtol=1e-12, atol=1e-12)
+
+
+def test_from_data_rejects_a_row_listed_twice():
+    """A cache file cannot hand spread() a perm with duplicates (it writes each input
+    row once, so a duplicate would lose a contribution)."""
+    good = {"perm": np.array([1, 0]), "lo": np.array([0]), "hi": np.array([2]),
+            "num_input_rows": 2}
+    assert RangeIndexes.from_data(good).perm.tolist() == [1, 0]
+    with pytest.raises(ValueError, match="listed twice"):
+        RangeIndexes.from_data({**good, "perm": np.array([0, 0])})

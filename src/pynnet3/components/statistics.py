@@ -65,6 +65,8 @@ class RangeIndexes:
         hi = int_array(data, "hi", lo.shape, 0, len(perm) + 1)
         if (lo > hi).any():
             raise ValueError("RangeIndexes: a range ends before it begins")
+        if len(np.unique(perm)) != len(perm):  # (spread writes each input row once)
+            raise ValueError("RangeIndexes: an input row is listed twice")
         return cls(perm, lo, hi, num_in)
 
     def check_use(self, component, num_in: int | None, num_out: int) -> None:
