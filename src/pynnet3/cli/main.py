@@ -1,6 +1,6 @@
 """The pynnet3 command line, mirroring Kaldi's nnet3 tools (info, init, copy,
-optimize-network, show-computation, demo). The help texts live here, written for the terminal
-(:func:`build_parser`); flags are spelled as Kaldi spells them (--binary=false).
+compute, optimize-network, show-computation, demo). The help texts live here, written
+for the terminal (:func:`build_parser`); flags are spelled as Kaldi spells them (--binary=false).
 Errors from bad input are printed as one line naming the file and place, with
 exit status 1.
 """
@@ -16,6 +16,7 @@ from dataclasses import fields
 from ..errors import PynnetError
 from ..runtime.allocator import tune_malloc
 from .am import add_am_commands
+from .compute import add_compute_command
 from .draw import add_draw_command, add_memory_plot_flags, write_memory_plot, write_report_plot
 from .files import STDIO, read_bytes, read_config, read_model, write_model
 from .network import add_network_flags, cmd_optimize_network
@@ -274,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_cmd_show)
 
     add_am_commands(sub, _command, kaldi_bool)
+    add_compute_command(sub, _command, kaldi_bool)
 
     s = _command(sub, "demo", "compile and run the bundled TDNN-F example",
                  "Build the bundled TDNN-F network (examples/tdnnf.config in the package),\n"

@@ -1,0 +1,282 @@
+"""``pynnet3 compute``: Kaldi's nnet3-compute. Reads a model and a table of feature
+matrices, runs the network over each utterance in chunks
+(:class:`pynnet3.runtime.simple.DecodableNnetSimple`) and writes a table of output
+matrices. The model is prepared as nnet3-compute does (BatchNorm and dropout in test
+mode, then the network optimizer in place of Kaldi's CollapseModel); one
+:class:`pynnet3.CachingCompiler` serves the whole run, so equal-size chunks compile
+once. The output is written atomically (:class:`pynnet3.io.ark.TableWriter`).
+
+A failed utterance (unreadable entry, empty features, missing iVector, wrong dim) is
+reported as a warning and counted; the exit status is 1 only when no utterance
+succeeded (then no output is written) or when the feature archive broke (the
+utterances before the break are written, as they would be for a failed utterance).
+The last line on stderr sums up the run.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+import numpy as np
+
+from ..errors import PynnetError
+
+_USE_GPU = ("yes", "no", "optional", "wait")
+
+
+def _say(kind: str, message: str) -> None:
+    print(f"pynnet3 compute: {kind}: {message}", file=sys.stderr)
+
+
+class _Progress:
+    """Utterances done, on stderr when it is a terminal (tqdm when installed)."""
+
+    def __init__(self, total: int | None):
+        self.bar = None
+        self.count = 0
+        self.active = sys.stderr.isatty()
+        if self.active:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit="utt", file=sys.stderr, leave=False)
+            except ImportError:
+                pass
+
+    def update(self, key: str) -> None:
+        self.count += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self.active:
+            sys.stderr.write(f"\r{self.count} utterances ({key})\x1b[K")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.active and self.count:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def _load_model(args):
+    """(network prepared for decoding, log priors or None)."""
+    from ..graphopt import optimize_network
+    from .am import read_am_file
+    from .files import read_model
+
+    log_priors = None
+    if args.use_priors:
+        am = read_am_file(args.model)
+        nnet = am.nnet
+        if am.priors.size:
+            with np.errstate(divide="ignore"):
+                log_priors = np.log(am.priors)
+        else:
+            _say("warning", "--use-priors=true, but the acoustic model has no priors: "
+                            "nothing is subtracted")
+    else:
+        nnet = read_model(args.model)
+    nnet = nnet.copy()
+    nnet.set_test_mode(True)
+    if args.network_optimize:
+        nnet = optimize_network(nnet)
+    return nnet, log_priors
+
+
+def _options(args):
+    from ..runtime.simple import SimpleOptions
+
+    return SimpleOptions(frames_per_chunk=args.frames_per_chunk,
+                         extra_left_context=args.extra_left_context,
+                         extra_right_context=args.extra_right_context,
+                         extra_left_context_initial=args.extra_left_context_initial,
+                         extra_right_context_final=args.extra_right_context_final,
+                         frame_subsampling_factor=args.frame_subsampling_factor,
+                         acoustic_scale=args.acoustic_scale)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM: the run stops as on Ctrl-C (the output temporaries are removed)."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated
+
+
+def cmd_compute(args) -> int:
+    from ..cache import CachingCompiler
+    from ..io.ark import TableEntryError, TableWriter, random_access_table, read_table
+    from ..runtime.simple import DecodableNnetSimple, fixed_frames_per_chunk
+
+    if args.ivectors and args.online_ivectors:
+        raise PynnetError("give --ivectors or --online-ivectors, not both")
+    if args.use_gpu != "no":
+        _say("note", f"--use-gpu={args.use_gpu} is accepted for Kaldi scripts and ignored: "
+                     "pynnet3 compute runs on the CPU")
+    options = _options(args)
+    nnet, log_priors = _load_model(args)
+    fpc = fixed_frames_per_chunk(nnet, options)
+    if fpc != options.frames_per_chunk:
+        _say("note", f"increasing --frames-per-chunk from {options.frames_per_chunk} to {fpc} "
+                     f"to make it a multiple of --frame-subsampling-factor="
+                     f"{options.frame_subsampling_factor} and the network's modulus")
+    compiler = CachingCompiler(nnet)
+    ivectors = random_access_table(args.ivectors) if args.ivectors else None
+    online = random_access_table(args.online_ivectors) if args.online_ivectors else None
+
+    done = failed = frames = 0
+    broken = False
+    start = time.perf_counter()
+    old_handler = None
+    try:
+        old_handler = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # (not the main thread)
+        pass
+    progress = _Progress(None)
+    try:
+        with TableWriter(args.output) as writer:
+            entries = read_table(args.features)
+            while True:
+                try:
+                    key, feats = next(entries)
+                except StopIteration:
+                    break
+                except PynnetError as e:
+                    _say("error", f"reading the features stopped: {e}")
+                    broken = True
+                    break
+                try:
+                    if isinstance(feats, TableEntryError):
+                        raise PynnetError(feats.message)
+                    if len(feats) == 0:
+                        raise PynnetError("zero-length utterance")
+                    kwargs = {}
+                    if ivectors is not None:
+                        if key not in ivectors:
+                            raise PynnetError("no iVector available for this utterance")
+                        kwargs["ivector"] = ivectors[key]
+                    if online is not None:
+                        if key not in online:
+                            raise PynnetError("no online iVectors available for this "
+                                              "utterance")
+                        kwargs["online_ivectors"] = online[key]
+                        kwargs["online_ivector_period"] = args.online_ivector_period
+                    out = DecodableNnetSimple(nnet, compiler, feats, options,
+                                              log_priors=log_priors, **kwargs).output()
+                    if args.apply_exp:
+                        out = np.exp(out)
+                except PynnetError as e:
+                    _say("warning", f"utterance {key}: {e}")
+                    failed += 1
+                    continue
+                writer.write(key, out)
+                done += 1
+                frames += len(feats)
+                progress.update(key)
+            if not done:  # nothing succeeded: leave no output that looks like a result
+                writer.abort()
+    except KeyboardInterrupt as e:
+        progress.close()
+        how = "terminated" if isinstance(e, _Terminated) else "interrupted"
+        _say("error", f"{how} after {done} utterances; no output written")
+        return 143 if isinstance(e, _Terminated) else 130
+    finally:
+        progress.close()
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
+    seconds = time.perf_counter() - start
+    rate = frames / seconds if seconds > 0 else 0.0
+    _say("summary", f"done {done} utterances, failed {failed}; {frames} frames in "
+                    f"{seconds:.2f}s ({rate:.0f} frames/s); compiled "
+                    f"{compiler.info()['misses']} computations")
+    return 0 if done and not broken else 1
+
+
+def add_compute_command(sub, command, kaldi_bool) -> None:
+    """Add ``compute`` to the subparsers ``sub`` (``command`` makes one, as main.py's
+    ``_command``)."""
+    s = command(sub, "compute", "run a model over a table of features (like nnet3-compute)",
+                "Run the network over every utterance of a feature table and write the\n"
+                "output of its 'output' node, one matrix per utterance, as Kaldi's\n"
+                "nnet3-compute does: chunks of --frames-per-chunk frames with the\n"
+                "network's context plus the extra context, frames outside the utterance\n"
+                "repeating the first/last frame, one output row every\n"
+                "--frame-subsampling-factor frames. The model is prepared as nnet3-compute\n"
+                "does (BatchNorm and dropout in test mode, then the network optimizer).\n"
+                "Tables are Kaldi rspecifiers/wspecifiers: ark:f.ark, scp:f.scp,\n"
+                "ark,t:f.txt, ark,scp:o.ark,o.scp, ark:- (stdin/stdout), 'ark:cmd |';\n"
+                "compressed matrices are read. The output files are written to\n"
+                "temporaries and renamed when the run ends, so a failed or killed run\n"
+                "leaves no complete-looking output. Failed utterances are warned about\n"
+                "and counted; the exit status is 1 when none succeeded. The last line on\n"
+                "stderr gives utterances done and failed, frames and frames/s.\n\n"
+                "example: pynnet3 compute --ivectors=scp:ivectors.scp final.mdl \\\n"
+                "           scp:feats.scp ark,scp:out.ark,out.scp",
+                usage="pynnet3 compute [options] MODEL FEATS-RSPECIFIER OUT-WSPECIFIER")
+    s.add_argument("model", metavar="MODEL",
+                   help="model: Kaldi nnet3 (raw) or final.mdl, text or binary (detected); "
+                        "'-' reads stdin")
+    s.add_argument("features", metavar="FEATS-RSPECIFIER",
+                   help="feature matrices to read, e.g. scp:feats.scp or ark:feats.ark")
+    s.add_argument("output", metavar="OUT-WSPECIFIER",
+                   help="where to write the outputs, e.g. ark:out.ark or "
+                        "ark,scp:out.ark,out.scp")
+    s.add_argument("--frames-per-chunk", dest="frames_per_chunk", type=int, default=50,
+                   metavar="INT",
+                   help="input frames per chunk; raised to a multiple of "
+                        "--frame-subsampling-factor (default: 50)")
+    s.add_argument("--extra-left-context", dest="extra_left_context", type=int, default=0,
+                   metavar="INT",
+                   help="extra left context for each chunk, beyond the network's "
+                        "(default: 0)")
+    s.add_argument("--extra-right-context", dest="extra_right_context", type=int, default=0,
+                   metavar="INT",
+                   help="extra right context for each chunk, beyond the network's "
+                        "(default: 0)")
+    s.add_argument("--extra-left-context-initial", dest="extra_left_context_initial",
+                   type=int, default=-1, metavar="INT",
+                   help="extra left context of the first chunk; -1 means as "
+                        "--extra-left-context (default: -1)")
+    s.add_argument("--extra-right-context-final", dest="extra_right_context_final",
+                   type=int, default=-1, metavar="INT",
+                   help="extra right context of the last chunk; -1 means as "
+                        "--extra-right-context (default: -1)")
+    s.add_argument("--frame-subsampling-factor", dest="frame_subsampling_factor", type=int,
+                   default=1, metavar="INT",
+                   help="one output row every this many input frames (3 for chain "
+                        "models) (default: 1)")
+    s.add_argument("--ivectors", default="", metavar="RSPECIFIER",
+                   help="one iVector (vector) per utterance, e.g. scp:ivectors.scp "
+                        "(default: none)")
+    s.add_argument("--online-ivectors", dest="online_ivectors", default="",
+                   metavar="RSPECIFIER",
+                   help="online iVectors: a matrix per utterance, one row every "
+                        "--online-ivector-period frames (default: none)")
+    s.add_argument("--online-ivector-period", dest="online_ivector_period", type=int,
+                   default=0, metavar="INT",
+                   help="frames between rows of --online-ivectors (default: 0)")
+    s.add_argument("--apply-exp", dest="apply_exp", type=kaldi_bool, default=False,
+                   metavar="true|false",
+                   help="apply exp() to the output, e.g. to get posteriors from "
+                        "log-softmax (default: false)")
+    s.add_argument("--acoustic-scale", dest="acoustic_scale", type=float, default=1.0,
+                   metavar="FLOAT",
+                   help="multiply the output by this (after the priors, before exp) "
+                        "(default: 1.0)")
+    s.add_argument("--use-priors", dest="use_priors", type=kaldi_bool, default=False,
+                   metavar="true|false",
+                   help="MODEL is a final.mdl: subtract the log of its priors from the "
+                        "output (default: false)")
+    s.add_argument("--use-gpu", dest="use_gpu", choices=_USE_GPU, default="no",
+                   metavar="yes|no|optional|wait",
+                   help="accepted for Kaldi scripts and ignored (with a note unless no): "
+                        "compute runs on the CPU (default: no)")
+    s.add_argument("--network-optimize", dest="network_optimize", type=kaldi_bool,
+                   default=True, metavar="true|false",
+                   help="run the network optimizer on the model first, as nnet3-compute "
+                        "runs CollapseModel; outputs equal up to float rounding "
+                        "(default: true)")
+    s.set_defaults(fn=cmd_compute)

@@ -1,0 +1,208 @@
+"""Chunked decoding of whole utterances: Kaldi's DecodableNnetSimple (what
+``nnet3-compute`` runs; ``pynnet3 compute`` is its command line).
+
+An utterance of ``T`` input frames has ``ceil(T / f)`` output rows (f: the
+frame-subsampling factor). They are computed in chunks of ``frames_per_chunk / f``
+rows (the last chunk shorter), each chunk a separate computation with no state carried
+between chunks (also for recurrent networks). A chunk of output rows ``s .. s+n-1``
+gives output frames ``s*f .. (s+n-1)*f`` and reads input frames from ``s*f - L`` to
+``(s+n-1)*f + R``, L and R being the network's left / right context plus
+``extra_left_context`` / ``extra_right_context`` (``extra_left_context_initial`` for the
+first chunk and ``extra_right_context_final`` for the last one when they are >= 0).
+Input frames before 0 or after the end repeat the first / last frame. The request is
+shifted in time so that the chunk's first output is at ``t = 0`` (outputs at ``t = 0,
+f, 2f, ...``, the iVector at ``(n=0, t=0)``), so equal-size chunks are one request and
+compile once through the compiler's cache.
+
+The chunk's iVector is the utterance's one, or (online iVectors, one row every
+``online_ivector_period`` input frames) the row of the frame half-way through the
+chunk's output frames, clamped to the last row (an error when that is more than 50
+frames past the end). Each chunk's output gets ``- log(priors)`` (when priors are
+given) and is then multiplied by ``acoustic_scale``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..compiler.request import ComputationRequest, IoSpecification
+from ..errors import RuntimeInputError
+from .computer import NnetComputer
+
+
+@dataclass
+class SimpleOptions:
+    """Kaldi's NnetSimpleComputationOptions (its defaults, except ``acoustic_scale``:
+    Kaldi's class has 0.1, nnet3-compute sets 1.0, as here)."""
+
+    frames_per_chunk: int = 50
+    extra_left_context: int = 0
+    extra_right_context: int = 0
+    extra_left_context_initial: int = -1
+    extra_right_context_final: int = -1
+    frame_subsampling_factor: int = 1
+    acoustic_scale: float = 1.0
+
+    def check(self) -> None:
+        if self.frames_per_chunk < 1 or self.frame_subsampling_factor < 1:
+            raise RuntimeInputError("--frame-subsampling-factor and --frames-per-chunk must "
+                                    "be > 0")
+        if self.extra_left_context < 0 or self.extra_right_context < 0:
+            raise RuntimeInputError("--extra-left-context and --extra-right-context must "
+                                    "be >= 0")
+
+
+def fixed_frames_per_chunk(nnet, options: SimpleOptions) -> int:
+    """Kaldi's CheckAndFixConfigs: frames-per-chunk rounded up to a multiple of
+    lcm(frame-subsampling-factor, the network's modulus)."""
+    options.check()
+    n = int(np.lcm(options.frame_subsampling_factor, max(1, nnet.modulus())))
+    return -(-options.frames_per_chunk // n) * n
+
+
+def _indexes(t: np.ndarray) -> np.ndarray:
+    t = np.asarray(t, dtype=np.int64)
+    zeros = np.zeros_like(t)
+    return np.stack([zeros, t, zeros], axis=1)
+
+
+def chunk_request(input_t_begin: int, num_input_frames: int, num_output_rows: int,
+                  frame_subsampling_factor: int, ivector: bool) -> ComputationRequest:
+    """The request of one chunk, time-shifted so that its first output is at t = 0:
+    ``input`` at ``t = input_t_begin ..`` (``num_input_frames`` rows), ``ivector`` at
+    (0, 0, 0) when ``ivector``, ``output`` at ``t = 0, f, 2f, ...``."""
+    inputs = [IoSpecification("input", _indexes(np.arange(input_t_begin,
+                                                          input_t_begin + num_input_frames)))]
+    if ivector:
+        inputs.append(IoSpecification("ivector", _indexes(np.zeros(1))))
+    out_t = np.arange(num_output_rows) * frame_subsampling_factor
+    return ComputationRequest(inputs=inputs, outputs=[IoSpecification("output",
+                                                                      _indexes(out_t))])
+
+
+class DecodableNnetSimple:
+    """One utterance decoded chunk by chunk (module doc). ``compiler`` has a
+    ``compile(request)`` method (a :class:`pynnet3.CachingCompiler` for ``nnet``,
+    shared by the utterances of a run); ``log_priors`` (one per output) is
+    subtracted when not empty."""
+
+    def __init__(self, nnet, compiler, features, options: SimpleOptions | None = None,
+                 ivector=None, online_ivectors=None, online_ivector_period: int = 0,
+                 log_priors=None, backend: str = "numpy", dtype=np.float32):
+        self.nnet, self.compiler = nnet, compiler
+        self.options = options or SimpleOptions()
+        self.frames_per_chunk = fixed_frames_per_chunk(nnet, self.options)
+        feats = np.asarray(features)
+        in_dim = nnet.input_dim("input")
+        if feats.ndim != 2 or len(feats) == 0:
+            raise RuntimeInputError(f"features: expected a non-empty matrix, got shape "
+                                    f"{feats.shape}")
+        if feats.shape[1] != in_dim:
+            raise RuntimeInputError(f"features have dim {feats.shape[1]}, but the network "
+                                    f"expects input dim {in_dim}")
+        self.features = feats.astype(dtype, copy=False)
+        has_iv = nnet.has_node("ivector") and nnet.node("ivector").kind == "input-node"
+        if ivector is not None and online_ivectors is not None:
+            raise RuntimeInputError("give either an iVector or online iVectors, not both")
+        if has_iv and ivector is None and online_ivectors is None:
+            raise RuntimeInputError("the network expects 'ivector' features, but none were "
+                                    "given (--ivectors or --online-ivectors)")
+        if not has_iv and (ivector is not None or online_ivectors is not None):
+            raise RuntimeInputError("iVectors were given, but the network has no 'ivector' "
+                                    "input")
+        self.ivector = self.online_ivectors = None
+        if has_iv:
+            iv_dim = nnet.input_dim("ivector")
+            if ivector is not None:
+                iv = np.asarray(ivector)
+                if iv.ndim == 2 and len(iv) == 1:
+                    iv = iv[0]
+                if iv.ndim != 1 or len(iv) != iv_dim:
+                    raise RuntimeInputError(f"iVector: expected a vector of dim {iv_dim}, "
+                                            f"got shape {iv.shape}")
+                self.ivector = iv.astype(dtype, copy=False)
+            else:
+                oi = np.asarray(online_ivectors)
+                if oi.ndim != 2 or len(oi) == 0 or oi.shape[1] != iv_dim:
+                    raise RuntimeInputError(f"online iVectors: expected a non-empty (rows, "
+                                            f"{iv_dim}) matrix, got shape {oi.shape}")
+                if online_ivector_period <= 0:
+                    raise RuntimeInputError("online iVectors need --online-ivector-period "
+                                            "> 0")
+                self.online_ivectors = oi.astype(dtype, copy=False)
+        self.online_ivector_period = online_ivector_period
+        self.log_priors = None
+        if log_priors is not None and np.size(log_priors):
+            lp = np.asarray(log_priors, dtype=dtype).ravel()
+            out_dim = nnet.output_dim("output")
+            if len(lp) != out_dim:
+                raise RuntimeInputError(f"priors have dim {len(lp)}, but the network's "
+                                        f"output has dim {out_dim}")
+            self.log_priors = lp
+        self.left_context, self.right_context = nnet.context()
+        self.backend, self.dtype = backend, dtype
+        fsf = self.options.frame_subsampling_factor
+        self.num_frames = -(-len(feats) // fsf)
+        self.chunks_computed = 0
+
+    def _ivector_for(self, first_output_frame: int, last_output_frame: int):
+        """Kaldi's GetCurrentIvector."""
+        if self.ivector is not None:
+            return self.ivector
+        if self.online_ivectors is None:
+            return None
+        frame = first_output_frame + (last_output_frame - first_output_frame) // 2
+        row = frame // self.online_ivector_period
+        rows = len(self.online_ivectors)
+        if row >= rows:
+            if (row - (rows - 1)) * self.online_ivector_period > 50:
+                raise RuntimeInputError(
+                    f"could not get an iVector for frame {frame}: the online iVectors have "
+                    f"{rows} rows at period {self.online_ivector_period} (too few for the "
+                    f"{len(self.features)} frames)")
+            row = rows - 1
+        return self.online_ivectors[row]
+
+    def compute_chunk(self, start: int) -> np.ndarray:
+        """Output rows ``start ..`` of one chunk (at most frames-per-chunk / f rows)."""
+        o, f = self.options, self.options.frame_subsampling_factor
+        n = min(self.num_frames - start, self.frames_per_chunk // f)
+        last = start + n - 1
+        first_out, last_out = start * f, last * f
+        extra_left = o.extra_left_context
+        if first_out == 0 and o.extra_left_context_initial >= 0:
+            extra_left = o.extra_left_context_initial
+        extra_right = o.extra_right_context
+        if last == self.num_frames - 1 and o.extra_right_context_final >= 0:
+            extra_right = o.extra_right_context_final
+        first_in = first_out - (self.left_context + extra_left)
+        last_in = last_out + self.right_context + extra_right
+        rows = np.clip(np.arange(first_in, last_in + 1), 0, len(self.features) - 1)
+        ivector = self._ivector_for(first_out, last_out)
+        request = chunk_request(first_in - first_out, len(rows), n, f, ivector is not None)
+        computation = self.compiler.compile(request)
+        inputs = {"input": self.features[rows]}
+        if ivector is not None:
+            inputs["ivector"] = ivector[None, :]
+        result = NnetComputer(self.nnet, computation, self.backend, self.dtype).run(inputs)
+        out = result.outputs["output"]
+        if self.log_priors is not None:
+            out = out - self.log_priors
+        if o.acoustic_scale != 1.0:
+            out = out * out.dtype.type(o.acoustic_scale)
+        self.chunks_computed += 1
+        return out
+
+    def output(self) -> np.ndarray:
+        """All ``ceil(T / f)`` output rows, chunk by chunk."""
+        parts, have = [], 0
+        while have < self.num_frames:
+            part = self.compute_chunk(have)
+            parts.append(part)
+            have += len(part)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+__all__ = ["DecodableNnetSimple", "SimpleOptions", "chunk_request", "fixed_frames_per_chunk"]
