@@ -11,6 +11,12 @@ reported as a warning and counted; the exit status is 1 only when no utterance
 succeeded (then no output is written) or when the feature archive broke (the
 utterances before the break are written, as they would be for a failed utterance).
 The last line on stderr sums up the run.
+
+With ``--looped=true`` each utterance is decoded by the looped computation instead
+(:class:`pynnet3.runtime.looped.DecodableNnetLooped`, Kaldi's
+DecodableNnetSimpleLooped as nnet3-latgen-faster-looped uses it): state is carried
+from chunk to chunk and nothing is recomputed. The acoustic scale stays the CLI's
+(1.0 by default, as nnet3-compute), not the library's 0.1.
 """
 
 from __future__ import annotations
@@ -98,6 +104,38 @@ def _options(args):
                          acoustic_scale=args.acoustic_scale)
 
 
+def _looped_info(args, nnet):
+    """The looped computation for ``--looped=true`` (compiled once for the run)."""
+    from ..runtime.looped import LoopedDecodingInfo, LoopedOptions
+
+    unused = [flag for flag, value in (("--extra-left-context", args.extra_left_context),
+                                       ("--extra-right-context", args.extra_right_context),
+                                       ("--extra-right-context-final",
+                                        max(args.extra_right_context_final, 0)))
+              if value]
+    if unused:
+        _say("note", f"{', '.join(unused)} not used by looped decoding (Kaldi's looped "
+                     "decoder has only --extra-left-context-initial)")
+    # The scale is applied here, after the priors, as nnet3-compute does: the looped
+    # decoder itself runs at 1.0 (its own default would be Kaldi's 0.1).
+    options = LoopedOptions(frames_per_chunk=args.frames_per_chunk,
+                            frame_subsampling_factor=args.frame_subsampling_factor,
+                            extra_left_context_initial=max(args.extra_left_context_initial, 0),
+                            acoustic_scale=1.0)
+    return LoopedDecodingInfo(nnet, options)
+
+
+def _decode_looped(info, feats, log_priors, acoustic_scale: float, kwargs) -> np.ndarray:
+    from ..runtime.looped import DecodableNnetLooped
+
+    out = DecodableNnetLooped(info, feats, **kwargs).output()
+    if log_priors is not None:
+        out = out - log_priors
+    if acoustic_scale != 1.0:
+        out = out * out.dtype.type(acoustic_scale)
+    return out
+
+
 class _Terminated(KeyboardInterrupt):
     """SIGTERM: the run stops as on Ctrl-C (the output temporaries are removed)."""
 
@@ -118,7 +156,12 @@ def cmd_compute(args) -> int:
                      "pynnet3 compute runs on the CPU")
     options = _options(args)
     nnet, log_priors = _load_model(args)
-    fpc = fixed_frames_per_chunk(nnet, options)
+    if args.looped:
+        looped = _looped_info(args, nnet)
+        fpc = looped.frames_per_chunk
+    else:
+        looped = None
+        fpc = fixed_frames_per_chunk(nnet, options)
     if fpc != options.frames_per_chunk:
         _say("note", f"increasing --frames-per-chunk from {options.frames_per_chunk} to {fpc} "
                      f"to make it a multiple of --frame-subsampling-factor="
@@ -164,8 +207,12 @@ def cmd_compute(args) -> int:
                                               "utterance")
                         kwargs["online_ivectors"] = online[key]
                         kwargs["online_ivector_period"] = args.online_ivector_period
-                    out = DecodableNnetSimple(nnet, compiler, feats, options,
-                                              log_priors=log_priors, **kwargs).output()
+                    if looped is not None:
+                        out = _decode_looped(looped, feats, log_priors,
+                                             args.acoustic_scale, kwargs)
+                    else:
+                        out = DecodableNnetSimple(nnet, compiler, feats, options,
+                                                  log_priors=log_priors, **kwargs).output()
                     if args.apply_exp:
                         out = np.exp(out)
                 except PynnetError as e:
@@ -189,9 +236,10 @@ def cmd_compute(args) -> int:
             signal.signal(signal.SIGTERM, old_handler)
     seconds = time.perf_counter() - start
     rate = frames / seconds if seconds > 0 else 0.0
+    compiled = 1 if looped is not None else compiler.info()["misses"]
     _say("summary", f"done {done} utterances, failed {failed}; {frames} frames in "
                     f"{seconds:.2f}s ({rate:.0f} frames/s); compiled "
-                    f"{compiler.info()['misses']} computations")
+                    f"{compiled} computations")
     return 0 if done and not broken else 1
 
 
@@ -270,6 +318,12 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
                    metavar="true|false",
                    help="MODEL is a final.mdl: subtract the log of its priors from the "
                         "output (default: false)")
+    s.add_argument("--looped", type=kaldi_bool, default=False, metavar="true|false",
+                   help="decode each utterance with the looped computation (Kaldi's "
+                        "DecodableNnetSimpleLooped, as nnet3-latgen-faster-looped): "
+                        "state carried between chunks, no extra context but "
+                        "--extra-left-context-initial (-1 means 0 here); the "
+                        "--acoustic-scale default stays 1.0 (default: false)")
     s.add_argument("--use-gpu", dest="use_gpu", choices=_USE_GPU, default="no",
                    metavar="yes|no|optional|wait",
                    help="accepted for Kaldi scripts and ignored (with a note unless no): "

@@ -37,7 +37,13 @@ _FLAGS = {"frames-per-chunk": "frames_per_chunk",
 
 @dataclass
 class LoopedOptions:
-    """Kaldi's NnetSimpleLoopedComputationOptions (same defaults)."""
+    """Kaldi's NnetSimpleLoopedComputationOptions (same defaults).
+
+    Note: ``acoustic_scale`` defaults to 0.1, as Kaldi's does (the looped decoder
+    feeds a lattice decoder), so outputs are scaled by 0.1 unless you pass
+    ``acoustic_scale=1.0``. ``pynnet3 compute --looped=true`` uses 1.0 by default,
+    like nnet3-compute, and passes it explicitly.
+    """
 
     frames_per_chunk: int = 20
     frame_subsampling_factor: int = 1
@@ -199,7 +205,12 @@ class DecodableNnetLooped:
 def decode_looped(nnet, features, ivector=None, options: LoopedOptions | None = None,
                   backend: str = "numpy", dtype=np.float32) -> np.ndarray:
     """Outputs of ``nnet`` for one utterance by looped decoding, shape
-    ``(ceil(frames / frame_subsampling_factor), output_dim)``."""
+    ``(ceil(frames / frame_subsampling_factor), output_dim)``.
+
+    With ``options=None`` the outputs are multiplied by 0.1: LoopedOptions keeps
+    Kaldi's default ``acoustic_scale=0.1``. Pass ``LoopedOptions(acoustic_scale=1.0)``
+    for the raw network output (what ``pynnet3 compute --looped=true`` writes by
+    default, like nnet3-compute)."""
     info = LoopedDecodingInfo(nnet, options)
     return DecodableNnetLooped(info, features, ivector, backend=backend,
                                dtype=dtype).output()
