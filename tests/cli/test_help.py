@@ -16,7 +16,7 @@ from pynnet3.cli.main import build_parser, main
 from pynnet3.optimize import OptimizeOptions
 
 _COMMANDS = ["info", "init", "copy", "optimize-network", "show-computation", "demo",
-             "am-info", "am-copy", "compute",
+             "am-info", "am-copy", "compute", "xvector-compute",
              "draw"]
 _MARKUP = re.compile(r"`|:(class|func|mod|meth|attr):|\*\*")
 

@@ -20,8 +20,17 @@ def read_bytes(path: str) -> tuple[bytes, str]:
 
 
 def read_model(path: str) -> Nnet:
-    """A Kaldi model, text or binary, from ``path`` or stdin."""
+    """A Kaldi model, text or binary, from ``path`` or stdin; gzip-compressed
+    (``model.txt.gz``) is read transparently."""
     data, name = read_bytes(path)
+    if data[:2] == b"\x1f\x8b":
+        import gzip
+        import zlib
+
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise FormatError(f"broken gzip data: {e}", name) from None
     if not data:
         raise FormatError("empty model file", name)
     return nnet_from_bytes(data, name)

@@ -1,6 +1,7 @@
 """The pynnet3 command line, mirroring Kaldi's nnet3 tools (info, init, copy,
-compute, optimize-network, show-computation, demo). The help texts live here, written
-for the terminal (:func:`build_parser`); flags are spelled as Kaldi spells them (--binary=false).
+compute, xvector-compute, optimize-network, show-computation, demo). The help texts
+live here, written for the terminal (:func:`build_parser`); flags are spelled as Kaldi
+spells them (--binary=false).
 Errors from bad input are printed as one line naming the file and place, with
 exit status 1.
 """
@@ -20,6 +21,7 @@ from .compute import add_compute_command
 from .draw import add_draw_command, add_memory_plot_flags, write_memory_plot, write_report_plot
 from .files import STDIO, read_bytes, read_config, read_model, write_model
 from .network import add_network_flags, cmd_optimize_network
+from .xvector import add_xvector_command
 
 
 def kaldi_bool(text: str) -> bool:
@@ -276,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_am_commands(sub, _command, kaldi_bool)
     add_compute_command(sub, _command, kaldi_bool)
+    add_xvector_command(sub, _command, kaldi_bool)
 
     s = _command(sub, "demo", "compile and run the bundled TDNN-F example",
                  "Build the bundled TDNN-F network (examples/tdnnf.config in the package),\n"

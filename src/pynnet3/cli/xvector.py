@@ -1,0 +1,231 @@
+"""``pynnet3 xvector-compute``: Kaldi's nnet3-xvector-compute. Reads a model and a
+table of feature matrices and writes one vector per utterance: the output of the
+network's ``output`` node at t = 0 for chunks of the utterance, averaged.
+
+As the Kaldi program does: the model gets BatchNorm and dropout test modes, then the
+network optimizer (in place of CollapseModel); one :class:`pynnet3.CachingCompiler`
+(``--cache-capacity`` entries) serves the run. An utterance of N frames is cut into
+chunks of ``--chunk-size`` frames (N when it is -1 or larger than N) starting at 0,
+the last one shorter; a chunk shorter than ``--min-chunk-size`` is padded to that
+size with copies of its first frame before it ((min - len) // 2 of them) and of its
+last frame after it, or with ``--pad-input=false`` left out. Each chunk is one
+computation (``input`` at t = 0 .. len-1, ``output`` at t = 0); the x-vector is the
+average of the chunk outputs weighted by their unpadded lengths.
+
+Failed utterances are warned about and counted as in ``compute``; the exit status is
+1 when none succeeded (then no output is written) or the feature archive broke. The
+output is written atomically; the last line on stderr sums up the run.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from ..errors import PynnetError
+from .compute import _USE_GPU, _on_sigterm, _Progress, _Terminated
+
+
+def _say(kind: str, message: str) -> None:
+    print(f"pynnet3 xvector-compute: {kind}: {message}", file=sys.stderr)
+
+
+def xvector_chunks(num_frames: int, chunk_size: int, min_chunk_size: int,
+                   pad_input: bool) -> list[tuple[int, int]]:
+    """(start, frames) of the chunks nnet3-xvector-compute computes for an utterance
+    of ``num_frames`` frames (chunks shorter than ``min_chunk_size`` are kept only
+    with ``pad_input``)."""
+    this_chunk = num_frames if chunk_size <= 0 or num_frames < chunk_size else chunk_size
+    chunks = []
+    for start in range(0, num_frames, this_chunk):
+        frames = min(this_chunk, num_frames - start)
+        if frames < min_chunk_size and not pad_input:
+            continue
+        chunks.append((start, frames))
+    return chunks
+
+
+def pad_chunk(chunk: np.ndarray, min_chunk_size: int) -> np.ndarray:
+    """``chunk`` padded to ``min_chunk_size`` rows as nnet3-xvector-compute pads:
+    (min - len) // 2 copies of the first row before it, the rest copies of the last
+    row after it. A chunk that is long enough is returned as it is."""
+    n = len(chunk)
+    if n >= min_chunk_size:
+        return chunk
+    left = (min_chunk_size - n) // 2
+    rows = np.clip(np.arange(-left, min_chunk_size - left), 0, n - 1)
+    return chunk[rows]
+
+
+def _request(num_frames: int):
+    from ..compiler.request import ComputationRequest, IoSpecification
+
+    t = np.arange(num_frames, dtype=np.int64)
+    zeros = np.zeros_like(t)
+    return ComputationRequest(
+        inputs=[IoSpecification("input", np.stack([zeros, t, zeros], axis=1))],
+        outputs=[IoSpecification("output", np.zeros((1, 3), dtype=np.int64))])
+
+
+def compute_xvector(nnet, compiler, feats: np.ndarray, chunk_size: int = -1,
+                    min_chunk_size: int = 100, pad_input: bool = True) -> np.ndarray:
+    """The x-vector of one utterance (module doc): the chunk outputs averaged with
+    their unpadded lengths as weights, in float32 as Kaldi does."""
+    from ..runtime.computer import NnetComputer
+
+    feats = np.asarray(feats, dtype=np.float32)
+    in_dim = nnet.input_dim("input")
+    if feats.ndim != 2 or feats.shape[1] != in_dim:
+        raise PynnetError(f"features: expected a (frames, {in_dim}) matrix, got shape "
+                          f"{feats.shape}")
+    if len(feats) == 0:
+        raise PynnetError("zero-length utterance")
+    if not pad_input and len(feats) < min_chunk_size:
+        raise PynnetError(f"--min-chunk-size={min_chunk_size} is greater than the number "
+                          f"of frames ({len(feats)}) and --pad-input=false")
+    total = np.zeros(nnet.output_dim("output"), dtype=np.float32)
+    weight = 0
+    for start, frames in xvector_chunks(len(feats), chunk_size, min_chunk_size, pad_input):
+        chunk = pad_chunk(feats[start:start + frames], min_chunk_size if pad_input else 0)
+        computation = compiler.compile(_request(len(chunk)))
+        out = NnetComputer(nnet, computation).run({"input": chunk}).outputs["output"]
+        total += np.float32(frames) * out[0].astype(np.float32)
+        weight += frames
+    if weight == 0:
+        raise PynnetError("no chunk of --min-chunk-size frames or more")
+    return total * np.float32(1.0 / weight)
+
+
+def cmd_xvector_compute(args) -> int:
+    import signal
+
+    from ..cache import CachingCompiler
+    from ..graphopt import optimize_network
+    from ..io.ark import TableEntryError, TableWriter, read_table
+    from .files import read_model
+
+    if args.use_gpu != "no":
+        _say("note", f"--use-gpu={args.use_gpu} is accepted for Kaldi scripts and ignored: "
+                     "xvector-compute runs on the CPU")
+    if args.min_chunk_size <= 0:
+        raise PynnetError(f"--min-chunk-size must be positive, got {args.min_chunk_size}")
+    nnet = read_model(args.model).copy()
+    nnet.set_test_mode(True)
+    if args.network_optimize:
+        nnet = optimize_network(nnet)
+    compiler = CachingCompiler(nnet, capacity=args.cache_capacity)
+
+    done = failed = frames = 0
+    broken = False
+    start = time.perf_counter()
+    old_handler = None
+    try:
+        old_handler = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # (not the main thread)
+        pass
+    progress = _Progress(None)
+    try:
+        with TableWriter(args.output) as writer:
+            entries = read_table(args.features)
+            while True:
+                try:
+                    key, feats = next(entries)
+                except StopIteration:
+                    break
+                except PynnetError as e:
+                    _say("error", f"reading the features stopped: {e}")
+                    broken = True
+                    break
+                try:
+                    if isinstance(feats, TableEntryError):
+                        raise PynnetError(feats.message)
+                    xvector = compute_xvector(nnet, compiler, feats, args.chunk_size,
+                                              args.min_chunk_size, args.pad_input)
+                except PynnetError as e:
+                    _say("warning", f"utterance {key}: {e}")
+                    failed += 1
+                    continue
+                writer.write(key, xvector)
+                done += 1
+                frames += len(feats)
+                progress.update(key)
+            if not done:  # nothing succeeded: leave no output that looks like a result
+                writer.abort()
+    except KeyboardInterrupt as e:
+        progress.close()
+        how = "terminated" if isinstance(e, _Terminated) else "interrupted"
+        _say("error", f"{how} after {done} utterances; no output written")
+        return 143 if isinstance(e, _Terminated) else 130
+    finally:
+        progress.close()
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
+    seconds = time.perf_counter() - start
+    rate = frames / seconds if seconds > 0 else 0.0
+    _say("summary", f"done {done} utterances, failed {failed}; {frames} frames in "
+                    f"{seconds:.2f}s ({rate:.0f} frames/s); compiled "
+                    f"{compiler.info()['misses']} computations")
+    return 0 if done and not broken else 1
+
+
+def add_xvector_command(sub, command, kaldi_bool) -> None:
+    """Add ``xvector-compute`` to the subparsers ``sub`` (``command`` makes one, as
+    main.py's ``_command``)."""
+    s = command(sub, "xvector-compute",
+                "x-vectors: a model's output averaged over chunks (like "
+                "nnet3-xvector-compute)",
+                "Run the network over every utterance of a feature table and write one\n"
+                "vector per utterance, as Kaldi's nnet3-xvector-compute does: the\n"
+                "utterance is cut into chunks of --chunk-size frames (the last one\n"
+                "shorter), a chunk shorter than --min-chunk-size is padded by repeating\n"
+                "its first and last frames (or left out with --pad-input=false), each\n"
+                "chunk gives the 'output' node at t=0, and the chunk outputs are\n"
+                "averaged weighted by their unpadded lengths. The output node is the\n"
+                "model's 'output': to extract the embedding, prepare the model as Kaldi\n"
+                "recipes do (output-node name=output input=tdnn6.affine). The model is\n"
+                "prepared as the Kaldi program does (BatchNorm and dropout in test mode,\n"
+                "then the network optimizer). Tables are Kaldi rspecifiers/wspecifiers,\n"
+                "as for compute; the output is written atomically. Failed utterances\n"
+                "are warned about and counted; the exit status is 1 when none\n"
+                "succeeded. The last line on stderr gives utterances done and failed,\n"
+                "frames and frames/s.\n\n"
+                "example: pynnet3 xvector-compute --chunk-size=10000 final.raw \\\n"
+                "           scp:feats.scp ark,scp:xvector.ark,xvector.scp",
+                usage="pynnet3 xvector-compute [options] MODEL FEATS-RSPECIFIER "
+                      "VECTOR-WSPECIFIER")
+    s.add_argument("model", metavar="MODEL",
+                   help="model: Kaldi nnet3 (raw) or final.mdl, text or binary (detected); "
+                        "'-' reads stdin")
+    s.add_argument("features", metavar="FEATS-RSPECIFIER",
+                   help="feature matrices to read, e.g. scp:feats.scp or ark:feats.ark")
+    s.add_argument("output", metavar="VECTOR-WSPECIFIER",
+                   help="where to write the x-vectors, e.g. ark:xvector.ark or "
+                        "ark,scp:xvector.ark,xvector.scp")
+    s.add_argument("--chunk-size", dest="chunk_size", type=int, default=-1, metavar="INT",
+                   help="frames per chunk; -1 means the whole utterance in one chunk "
+                        "(default: -1)")
+    s.add_argument("--min-chunk-size", dest="min_chunk_size", type=int, default=100,
+                   metavar="INT",
+                   help="shorter chunks are padded to this many frames (or left out "
+                        "with --pad-input=false) (default: 100)")
+    s.add_argument("--pad-input", dest="pad_input", type=kaldi_bool, default=True,
+                   metavar="true|false",
+                   help="pad chunks shorter than --min-chunk-size by repeating their "
+                        "first and last frames; false leaves them out, and fails "
+                        "utterances shorter than it (default: true)")
+    s.add_argument("--cache-capacity", dest="cache_capacity", type=int, default=64,
+                   metavar="INT",
+                   help="computations kept by the compiler's cache, one per chunk "
+                        "length (default: 64)")
+    s.add_argument("--use-gpu", dest="use_gpu", choices=_USE_GPU, default="no",
+                   metavar="yes|no|optional|wait",
+                   help="accepted for Kaldi scripts and ignored (with a note unless no): "
+                        "xvector-compute runs on the CPU (default: no)")
+    s.add_argument("--network-optimize", dest="network_optimize", type=kaldi_bool,
+                   default=True, metavar="true|false",
+                   help="run the network optimizer on the model first, as the Kaldi "
+                        "program runs CollapseModel; outputs equal up to float rounding "
+                        "(default: true)")
+    s.set_defaults(fn=cmd_xvector_compute)
