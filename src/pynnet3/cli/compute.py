@@ -28,43 +28,11 @@ import time
 import numpy as np
 
 from ..errors import PynnetError
-
-_USE_GPU = ("yes", "no", "optional", "wait")
+from .jobs import USE_GPU_CHOICES, Progress, Terminated, on_sigterm
 
 
 def _say(kind: str, message: str) -> None:
     print(f"pynnet3 compute: {kind}: {message}", file=sys.stderr)
-
-
-class _Progress:
-    """Utterances done, on stderr when it is a terminal (tqdm when installed)."""
-
-    def __init__(self, total: int | None):
-        self.bar = None
-        self.count = 0
-        self.active = sys.stderr.isatty()
-        if self.active:
-            try:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=total, unit="utt", file=sys.stderr, leave=False)
-            except ImportError:
-                pass
-
-    def update(self, key: str) -> None:
-        self.count += 1
-        if self.bar is not None:
-            self.bar.update(1)
-        elif self.active:
-            sys.stderr.write(f"\r{self.count} utterances ({key})\x1b[K")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        elif self.active and self.count:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
 
 
 def _load_model(args):
@@ -136,14 +104,6 @@ def _decode_looped(info, feats, log_priors, acoustic_scale: float, kwargs) -> np
     return out
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM: the run stops as on Ctrl-C (the output temporaries are removed)."""
-
-
-def _on_sigterm(signum, frame):
-    raise _Terminated
-
-
 def cmd_compute(args) -> int:
     from ..cache import CachingCompiler
     from ..io.ark import TableEntryError, TableWriter, random_access_table, read_table
@@ -175,10 +135,10 @@ def cmd_compute(args) -> int:
     start = time.perf_counter()
     old_handler = None
     try:
-        old_handler = signal.signal(signal.SIGTERM, _on_sigterm)
+        old_handler = signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # (not the main thread)
         pass
-    progress = _Progress(None)
+    progress = Progress(None)
     try:
         with TableWriter(args.output) as writer:
             entries = read_table(args.features)
@@ -227,9 +187,9 @@ def cmd_compute(args) -> int:
                 writer.abort()
     except KeyboardInterrupt as e:
         progress.close()
-        how = "terminated" if isinstance(e, _Terminated) else "interrupted"
+        how = "terminated" if isinstance(e, Terminated) else "interrupted"
         _say("error", f"{how} after {done} utterances; no output written")
-        return 143 if isinstance(e, _Terminated) else 130
+        return 143 if isinstance(e, Terminated) else 130
     finally:
         progress.close()
         if old_handler is not None:
@@ -324,7 +284,7 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
                         "state carried between chunks, no extra context but "
                         "--extra-left-context-initial (-1 means 0 here); the "
                         "--acoustic-scale default stays 1.0 (default: false)")
-    s.add_argument("--use-gpu", dest="use_gpu", choices=_USE_GPU, default="no",
+    s.add_argument("--use-gpu", dest="use_gpu", choices=USE_GPU_CHOICES, default="no",
                    metavar="yes|no|optional|wait",
                    help="accepted for Kaldi scripts and ignored (with a note unless no): "
                         "compute runs on the CPU (default: no)")

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from ..errors import PynnetError
-from .compute import _USE_GPU, _on_sigterm, _Progress, _Terminated
+from .jobs import USE_GPU_CHOICES, Progress, Terminated, on_sigterm
 
 
 def _say(kind: str, message: str) -> None:
@@ -122,10 +122,10 @@ def cmd_xvector_compute(args) -> int:
     start = time.perf_counter()
     old_handler = None
     try:
-        old_handler = signal.signal(signal.SIGTERM, _on_sigterm)
+        old_handler = signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # (not the main thread)
         pass
-    progress = _Progress(None)
+    progress = Progress(None)
     try:
         with TableWriter(args.output) as writer:
             entries = read_table(args.features)
@@ -155,9 +155,9 @@ def cmd_xvector_compute(args) -> int:
                 writer.abort()
     except KeyboardInterrupt as e:
         progress.close()
-        how = "terminated" if isinstance(e, _Terminated) else "interrupted"
+        how = "terminated" if isinstance(e, Terminated) else "interrupted"
         _say("error", f"{how} after {done} utterances; no output written")
-        return 143 if isinstance(e, _Terminated) else 130
+        return 143 if isinstance(e, Terminated) else 130
     finally:
         progress.close()
         if old_handler is not None:
@@ -219,7 +219,7 @@ def add_xvector_command(sub, command, kaldi_bool) -> None:
                    metavar="INT",
                    help="computations kept by the compiler's cache, one per chunk "
                         "length (default: 64)")
-    s.add_argument("--use-gpu", dest="use_gpu", choices=_USE_GPU, default="no",
+    s.add_argument("--use-gpu", dest="use_gpu", choices=USE_GPU_CHOICES, default="no",
                    metavar="yes|no|optional|wait",
                    help="accepted for Kaldi scripts and ignored (with a note unless no): "
                         "xvector-compute runs on the CPU (default: no)")
