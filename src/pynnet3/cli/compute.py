@@ -21,18 +21,14 @@ from chunk to chunk and nothing is recomputed. The acoustic scale stays the CLI'
 
 from __future__ import annotations
 
-import signal
-import sys
-import time
-
 import numpy as np
 
 from ..errors import PynnetError
-from .jobs import USE_GPU_CHOICES, Progress, Terminated, on_sigterm
+from .jobs import USE_GPU_CHOICES, run_table_job, say
 
 
 def _say(kind: str, message: str) -> None:
-    print(f"pynnet3 compute: {kind}: {message}", file=sys.stderr)
+    say("compute", kind, message)
 
 
 def _load_model(args):
@@ -106,7 +102,7 @@ def _decode_looped(info, feats, log_priors, acoustic_scale: float, kwargs) -> np
 
 def cmd_compute(args) -> int:
     from ..cache import CachingCompiler
-    from ..io.ark import TableEntryError, TableWriter, random_access_table, read_table
+    from ..io.ark import random_access_table
     from ..runtime.simple import DecodableNnetSimple, fixed_frames_per_chunk
 
     if args.ivectors and args.online_ivectors:
@@ -130,77 +126,28 @@ def cmd_compute(args) -> int:
     ivectors = random_access_table(args.ivectors) if args.ivectors else None
     online = random_access_table(args.online_ivectors) if args.online_ivectors else None
 
-    done = failed = frames = 0
-    broken = False
-    start = time.perf_counter()
-    old_handler = None
-    try:
-        old_handler = signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # (not the main thread)
-        pass
-    progress = Progress(None)
-    try:
-        with TableWriter(args.output) as writer:
-            entries = read_table(args.features)
-            while True:
-                try:
-                    key, feats = next(entries)
-                except StopIteration:
-                    break
-                except PynnetError as e:
-                    _say("error", f"reading the features stopped: {e}")
-                    broken = True
-                    break
-                try:
-                    if isinstance(feats, TableEntryError):
-                        raise PynnetError(feats.message)
-                    if len(feats) == 0:
-                        raise PynnetError("zero-length utterance")
-                    kwargs = {}
-                    if ivectors is not None:
-                        if key not in ivectors:
-                            raise PynnetError("no iVector available for this utterance")
-                        kwargs["ivector"] = ivectors[key]
-                    if online is not None:
-                        if key not in online:
-                            raise PynnetError("no online iVectors available for this "
-                                              "utterance")
-                        kwargs["online_ivectors"] = online[key]
-                        kwargs["online_ivector_period"] = args.online_ivector_period
-                    if looped is not None:
-                        out = _decode_looped(looped, feats, log_priors,
-                                             args.acoustic_scale, kwargs)
-                    else:
-                        out = DecodableNnetSimple(nnet, compiler, feats, options,
-                                                  log_priors=log_priors, **kwargs).output()
-                    if args.apply_exp:
-                        out = np.exp(out)
-                except PynnetError as e:
-                    _say("warning", f"utterance {key}: {e}")
-                    failed += 1
-                    continue
-                writer.write(key, out)
-                done += 1
-                frames += len(feats)
-                progress.update(key)
-            if not done:  # nothing succeeded: leave no output that looks like a result
-                writer.abort()
-    except KeyboardInterrupt as e:
-        progress.close()
-        how = "terminated" if isinstance(e, Terminated) else "interrupted"
-        _say("error", f"{how} after {done} utterances; no output written")
-        return 143 if isinstance(e, Terminated) else 130
-    finally:
-        progress.close()
-        if old_handler is not None:
-            signal.signal(signal.SIGTERM, old_handler)
-    seconds = time.perf_counter() - start
-    rate = frames / seconds if seconds > 0 else 0.0
-    compiled = 1 if looped is not None else compiler.info()["misses"]
-    _say("summary", f"done {done} utterances, failed {failed}; {frames} frames in "
-                    f"{seconds:.2f}s ({rate:.0f} frames/s); compiled "
-                    f"{compiled} computations")
-    return 0 if done and not broken else 1
+    def process(key: str, feats: np.ndarray) -> np.ndarray:
+        if len(feats) == 0:
+            raise PynnetError("zero-length utterance")
+        kwargs = {}
+        if ivectors is not None:
+            if key not in ivectors:
+                raise PynnetError("no iVector available for this utterance")
+            kwargs["ivector"] = ivectors[key]
+        if online is not None:
+            if key not in online:
+                raise PynnetError("no online iVectors available for this utterance")
+            kwargs["online_ivectors"] = online[key]
+            kwargs["online_ivector_period"] = args.online_ivector_period
+        if looped is not None:
+            out = _decode_looped(looped, feats, log_priors, args.acoustic_scale, kwargs)
+        else:
+            out = DecodableNnetSimple(nnet, compiler, feats, options,
+                                      log_priors=log_priors, **kwargs).output()
+        return np.exp(out) if args.apply_exp else out
+
+    return run_table_job("compute", args.features, args.output, process,
+                         lambda: 1 if looped is not None else compiler.info()["misses"])
 
 
 def add_compute_command(sub, command, kaldi_bool) -> None:

@@ -1,9 +1,17 @@
 """What the long-running archive commands (compute, xvector-compute) share: the
-progress display, SIGTERM handling and the accepted --use-gpu values."""
+utterance loop over a feature table (run_table_job), the progress display,
+SIGTERM handling and the accepted --use-gpu values."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import PynnetError
 
 USE_GPU_CHOICES = ("yes", "no", "optional", "wait")
 
@@ -46,3 +54,73 @@ class Terminated(KeyboardInterrupt):
 def on_sigterm(signum, frame):
     """SIGTERM handler: stop the run as Ctrl-C does."""
     raise Terminated
+
+
+def say(command: str, kind: str, message: str) -> None:
+    """One line on stderr: ``pynnet3 COMMAND: KIND: message``."""
+    print(f"pynnet3 {command}: {kind}: {message}", file=sys.stderr)
+
+
+def run_table_job(command: str, features: str, output: str,
+                  process: Callable[[str, np.ndarray], np.ndarray],
+                  compiled: Callable[[], int]) -> int:
+    """Read the feature table ``features``, write ``process(key, feats)`` per
+    utterance to the wspecifier ``output`` (atomically), and return the exit status.
+
+    Kaldi's habits: an utterance whose ``process`` raises a pynnet3 error is
+    warned about and counted, the others go on; the run fails (1) when nothing
+    succeeded -- then nothing is written -- or when the table broke off; SIGTERM /
+    Ctrl-C remove the output temporaries (143 / 130). A summary line ends the run
+    (``compiled()``: computations compiled)."""
+    from ..io.ark import TableEntryError, TableWriter, read_table
+
+    done = failed = frames = 0
+    broken = False
+    start = time.perf_counter()
+    old_handler = None
+    try:
+        old_handler = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # (not the main thread)
+        pass
+    progress = Progress(None)
+    try:
+        with TableWriter(output) as writer:
+            entries = read_table(features)
+            while True:
+                try:
+                    key, feats = next(entries)
+                except StopIteration:
+                    break
+                except PynnetError as e:
+                    say(command, "error", f"reading the features stopped: {e}")
+                    broken = True
+                    break
+                try:
+                    if isinstance(feats, TableEntryError):
+                        raise PynnetError(feats.message)
+                    out = process(key, feats)
+                except PynnetError as e:
+                    say(command, "warning", f"utterance {key}: {e}")
+                    failed += 1
+                    continue
+                writer.write(key, out)
+                done += 1
+                frames += len(feats)
+                progress.update(key)
+            if not done:  # nothing succeeded: leave no output that looks like a result
+                writer.abort()
+    except KeyboardInterrupt as e:
+        progress.close()
+        how = "terminated" if isinstance(e, Terminated) else "interrupted"
+        say(command, "error", f"{how} after {done} utterances; no output written")
+        return 143 if isinstance(e, Terminated) else 130
+    finally:
+        progress.close()
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
+    seconds = time.perf_counter() - start
+    rate = frames / seconds if seconds > 0 else 0.0
+    say(command, "summary", f"done {done} utterances, failed {failed}; {frames} frames in "
+                            f"{seconds:.2f}s ({rate:.0f} frames/s); compiled {compiled()} "
+                            "computations")
+    return 0 if done and not broken else 1

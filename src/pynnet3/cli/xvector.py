@@ -19,17 +19,14 @@ output is written atomically; the last line on stderr sums up the run.
 
 from __future__ import annotations
 
-import sys
-import time
-
 import numpy as np
 
 from ..errors import PynnetError
-from .jobs import USE_GPU_CHOICES, Progress, Terminated, on_sigterm
+from .jobs import USE_GPU_CHOICES, run_table_job, say
 
 
 def _say(kind: str, message: str) -> None:
-    print(f"pynnet3 xvector-compute: {kind}: {message}", file=sys.stderr)
+    say("xvector-compute", kind, message)
 
 
 def xvector_chunks(num_frames: int, chunk_size: int, min_chunk_size: int,
@@ -99,11 +96,9 @@ def compute_xvector(nnet, compiler, feats: np.ndarray, chunk_size: int = -1,
 
 
 def cmd_xvector_compute(args) -> int:
-    import signal
 
     from ..cache import CachingCompiler
     from ..graphopt import optimize_network
-    from ..io.ark import TableEntryError, TableWriter, read_table
     from .files import read_model
 
     if args.use_gpu != "no":
@@ -117,57 +112,12 @@ def cmd_xvector_compute(args) -> int:
         nnet = optimize_network(nnet)
     compiler = CachingCompiler(nnet, capacity=args.cache_capacity)
 
-    done = failed = frames = 0
-    broken = False
-    start = time.perf_counter()
-    old_handler = None
-    try:
-        old_handler = signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # (not the main thread)
-        pass
-    progress = Progress(None)
-    try:
-        with TableWriter(args.output) as writer:
-            entries = read_table(args.features)
-            while True:
-                try:
-                    key, feats = next(entries)
-                except StopIteration:
-                    break
-                except PynnetError as e:
-                    _say("error", f"reading the features stopped: {e}")
-                    broken = True
-                    break
-                try:
-                    if isinstance(feats, TableEntryError):
-                        raise PynnetError(feats.message)
-                    xvector = compute_xvector(nnet, compiler, feats, args.chunk_size,
-                                              args.min_chunk_size, args.pad_input)
-                except PynnetError as e:
-                    _say("warning", f"utterance {key}: {e}")
-                    failed += 1
-                    continue
-                writer.write(key, xvector)
-                done += 1
-                frames += len(feats)
-                progress.update(key)
-            if not done:  # nothing succeeded: leave no output that looks like a result
-                writer.abort()
-    except KeyboardInterrupt as e:
-        progress.close()
-        how = "terminated" if isinstance(e, Terminated) else "interrupted"
-        _say("error", f"{how} after {done} utterances; no output written")
-        return 143 if isinstance(e, Terminated) else 130
-    finally:
-        progress.close()
-        if old_handler is not None:
-            signal.signal(signal.SIGTERM, old_handler)
-    seconds = time.perf_counter() - start
-    rate = frames / seconds if seconds > 0 else 0.0
-    _say("summary", f"done {done} utterances, failed {failed}; {frames} frames in "
-                    f"{seconds:.2f}s ({rate:.0f} frames/s); compiled "
-                    f"{compiler.info()['misses']} computations")
-    return 0 if done and not broken else 1
+    def process(key: str, feats: np.ndarray) -> np.ndarray:
+        return compute_xvector(nnet, compiler, feats, args.chunk_size, args.min_chunk_size,
+                               args.pad_input)
+
+    return run_table_job("xvector-compute", args.features, args.output, process,
+                         lambda: compiler.info()["misses"])
 
 
 def add_xvector_command(sub, command, kaldi_bool) -> None:
