@@ -31,7 +31,6 @@ import importlib.util
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -44,54 +43,11 @@ if importlib.util.find_spec("pynnet3") is None:
     sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from gemm import best_ms, gemm_runner, gemm_shapes  # noqa: E402
 from realistic import NETS, reference_dir, scaling_request  # noqa: E402
 
 import pynnet3  # noqa: E402
-from pynnet3.computation import CommandType  # noqa: E402
 from pynnet3.runtime.computer import NnetComputer  # noqa: E402
-
-LINEAR = {"AffineComponent", "NaturalGradientAffineComponent", "FixedAffineComponent",
-          "LinearComponent", "TdnnComponent"}
-
-
-def best_ms(fn, reps: int) -> float:
-    fn()  # warm-up: allocator, BLAS, lazy imports
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
-
-
-def gemm_shapes(nnet, comp) -> list[tuple[int, int, int]]:
-    """(rows, in, out) of every GEMM the computation's forward propagates run."""
-    shapes = []
-    for cmd in comp.commands:
-        if cmd.type is CommandType.NO_OPERATION_MARKER:
-            break
-        if cmd.type is not CommandType.PROPAGATE:
-            continue
-        c = nnet.components[nnet.node(cmd.node).component]
-        if c.type_name not in LINEAR:
-            continue
-        rows = comp.submatrices[cmd.out_value][2]
-        if c.type_name == "TdnnComponent":
-            shapes += [(rows, c.input_dim, c.output_dim)] * len(c.time_offsets)
-        else:
-            shapes.append((rows, c.input_dim, c.output_dim))
-    return shapes
-
-
-def gemm_runner(shapes, rng):
-    bufs = [(rng.standard_normal((r, i)).astype(np.float32),
-             rng.standard_normal((o, i)).astype(np.float32).T,
-             np.empty((r, o), np.float32)) for r, i, o in shapes]
-
-    def run():
-        for x, wt, y in bufs:
-            np.matmul(x, wt, out=y)
-    return run
 
 
 def torch_runner(shapes, rng):
@@ -100,13 +56,14 @@ def torch_runner(shapes, rng):
     except ImportError:
         return None
     torch.set_num_threads(1)
-    bufs = [(torch.from_numpy(rng.standard_normal((r, i)).astype(np.float32)),
-             torch.from_numpy(rng.standard_normal((o, i)).astype(np.float32)).T,
-             torch.empty((r, o))) for r, i, o in shapes]
+    bufs = [(torch.from_numpy(rng.standard_normal((k, m)).astype(np.float32)).T if trans
+             else torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)),
+             torch.from_numpy(rng.standard_normal((k, n)).astype(np.float32)),
+             torch.empty((m, n))) for m, k, n, trans in shapes]
 
     def run():
-        for x, wt, y in bufs:
-            torch.matmul(x, wt, out=y)
+        for a, b, y in bufs:
+            torch.matmul(a, b, out=y)
     return run
 
 
