@@ -7,16 +7,13 @@ from __future__ import annotations
 import sys
 
 from ..am import AcousticModel
-from ..errors import FormatError
-from .files import STDIO, read_bytes, write_model
+from .files import STDIO, read_model_bytes, write_model
 
 
 def read_am_file(path: str) -> AcousticModel:
-    """An acoustic model, text or binary, from ``path`` or stdin."""
-    data, name = read_bytes(path)
-    if not data:
-        raise FormatError("empty model file", name)
-    return AcousticModel.from_bytes(data, name)
+    """An acoustic model, text or binary, from the rxfilename ``path`` (a file,
+    stdin for ``-``, ``"command |"``), gzip-compressed or not."""
+    return AcousticModel.from_bytes(*read_model_bytes(path))
 
 
 def _cmd_am_info(args) -> int:

@@ -1,8 +1,11 @@
-"""How the command line reads and writes its files: ``-`` is stdin / stdout, as in
-Kaldi's tools; a file that cannot be read or decoded is a pynnet3 error naming it."""
+"""How the command line reads and writes its files: ``-`` is stdin / stdout and
+``"command |"`` the output of a shell command, as in Kaldi's rxfilenames; models may
+be gzip-compressed. A file that cannot be read or decoded, or a command that fails,
+is a pynnet3 error naming it."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 from ..errors import ConfigError, FormatError
@@ -11,17 +14,41 @@ from ..nnet import Nnet, nnet_from_bytes
 STDIO = "-"
 
 
+def is_pipe(path: str) -> bool:
+    """A Kaldi input pipe: ``"command |"`` (the command's standard output is read)."""
+    return path.rstrip().endswith("|") and len(path.rstrip()) > 1
+
+
+def _run_pipe(path: str) -> bytes:
+    """The standard output of the shell command of ``"command |"``; its stderr goes
+    to ours (as Kaldi's popen). A command that cannot start or exits non-zero is a
+    FormatError naming it and its exit status."""
+    command = path.rstrip()[:-1].strip()
+    try:
+        done = subprocess.run(command, shell=True, stdout=subprocess.PIPE, check=False)
+    except OSError as e:
+        raise FormatError(f"cannot run the command: {e.strerror or e}", path) from None
+    if done.returncode != 0:
+        how = (f"killed by signal {-done.returncode}" if done.returncode < 0
+               else f"exit status {done.returncode}")
+        raise FormatError(f"the command failed ({how})", path)
+    return done.stdout
+
+
 def read_bytes(path: str) -> tuple[bytes, str]:
-    """The contents of ``path`` (stdin for ``-``) and the name to use in messages."""
+    """The contents of the rxfilename ``path`` (a file, ``-`` for stdin, or
+    ``"command |"``) and the name to use in messages."""
     if path == STDIO:
         return sys.stdin.buffer.read(), "<stdin>"
+    if is_pipe(path):
+        return _run_pipe(path), path
     with open(path, "rb") as f:
         return f.read(), path
 
 
-def read_model(path: str) -> Nnet:
-    """A Kaldi model, text or binary, from ``path`` or stdin; gzip-compressed
-    (``model.txt.gz``) is read transparently."""
+def read_model_bytes(path: str) -> tuple[bytes, str]:
+    """A model file's bytes as :func:`read_bytes`, gunzipped when gzip-compressed
+    (``final.mdl.gz``); an empty file is a FormatError."""
     data, name = read_bytes(path)
     if data[:2] == b"\x1f\x8b":
         import gzip
@@ -33,7 +60,13 @@ def read_model(path: str) -> Nnet:
             raise FormatError(f"broken gzip data: {e}", name) from None
     if not data:
         raise FormatError("empty model file", name)
-    return nnet_from_bytes(data, name)
+    return data, name
+
+
+def read_model(path: str) -> Nnet:
+    """A Kaldi model, text or binary, from the rxfilename ``path`` (a file, ``-``,
+    ``"gunzip -c final.mdl.gz |"``); gzip-compressed files are read transparently."""
+    return nnet_from_bytes(*read_model_bytes(path))
 
 
 def read_config(path: str) -> tuple[str, str]:
