@@ -16,6 +16,7 @@ import pytest
 
 import pynnet3
 from pynnet3.compiler import computable as computable_mod
+from pynnet3.compiler import graph as graph_mod
 from pynnet3.compiler.computable import Computability
 from pynnet3.errors import ComputeError
 from pynnet3.index import pack
@@ -244,3 +245,30 @@ def test_solver_bounds_contain_every_computable_cindex():
     # tight where it matters: the RNN's recurrence is bounded by its input
     comp = Computability(pynnet3.Nnet.from_config(N.RNN, seed=1), {"input": N.frames(0, 10)})
     assert comp.solver_bounds("rec") == (0, 9)
+
+
+def test_runaway_recurrence_is_an_error_without_walking_the_round_limit():
+    """lin(t) = Failover(lin(t-1), c0(t)) is computable at every t, so computing
+    output(0..39) needs lin(t-1), lin(t-2), ... forever (Kaldi's builder would not
+    finish either). The builder stops once the demand leaves every frame the
+    request and the network's offsets can reach, long before _MAX_ROUNDS, and the
+    error names the node and a cindex beyond that window."""
+    nnet = pynnet3.Nnet.from_config(FAILOVER_TO_CONSTANT, seed=1)
+    req = N.request({"input": N.frames(0, 40)}, {"output": N.frames(0, 40)})
+    builder = graph_mod.GraphBuilder(nnet, req)
+    lo, hi = builder._demand_window()
+    assert lo < -1024 and hi > 40 + 1024  # the request's frames plus the margin
+    with pytest.raises(ComputeError, match=r"does not terminate: node 'lin' is needed at "
+                                           r"\(n=0, t=-\d+"):
+        pynnet3.compile(nnet, req, optimize=False)
+
+
+def test_long_legitimate_recurrence_is_not_mistaken_for_a_runaway():
+    """lin(t) = Failover(lin(t-1), input(t)) over 3000 frames takes one round per
+    frame inside the request's range: far more rounds than the check's threshold,
+    never outside the window."""
+    nnet = pynnet3.Nnet.from_config(FAILOVER_TO_INPUT, seed=1)
+    assert graph_mod._RUNAWAY_CHECK_AFTER < 3000
+    req = N.request({"input": N.frames(0, 3000)}, {"output": N.frames(0, 3000)})
+    comp = pynnet3.compile(nnet, req, optimize=False)
+    assert comp.stats()["num_commands"] > 0

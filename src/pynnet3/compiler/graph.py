@@ -29,6 +29,11 @@ from .computable import Computability
 from .keymap import KeyMap
 
 _MAX_ROUNDS = 100000
+# A legitimate long recurrence takes one round per frame inside the request's
+# range; past this many rounds the demanded frames are checked (cheaply) against
+# the window a terminating computation can need (GraphBuilder._demand_window).
+_RUNAWAY_CHECK_AFTER = 256
+_RUNAWAY_MARGIN = 1024
 _STEP_KIND = {"input-node": "input", "component-node": "component",
               "dim-range-node": "dim-range", "output-node": "output"}
 
@@ -193,6 +198,7 @@ class GraphBuilder:
             pending.setdefault(spec.name, []).append(pack(spec.indexes))
         sources = self.used_source_keys
         rounds = 0
+        t_window = None
         while pending:
             rounds += 1
             if rounds > _MAX_ROUNDS:
@@ -206,6 +212,10 @@ class GraphBuilder:
                     continue
             needed[name].add_new(keys, np.ones(len(keys), dtype=np.int64))
             scc = self.scc_of[name]
+            if rounds > _RUNAWAY_CHECK_AFTER and self._recurrent[scc]:
+                if t_window is None:
+                    t_window = self._demand_window()
+                self._check_runaway(name, keys, t_window)
             inner = self._inner_edges.setdefault(name, []) if self._recurrent[scc] else None
             for src, rows, skeys in sources(name, keys):
                 pending.setdefault(src, []).append(skeys)
@@ -216,6 +226,49 @@ class GraphBuilder:
         steps = self._schedule({k: v.items()[0] for k, v in needed.items() if len(v)})
         self.schedule_seconds = time.perf_counter() - t0
         return ComputationGraph(steps, self.comp)
+
+    def _demand_window(self) -> tuple[int, int]:
+        """The t range outside which no cindex can be needed by a computation that
+        terminates: the request's frames widened by twice the farthest single hop
+        any descriptor or component takes, plus a margin for Round() periods.
+
+        Why it is safe: a recurrent cindex that far from every requested frame can
+        reach no input, so it is computable from constants alone, and so is every
+        cindex further along the same recurrence (computability that far out is
+        periodic in t); a demand walking out there never stops."""
+        ts = [spec.indexes[:, 1] for spec in (*self.request.inputs, *self.request.outputs)]
+        allt = np.concatenate(ts)
+        reach = 1
+        probe = np.zeros((8, 3), dtype=np.int64)
+        probe[:, 1] = np.arange(8)
+        pt = probe[:, 1]
+        for n in self.nodes.values():
+            if n.kind not in ("component-node", "output-node"):
+                continue
+            hop = 0
+            comp = self.nnet.components.get(n.component) if n.component else None
+            if comp is not None and not comp.is_simple():
+                inp = comp.input_indexes(probe)
+                if len(inp.owner):
+                    hop = int(np.abs(inp.indexes[:, 1] - pt[inp.owner]).max())
+            for d in n.descriptor.dependencies(probe):
+                if len(d.rows):
+                    reach = max(reach, hop + int(np.abs(d.indexes[:, 1] - pt[d.rows]).max()))
+            reach = max(reach, hop)
+        margin = 2 * reach + _RUNAWAY_MARGIN
+        return int(allt.min()) - margin, int(allt.max()) + margin
+
+    def _check_runaway(self, name: str, keys: np.ndarray, window: tuple[int, int]) -> None:
+        t = unpack(keys)[:, 1]
+        far = (t < window[0]) | (t > window[1])
+        if far.any():
+            bad = unpack(keys[far][:1])
+            raise ComputeError(
+                f"computation graph does not terminate: node {name!r} is needed at "
+                f"{describe(bad)}, beyond any frame the request or the network's "
+                f"offsets can reach (t in [{window[0]}, {window[1]}]); a recurrence "
+                "that always finds a computable input, e.g. Failover(Offset(x, -1), "
+                "<constant>), walks away forever")
 
     # -- scheduling ---------------------------------------------------------------
     def _schedule(self, needed: dict[str, np.ndarray]) -> list[Step]:
