@@ -267,14 +267,6 @@ class Nnet:
             object.__setattr__(self, "_context_cache", cached)
         return cached[1]
 
-    @property
-    def cache(self):
-        """This network's :class:`pynnet3.CachingCompiler` (default options; made on
-        first use). ``pynnet3.run`` with a request compiles through it."""
-        from .cache import cache_for
-
-        return cache_for(self)
-
     def seed_random_components(self, seed: int) -> None:
         """Give every random component (dropout-like) its own generator, derived from
         ``seed`` and its position, so two layers never draw the same masks."""

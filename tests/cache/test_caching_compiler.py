@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pynnet3
-from pynnet3.cache import CachingCompiler
+from pynnet3.cache import CachingCompiler, cache_for
 from pynnet3.cache.caching_compiler import PHASES
 from pynnet3.errors import FormatError, PynnetError
 from tests.cache.common import assert_same_results, frames, random_data, request, run_on_copy
@@ -179,12 +179,12 @@ def test_bad_arguments():
 
 def test_copy_of_a_network_gets_an_empty_cache():
     nnet = _tdnn()
-    nnet.cache.compile(_req())
+    cache_for(nnet).compile(_req())
     other = nnet.copy()
-    assert len(other.cache) == 0 and other.cache.nnet is other
-    assert len(nnet.cache) == 1
+    assert len(cache_for(other)) == 0 and cache_for(other).nnet is other
+    assert len(cache_for(nnet)) == 1
     shallow = copy.copy(nnet)
-    assert shallow.cache.nnet is shallow and nnet.cache.nnet is nnet
+    assert cache_for(shallow).nnet is shallow and cache_for(nnet).nnet is nnet
 
 
 # -- run() and the network's cache --------------------------------------------------------
@@ -198,13 +198,13 @@ def test_run_with_a_request_compiles_once():
         res = pynnet3.run(nnet, req, inputs, derivs)
         ref = pynnet3.run(nnet, pynnet3.compile(nnet, req, optimize=False), inputs, derivs)
         assert_same_results(res, ref)
-    info = nnet.cache.info()
+    info = cache_for(nnet).info()
     assert info["hits"] == 2 and info["shortcut"] == 1
     # run()'s defaults (float32, numpy) are the cache's defaults: the same entry.
-    nnet.cache.compile(_req(n_seqs=3, deriv=True))
-    assert nnet.cache.info()["hits"] == 3
-    nnet.cache.compile(_req(n_seqs=3, deriv=True), dtype=np.float64)
-    assert nnet.cache.info()["misses"] == info["misses"] + 1
+    cache_for(nnet).compile(_req(n_seqs=3, deriv=True))
+    assert cache_for(nnet).info()["hits"] == 3
+    cache_for(nnet).compile(_req(n_seqs=3, deriv=True), dtype=np.float64)
+    assert cache_for(nnet).info()["misses"] == info["misses"] + 1
 
 
 # -- save / load ----------------------------------------------------------------------------
