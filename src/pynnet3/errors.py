@@ -91,4 +91,10 @@ class DependencyError(PynnetError):
     for drawing SVG/PNG/PDF, matplotlib for plots); the message says what to install."""
 
 
+class ExportError(PynnetError):
+    """A network cannot be exported (``pynnet3.export``): a component type with no
+    standard-op form, a training-mode random component; the message names the node
+    and the component type."""
+
+
 ComputationCheckError = CheckError
