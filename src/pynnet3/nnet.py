@@ -324,6 +324,14 @@ class Nnet:
                     raise DimensionError(f"{source}: node {n.name!r}: {e}") from None
         if not any(n.kind == "output-node" for n in self.nodes) and self.nodes:
             raise GraphError(f"{source}: network has no output-node")
+        from .compiler.epochs import zero_delay_cycle
+
+        loop = zero_delay_cycle(self)
+        if loop:
+            raise GraphError(f"{source}: nodes {' -> '.join(loop)} form a loop with no time "
+                             "offset: each needs the next at the same frame, so none is ever "
+                             "computable (a recurrence reads an earlier frame, e.g. "
+                             "Offset(node, -1))")
         problem = limits.exceeded("max_modulus", self.modulus(),
                                   "modulus (LCM of the Round() moduli and Switch() sizes)")
         if problem:

@@ -272,3 +272,31 @@ def test_long_legitimate_recurrence_is_not_mistaken_for_a_runaway():
     req = N.request({"input": N.frames(0, 3000)}, {"output": N.frames(0, 3000)})
     comp = pynnet3.compile(nnet, req, optimize=False)
     assert comp.stats()["num_commands"] > 0
+
+
+ZERO_DELAY_LOOP = """
+input-node name=input dim=4
+component name=lin type=LinearComponent input-dim=8 output-dim=4
+component-node name=lin component=lin input=Append(input, {read})
+dim-range-node name=d input-node=lin dim-offset=0 dim=4
+output-node name=output input=lin
+"""
+
+
+def test_zero_delay_loop_is_rejected_when_the_network_is_read():
+    """lin(t) needs d(t), a column range of lin(t) itself: a cindex that needs
+    itself is never computable. The error comes at load time and names the loop
+    (it used to surface as a misleading 'no output frames are computable')."""
+    from pynnet3.errors import GraphError
+
+    with pytest.raises(GraphError, match=r"nodes lin -> d -> lin form a loop with no time "):
+        pynnet3.Nnet.from_config(ZERO_DELAY_LOOP.format(read="d"), seed=1)
+
+
+@pytest.mark.parametrize("read", ["Offset(d, -1)", "IfDefined(d)", "Failover(d, input)",
+                                  "IfDefined(Offset(d, -2))"])
+def test_delayed_or_optional_loops_are_recurrences_not_errors(read):
+    """Through a time offset the same loop is an ordinary recurrence; through
+    IfDefined/Failover the read is optional: both load."""
+    nnet = pynnet3.Nnet.from_config(ZERO_DELAY_LOOP.format(read=read), seed=1)
+    assert nnet.is_recurrent()
