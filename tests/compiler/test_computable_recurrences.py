@@ -9,8 +9,6 @@ Regressions: a Failover whose first side is the recurrence (``Failover(Offset(c,
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -87,11 +85,9 @@ def test_failover_to_constant_context_is_zero():
     under a computable lin(t), so it walks back to its max_distance; only
     computability is asked here, and that is decided at once.)"""
     nnet = pynnet3.Nnet.from_config(FAILOVER_TO_CONSTANT, seed=1)
-    t0 = time.perf_counter()
     assert nnet.left_context == 0
     assert nnet.right_context == 0
     assert nnet.context() == (0, 0)
-    assert time.perf_counter() - t0 < 2.0
     comp = Computability(nnet, {"input": N.frames(0, 40)})
     probe = N.frames(-3000, 3000)
     assert comp.computable("lin", probe).all()
@@ -119,13 +115,11 @@ def test_decided_far_back_one_round_per_frame():
     """Asked only about t = 2999 with the input at t = 0 alone: each round goes one
     frame further back (3000 rounds, a loop, not a recursion)."""
     nnet = pynnet3.Nnet.from_config(FAILOVER_TO_INPUT, seed=1)
-    t0 = time.perf_counter()
     comp = Computability(nnet, {"input": N.frames(0, 1)})
     assert comp.computable("output", N.frames(2999, 3000)).all()
     assert comp.computable("lin", N.frames(0, 3000)).all()
     assert not Computability(nnet, {"input": N.frames(5, 6)}).computable(
         "lin", N.frames(2999, 3000) - [0, 3000, 0]).any()
-    assert time.perf_counter() - t0 < 20.0
 
 
 def test_rounds_are_limited_and_leave_nothing_pending(monkeypatch):
@@ -145,7 +139,6 @@ def test_rounds_are_limited_and_leave_nothing_pending(monkeypatch):
 @pytest.mark.parametrize("frames", [5000])
 def test_lstm_like_recurrence_long_request_compiles(frames):
     nnet = pynnet3.Nnet.from_config(LSTM, seed=1)
-    t0 = time.perf_counter()
     comp = Computability(nnet, {"input": N.frames(0, frames)})
     probe = N.frames(-10, frames + 10)
     for node in ("W_all", "lstm_nonlin", "c", "r", "output"):
@@ -154,7 +147,6 @@ def test_lstm_like_recurrence_long_request_compiles(frames):
     c = pynnet3.compile(nnet, req, optimize=False)
     # W_all, lstm_nonlin, rp, final once per frame (the recurrence goes step by step)
     assert sum(cmd.type.value == "kPropagate" for cmd in c.commands) == 3 * frames + 1
-    assert time.perf_counter() - t0 < 20.0
     # the same with the RNN of the compiler tests
     rnn = pynnet3.Nnet.from_config(N.RNN, seed=1)
     c = pynnet3.compile(rnn, N.request({"input": N.frames(0, frames)},
