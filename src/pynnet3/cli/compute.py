@@ -17,6 +17,11 @@ With ``--looped=true`` each utterance is decoded by the looped computation inste
 DecodableNnetSimpleLooped as nnet3-latgen-faster-looped uses it): state is carried
 from chunk to chunk and nothing is recomputed. The acoustic scale stays the CLI's
 (1.0 by default, as nnet3-compute), not the library's 0.1.
+
+``--batch-size=N`` (beyond nnet3-compute) holds utterances until they have N chunks
+and runs equal-shaped chunks N at a time as the sequences of one request
+(:func:`pynnet3.runtime.simple.decode_batched`); the outputs equal the unbatched ones
+up to float rounding.
 """
 
 from __future__ import annotations
@@ -107,6 +112,8 @@ def cmd_compute(args) -> int:
 
     if args.ivectors and args.online_ivectors:
         raise PynnetError("give --ivectors or --online-ivectors, not both")
+    if args.batch_size < 1:
+        raise PynnetError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.use_gpu != "no":
         _say("note", f"--use-gpu={args.use_gpu} is accepted for Kaldi scripts and ignored: "
                      "pynnet3 compute runs on the CPU")
@@ -126,7 +133,7 @@ def cmd_compute(args) -> int:
     ivectors = random_access_table(args.ivectors) if args.ivectors else None
     online = random_access_table(args.online_ivectors) if args.online_ivectors else None
 
-    def process(key: str, feats: np.ndarray) -> np.ndarray:
+    def inputs(key: str, feats: np.ndarray) -> dict:
         if len(feats) == 0:
             raise PynnetError("zero-length utterance")
         kwargs = {}
@@ -139,6 +146,10 @@ def cmd_compute(args) -> int:
                 raise PynnetError("no online iVectors available for this utterance")
             kwargs["online_ivectors"] = online[key]
             kwargs["online_ivector_period"] = args.online_ivector_period
+        return kwargs
+
+    def process(key: str, feats: np.ndarray) -> np.ndarray:
+        kwargs = inputs(key, feats)
         if looped is not None:
             out = _decode_looped(looped, feats, log_priors, args.acoustic_scale, kwargs)
         else:
@@ -146,8 +157,53 @@ def cmd_compute(args) -> int:
                                       log_priors=log_priors, **kwargs).output()
         return np.exp(out) if args.apply_exp else out
 
+    def decodable(key: str, feats: np.ndarray):
+        return DecodableNnetSimple(nnet, compiler, feats, options, log_priors=log_priors,
+                                   **inputs(key, feats))
+
+    batcher = None
+    if args.batch_size > 1 and looped is None:
+        batcher = _Batcher(decodable, args.batch_size, args.apply_exp)
+    elif args.batch_size > 1:
+        _say("note", "--batch-size is not used with --looped=true (one utterance at a time)")
     return run_table_job("compute", args.features, args.output, process,
-                         lambda: 1 if looped is not None else compiler.info()["misses"])
+                         lambda: 1 if looped is not None else compiler.info()["misses"],
+                         batcher=batcher)
+
+
+class _Batcher:
+    """``--batch-size=N`` (a batcher for :func:`run_table_job`): utterances are held
+    until their chunks number at least N, then decoded together, equal-shaped chunks
+    N at a time as the sequences of one request
+    (:func:`pynnet3.runtime.simple.decode_batched`)."""
+
+    def __init__(self, decodable, batch_size: int, apply_exp: bool):
+        self.decodable, self.batch_size, self.apply_exp = decodable, batch_size, apply_exp
+        self.pending: list = []  # (key, decodable, plan, frames)
+        self.num_chunks = 0
+
+    def add(self, key: str, feats: np.ndarray) -> None:
+        d = self.decodable(key, feats)
+        plan = d.plan()  # (an utterance's bad input fails here, alone)
+        self.pending.append((key, d, plan, len(feats)))
+        self.num_chunks += len(plan)
+
+    def full(self) -> bool:
+        return self.num_chunks >= self.batch_size
+
+    def flush(self) -> list:
+        from ..runtime.simple import decode_batched
+
+        pending, self.pending, self.num_chunks = self.pending, [], 0
+        if not pending:
+            return []
+        try:
+            outs = decode_batched([p[1] for p in pending], self.batch_size,
+                                  [p[2] for p in pending])
+        except PynnetError as e:  # (the computation failed: every utterance of the batch)
+            return [(key, e, frames) for key, _d, _p, frames in pending]
+        return [(key, np.exp(out) if self.apply_exp else out, frames)
+                for (key, _d, _p, frames), out in zip(pending, outs, strict=True)]
 
 
 def add_compute_command(sub, command, kaldi_bool) -> None:
@@ -240,4 +296,9 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
                    help="run the network optimizer on the model first, as nnet3-compute "
                         "runs CollapseModel; outputs equal up to float rounding "
                         "(default: true)")
+    s.add_argument("--batch-size", dest="batch_size", type=int, default=1, metavar="INT",
+                   help="beyond nnet3-compute: run up to this many equal-sized chunks, "
+                        "from several utterances, as the sequences of one computation; "
+                        "outputs equal to --batch-size=1 up to float rounding; not used "
+                        "with --looped=true (default: 1)")
     s.set_defaults(fn=cmd_compute)

@@ -61,19 +61,52 @@ def say(command: str, kind: str, message: str) -> None:
     print(f"pynnet3 {command}: {kind}: {message}", file=sys.stderr)
 
 
+class OneByOne:
+    """The plain batcher of :func:`run_table_job`: each utterance processed alone,
+    as soon as it is read."""
+
+    def __init__(self, process: Callable[[str, np.ndarray], np.ndarray]):
+        self.process = process
+        self.pending: list[tuple[str, np.ndarray]] = []
+
+    def add(self, key: str, feats: np.ndarray) -> None:
+        self.pending.append((key, feats))
+
+    def full(self) -> bool:
+        return True
+
+    def flush(self) -> list[tuple[str, np.ndarray | PynnetError, int]]:
+        out = []
+        for key, feats in self.pending:
+            try:
+                out.append((key, self.process(key, feats), len(feats)))
+            except PynnetError as e:
+                out.append((key, e, len(feats)))
+        self.pending = []
+        return out
+
+
 def run_table_job(command: str, features: str, output: str,
-                  process: Callable[[str, np.ndarray], np.ndarray],
-                  compiled: Callable[[], int]) -> int:
+                  process: Callable[[str, np.ndarray], np.ndarray] | None,
+                  compiled: Callable[[], int], batcher=None) -> int:
     """Read the feature table ``features``, write ``process(key, feats)`` per
     utterance to the wspecifier ``output`` (atomically), and return the exit status.
 
-    Kaldi's habits: an utterance whose ``process`` raises a pynnet3 error is
+    ``batcher`` (instead of ``process``) groups utterances: ``add(key, feats)``
+    takes one (a pynnet3 error: that utterance failed), ``full()`` says when to
+    ``flush()``, which returns ``(key, output or pynnet3 error, frames)`` for the
+    utterances added since the last flush, in the order they were added (so the
+    output keeps the input order).
+
+    Kaldi's habits: an utterance whose processing raises a pynnet3 error is
     warned about and counted, the others go on; the run fails (1) when nothing
     succeeded -- then nothing is written -- or when the table broke off; SIGTERM /
     Ctrl-C remove the output temporaries (143 / 130). A summary line ends the run
     (``compiled()``: computations compiled)."""
     from ..io.ark import TableEntryError, TableWriter, read_table
 
+    if batcher is None:
+        batcher = OneByOne(process)
     done = failed = frames = 0
     broken = False
     start = time.perf_counter()
@@ -83,6 +116,19 @@ def run_table_job(command: str, features: str, output: str,
     except ValueError:  # (not the main thread)
         pass
     progress = Progress(None)
+
+    def write_out(writer) -> None:
+        nonlocal done, failed, frames
+        for key, out, num_frames in batcher.flush():
+            if isinstance(out, PynnetError):
+                say(command, "warning", f"utterance {key}: {out}")
+                failed += 1
+                continue
+            writer.write(key, out)
+            done += 1
+            frames += num_frames
+            progress.update(key)
+
     try:
         with TableWriter(output) as writer:
             entries = read_table(features)
@@ -98,15 +144,14 @@ def run_table_job(command: str, features: str, output: str,
                 try:
                     if isinstance(feats, TableEntryError):
                         raise PynnetError(feats.message)
-                    out = process(key, feats)
+                    batcher.add(key, feats)
                 except PynnetError as e:
                     say(command, "warning", f"utterance {key}: {e}")
                     failed += 1
                     continue
-                writer.write(key, out)
-                done += 1
-                frames += len(feats)
-                progress.update(key)
+                if batcher.full():
+                    write_out(writer)
+            write_out(writer)
             if not done:  # nothing succeeded: leave no output that looks like a result
                 writer.abort()
     except KeyboardInterrupt as e:

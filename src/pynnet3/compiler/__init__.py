@@ -8,7 +8,7 @@ from .. import limits
 from ..errors import ComputeError
 from .commands import compile_commands
 from .graph import build_graph
-from .request import ComputationRequest, IoSpecification
+from .request import ComputationRequest, IoSpecification, request_for_frames
 
 
 def compile_computation(nnet, request: ComputationRequest, timings: dict | None = None):
@@ -41,4 +41,4 @@ def check_matrix_sizes(computation) -> None:
                 f"floats in matrix m{k} ({m.rows}x{m.cols}, node {m.node!r})"))
 
 
-__all__ = ["ComputationRequest", "IoSpecification", "compile_computation"]
+__all__ = ["ComputationRequest", "IoSpecification", "compile_computation", "request_for_frames"]

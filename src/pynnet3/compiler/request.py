@@ -114,6 +114,13 @@ class ComputationRequest:
             raise FormatError("JSON nested too deeply", source) from None
         return cls.from_json(obj, source)
 
+    @classmethod
+    def from_frames(cls, input_frames, output_frames, num_sequences: int = 1, **kwargs
+                    ) -> ComputationRequest:
+        """The request of a decoding or training chunk given by frame ranges: see
+        :func:`request_for_frames` (the same arguments)."""
+        return request_for_frames(input_frames, output_frames, num_sequences, **kwargs)
+
     def to_json(self) -> dict:
         return {"inputs": [i.to_json() for i in self.inputs],
                 "outputs": [o.to_json() for o in self.outputs],
@@ -202,3 +209,69 @@ def _indexes(value, path: str, source: str) -> np.ndarray:
         raise _error(source, f"{path}[{i}][{j}]", f"{'ntx'[j]} must lie in [{-lim}, {lim})",
                      value[i][j])
     return arr
+
+
+def _frames(value, what: str) -> np.ndarray:
+    """A range or a sequence of integer frame times as a 1-d int64 array."""
+    if isinstance(value, range):
+        return np.arange(value.start, value.stop, value.step, dtype=np.int64)
+    arr = np.asarray(value)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ComputeError(f"request_for_frames: {what} must be a range or a list of "
+                           f"integer times, got {_short(np.asarray(value).tolist())}")
+    return arr.astype(np.int64)
+
+
+def request_for_frames(input_frames, output_frames, num_sequences: int = 1, *,
+                       ivector: bool = False, input_name: str = "input",
+                       output_name: str = "output", ivector_name: str = "ivector",
+                       input_deriv: bool = False, output_deriv: bool = False,
+                       need_model_derivative: bool = False) -> ComputationRequest:
+    """The request for ``num_sequences`` sequences that all have the same frames:
+    ``input_name`` at the times ``input_frames`` and ``output_name`` at the times
+    ``output_frames`` (each a ``range`` or a list of ints; x = 0), plus one
+    ``ivector_name`` row per sequence at t = 0 when ``ivector``. What ``pynnet3
+    compute`` builds for each chunk (``range(-left, frames + right)`` in,
+    ``range(0, frames, frame_subsampling_factor)`` out); e.g. for a network with 13
+    frames of context each side::
+
+        req = ComputationRequest.from_frames(range(-13, 63), range(50), ivector=True)
+
+    Rows go one sequence after another (rows ``k*F .. (k+1)*F - 1`` of a matrix of
+    F rows per sequence are sequence ``n = k``), so input matrices are the
+    sequences' matrices stacked and outputs split back with a reshape; such a
+    request is regular, so the :class:`pynnet3.CachingCompiler` builds it for any
+    ``num_sequences`` from a two-sequence compile (its shortcut). ``input_deriv`` /
+    ``output_deriv`` set ``has_deriv`` (the derivative w.r.t. the input is wanted /
+    an output derivative is supplied); ``need_model_derivative`` asks for gradients.
+    Bad arguments (no output frame, a time repeated, ``num_sequences < 1``) are a
+    :class:`pynnet3.errors.ComputeError`."""
+    t_in = _frames(input_frames, "input_frames")
+    t_out = _frames(output_frames, "output_frames")
+    if type(num_sequences) is not int and not isinstance(num_sequences, np.integer):
+        raise ComputeError(f"request_for_frames: num_sequences must be an int, got "
+                           f"{num_sequences!r}")
+    num_sequences = int(num_sequences)
+    if num_sequences < 1:
+        raise ComputeError(f"request_for_frames: num_sequences must be >= 1, got "
+                           f"{num_sequences}")
+    if not len(t_out):
+        raise ComputeError("request_for_frames: no output frames")
+    for what, t in (("input_frames", t_in), ("output_frames", t_out)):
+        if len(np.unique(t)) != len(t):
+            raise ComputeError(f"request_for_frames: {what} lists a time twice")
+        problem = limits.exceeded("max_rows", len(t) * num_sequences, f"rows of {what}")
+        if problem:
+            raise ComputeError(f"request_for_frames: {problem}")
+
+    def rows(t: np.ndarray) -> np.ndarray:
+        idx = np.zeros((num_sequences, len(t), 3), dtype=np.int64)
+        idx[:, :, 0] = np.arange(num_sequences)[:, None]
+        idx[:, :, 1] = t[None, :]
+        return idx.reshape(-1, 3)
+
+    inputs = [IoSpecification(input_name, rows(t_in), input_deriv)] if len(t_in) else []
+    if ivector:
+        inputs.append(IoSpecification(ivector_name, rows(np.zeros(1, dtype=np.int64))))
+    return ComputationRequest(inputs, [IoSpecification(output_name, rows(t_out), output_deriv)],
+                              need_model_derivative=need_model_derivative)

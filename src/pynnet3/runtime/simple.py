@@ -19,6 +19,12 @@ The chunk's iVector is the utterance's one, or (online iVectors, one row every
 chunk's output frames, clamped to the last row (an error when that is more than 50
 frames past the end). Each chunk's output gets ``- log(priors)`` (when priors are
 given) and is then multiplied by ``acoustic_scale``.
+
+Beyond Kaldi, :func:`decode_batched` runs the chunks of several utterances together:
+chunks of equal shape become the sequences of one request (one sequence after
+another, :func:`pynnet3.compiler.request.request_for_frames`), which the caching
+compiler's shortcut builds cheaply for any number of sequences. No chunk sees
+another's rows, so the outputs are the chunk-by-chunk ones up to float rounding.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..compiler.request import ComputationRequest, IoSpecification
+from ..compiler.request import ComputationRequest, request_for_frames
 from ..errors import RuntimeInputError
 from .computer import NnetComputer
 
@@ -62,24 +68,35 @@ def fixed_frames_per_chunk(nnet, options: SimpleOptions) -> int:
     return -(-options.frames_per_chunk // n) * n
 
 
-def _indexes(t: np.ndarray) -> np.ndarray:
-    t = np.asarray(t, dtype=np.int64)
-    zeros = np.zeros_like(t)
-    return np.stack([zeros, t, zeros], axis=1)
-
-
 def chunk_request(input_t_begin: int, num_input_frames: int, num_output_rows: int,
-                  frame_subsampling_factor: int, ivector: bool) -> ComputationRequest:
-    """The request of one chunk, time-shifted so that its first output is at t = 0:
-    ``input`` at ``t = input_t_begin ..`` (``num_input_frames`` rows), ``ivector`` at
-    (0, 0, 0) when ``ivector``, ``output`` at ``t = 0, f, 2f, ...``."""
-    inputs = [IoSpecification("input", _indexes(np.arange(input_t_begin,
-                                                          input_t_begin + num_input_frames)))]
-    if ivector:
-        inputs.append(IoSpecification("ivector", _indexes(np.zeros(1))))
-    out_t = np.arange(num_output_rows) * frame_subsampling_factor
-    return ComputationRequest(inputs=inputs, outputs=[IoSpecification("output",
-                                                                      _indexes(out_t))])
+                  frame_subsampling_factor: int, ivector: bool,
+                  num_sequences: int = 1) -> ComputationRequest:
+    """The request of one chunk (``num_sequences`` equal-shaped chunks, one sequence
+    after another), time-shifted so that its first output is at t = 0: ``input`` at
+    ``t = input_t_begin ..`` (``num_input_frames`` rows), ``ivector`` at t = 0 when
+    ``ivector``, ``output`` at ``t = 0, f, 2f, ...`` (:func:`request_for_frames`)."""
+    return request_for_frames(range(input_t_begin, input_t_begin + num_input_frames),
+                              range(0, num_output_rows * frame_subsampling_factor,
+                                    frame_subsampling_factor),
+                              num_sequences, ivector=ivector)
+
+
+@dataclass
+class ChunkPlan:
+    """One chunk of an utterance, ready to run: output rows ``start ..
+    start + num_rows - 1``, the feature rows it reads (edges repeated) and its
+    iVector. ``shape`` is what its request depends on: chunks of equal shape (of any
+    utterance) run together as the sequences of one request."""
+
+    start: int
+    num_rows: int
+    input_t_begin: int
+    rows: np.ndarray
+    ivector: np.ndarray | None
+
+    @property
+    def shape(self) -> tuple[int, int, int, bool]:
+        return self.input_t_begin, len(self.rows), self.num_rows, self.ivector is not None
 
 
 class DecodableNnetSimple:
@@ -165,8 +182,8 @@ class DecodableNnetSimple:
             row = rows - 1
         return self.online_ivectors[row]
 
-    def compute_chunk(self, start: int) -> np.ndarray:
-        """Output rows ``start ..`` of one chunk (at most frames-per-chunk / f rows)."""
+    def plan_chunk(self, start: int) -> ChunkPlan:
+        """The chunk of output rows ``start ..`` (at most frames-per-chunk / f rows)."""
         o, f = self.options, self.options.frame_subsampling_factor
         n = min(self.num_frames - start, self.frames_per_chunk // f)
         last = start + n - 1
@@ -180,20 +197,30 @@ class DecodableNnetSimple:
         first_in = first_out - (self.left_context + extra_left)
         last_in = last_out + self.right_context + extra_right
         rows = np.clip(np.arange(first_in, last_in + 1), 0, len(self.features) - 1)
-        ivector = self._ivector_for(first_out, last_out)
-        request = chunk_request(first_in - first_out, len(rows), n, f, ivector is not None)
-        computation = self.compiler.compile(request)
-        inputs = {"input": self.features[rows]}
-        if ivector is not None:
-            inputs["ivector"] = ivector[None, :]
-        result = NnetComputer(self.nnet, computation, self.backend, self.dtype).run(inputs)
-        out = result.outputs["output"]
+        return ChunkPlan(start, n, first_in - first_out, rows,
+                         self._ivector_for(first_out, last_out))
+
+    def plan(self) -> list[ChunkPlan]:
+        """Every chunk of the utterance, in order (errors such as missing online
+        iVectors surface here, before anything runs)."""
+        chunks, have = [], 0
+        while have < self.num_frames:
+            chunks.append(self.plan_chunk(have))
+            have += chunks[-1].num_rows
+        return chunks
+
+    def finish(self, out: np.ndarray) -> np.ndarray:
+        """A chunk's network output with the priors and the acoustic scale applied."""
         if self.log_priors is not None:
             out = out - self.log_priors
-        if o.acoustic_scale != 1.0:
-            out = out * out.dtype.type(o.acoustic_scale)
+        if self.options.acoustic_scale != 1.0:
+            out = out * out.dtype.type(self.options.acoustic_scale)
         self.chunks_computed += 1
         return out
+
+    def compute_chunk(self, start: int) -> np.ndarray:
+        """Output rows ``start ..`` of one chunk (at most frames-per-chunk / f rows)."""
+        return self.finish(_run_chunks(self, [self.plan_chunk(start)])[0])
 
     def output(self) -> np.ndarray:
         """All ``ceil(T / f)`` output rows, chunk by chunk."""
@@ -205,4 +232,57 @@ class DecodableNnetSimple:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-__all__ = ["DecodableNnetSimple", "SimpleOptions", "chunk_request", "fixed_frames_per_chunk"]
+def _run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
+                features: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    """Run equal-shaped ``chunks`` as the sequences of one request on ``d``'s network
+    and compiler (``features[i]``: the feature matrix chunk i reads, default ``d``'s);
+    one output matrix per chunk, before priors and scale."""
+    c0 = chunks[0]
+    request = chunk_request(c0.input_t_begin, len(c0.rows), c0.num_rows,
+                            d.options.frame_subsampling_factor, c0.ivector is not None,
+                            len(chunks))
+    computation = d.compiler.compile(request)
+    if features is None:
+        features = [d.features] * len(chunks)
+    if len(chunks) == 1:
+        inputs = {"input": features[0][c0.rows]}
+    else:
+        inputs = {"input": np.concatenate([f[c.rows] for f, c in zip(features, chunks,
+                                                                    strict=True)])}
+    if c0.ivector is not None:
+        inputs["ivector"] = np.stack([c.ivector for c in chunks])
+    result = NnetComputer(d.nnet, computation, d.backend, d.dtype).run(inputs)
+    out = result.outputs["output"]
+    return list(out.reshape(len(chunks), c0.num_rows, out.shape[1]))
+
+
+def decode_batched(decodables: list[DecodableNnetSimple], batch_size: int,
+                   plans: list[list[ChunkPlan]] | None = None) -> list[np.ndarray]:
+    """The outputs of several utterances (each as :meth:`DecodableNnetSimple.output`)
+    with their chunks run ``batch_size`` at a time: chunks of equal shape, from any
+    of the utterances, become the sequences of one request (the compiler's shortcut
+    builds an N-sequence computation cheaply from the two-sequence one). The results
+    equal the chunk-by-chunk ones up to float rounding, since no chunk sees another's
+    rows. All ``decodables`` must share one network, compiler, options and backend;
+    ``plans``: their :meth:`DecodableNnetSimple.plan` when already made."""
+    if batch_size < 1:
+        raise RuntimeInputError(f"batch size must be >= 1, got {batch_size}")
+    if plans is None:
+        plans = [d.plan() for d in decodables]
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for i, plan in enumerate(plans):
+        for j, chunk in enumerate(plan):
+            groups.setdefault(chunk.shape, []).append((i, j))
+    outs: list[list] = [[None] * len(plan) for plan in plans]
+    for members in groups.values():
+        for b in range(0, len(members), batch_size):
+            batch = members[b:b + batch_size]
+            results = _run_chunks(decodables[0], [plans[i][j] for i, j in batch],
+                                  [decodables[i].features for i, _ in batch])
+            for (i, j), out in zip(batch, results, strict=True):
+                outs[i][j] = decodables[i].finish(out)
+    return [parts[0] if len(parts) == 1 else np.concatenate(parts) for parts in outs]
+
+
+__all__ = ["ChunkPlan", "DecodableNnetSimple", "SimpleOptions", "chunk_request", "decode_batched",
+           "fixed_frames_per_chunk"]

@@ -1,0 +1,121 @@
+"""``pynnet3 compute --batch-size=N``: chunks of several utterances run as the
+sequences of one request. Checked against Kaldi's nnet3-compute runs, against the
+whole utterance computed in one piece by hand (a small TDNN, where chunking must not
+matter), and against the unbatched run (float rounding only); failures stay
+per-utterance and the output keeps the input order."""
+
+from __future__ import annotations
+
+import json
+
+import kaldiio
+import numpy as np
+import pytest
+
+import pynnet3
+from pynnet3.cache import CachingCompiler
+from pynnet3.cli.main import main
+from pynnet3.io.ark import read_ark
+from pynnet3.runtime.simple import DecodableNnetSimple, SimpleOptions, decode_batched
+from tests.cli.test_compute import _CASES, _cases, _data, _expected, _flags
+from tests.cli.test_compute import model as model  # noqa: F401 (the fixture)
+from tests.reference import ref_params
+
+
+@pytest.mark.parametrize("case", ref_params(_cases(), "nnet3-compute runs"))
+def test_batched_reproduces_kaldi_and_the_unbatched_run(case, tmp_path, monkeypatch, capsys):
+    d = _CASES / case
+    options = json.loads((d / "options.json").read_text())
+    model_path = json.loads((d / "run_info.json").read_text())["model"]
+    monkeypatch.chdir(d)
+    outs = {}
+    for batch in (1, 3):
+        out = tmp_path / f"b{batch}.ark"
+        rc = main(["compute", *_flags(options), f"--batch-size={batch}", model_path,
+                   "ark:feats.ark", f"ark:{out}"])
+        assert rc == 0, capsys.readouterr().err
+        outs[batch] = read_ark(out)["utt1"]
+    expected = read_ark(d / "output.ark")["utt1"]
+    scale = np.abs(expected).max()
+    assert np.abs(outs[3] - expected).max() <= 1e-4 * scale
+    assert np.abs(outs[3] - outs[1]).max() <= 1e-5 * scale  # float rounding only
+
+
+@pytest.mark.parametrize("flags, fsf", [
+    ([], 1),
+    (["--frames-per-chunk=7", "--frame-subsampling-factor=3"], 3),
+    (["--frames-per-chunk=4", "--extra-left-context=5", "--extra-right-context=2",
+      "--extra-left-context-initial=0", "--extra-right-context-final=1"], 1),
+])
+@pytest.mark.parametrize("batch", [2, 5, 64])
+def test_batched_small_network_matches_the_whole_utterance(model, tmp_path, capsys, flags,  # noqa: F811
+                                                           fsf, batch):
+    feats, ivecs = _data(11, lengths=(23, 1, 7, 50, 8, 8, 31, 2))
+    kaldiio.save_ark(str(tmp_path / "feats.ark"), feats)
+    kaldiio.save_ark(str(tmp_path / "iv.ark"), ivecs)
+    results = {}
+    for b in (1, batch):
+        out = tmp_path / f"out{b}.ark"
+        rc = main(["compute", *flags, f"--batch-size={b}", f"--ivectors=ark:{tmp_path}/iv.ark",
+                   str(model), f"ark:{tmp_path}/feats.ark", f"ark:{out}"])
+        err = capsys.readouterr().err
+        assert rc == 0, err
+        assert f"done {len(feats)} utterances, failed 0" in err
+        results[b] = read_ark(out)
+    assert list(results[batch]) == list(feats)  # the input order
+    for key, f in feats.items():
+        np.testing.assert_allclose(results[batch][key], _expected(model, f, ivecs[key], fsf),
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(results[batch][key], results[1][key], rtol=1e-6, atol=1e-6)
+
+
+def test_batched_failures_stay_per_utterance_in_order(model, tmp_path, capsys):  # noqa: F811
+    feats, ivecs = _data(12, lengths=(20, 9, 14, 30, 5))
+    feats["bad_dim"] = np.zeros((9, 6), dtype=np.float32)
+    ivecs["bad_dim"] = np.zeros(3, dtype=np.float32)
+    order = ["utt0", "bad_dim", "utt1", "utt2", "utt3", "utt4"]
+    feats = {k: feats[k] for k in order}
+    del ivecs["utt2"]
+    kaldiio.save_ark(str(tmp_path / "feats.ark"), feats)
+    kaldiio.save_ark(str(tmp_path / "iv.ark"), ivecs)
+    out = tmp_path / "out.ark"
+    rc = main(["compute", "--batch-size=4", "--frames-per-chunk=8",
+               f"--ivectors=ark:{tmp_path}/iv.ark", str(model), f"ark:{tmp_path}/feats.ark",
+               f"ark:{out}"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "utterance bad_dim: features have dim 6" in err
+    assert "utterance utt2: no iVector" in err
+    assert "done 4 utterances, failed 2" in err.splitlines()[-1]
+    got = read_ark(out)
+    assert list(got) == ["utt0", "utt1", "utt3", "utt4"]
+    for key in got:
+        np.testing.assert_allclose(got[key], _expected(model, feats[key], ivecs[key]),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_bad_batch_size_is_an_error(model, tmp_path, capsys):  # noqa: F811
+    kaldiio.save_ark(str(tmp_path / "feats.ark"), _data()[0])
+    assert main(["compute", "--batch-size=0", str(model), f"ark:{tmp_path}/feats.ark",
+                 f"ark:{tmp_path}/o.ark"]) == 1
+    assert "--batch-size must be >= 1" in capsys.readouterr().err
+
+
+def test_decode_batched_uses_the_shortcut_and_one_request_per_shape(model):  # noqa: F811
+    nnet = pynnet3.read_nnet(model)
+    feats, ivecs = _data(13, lengths=(40, 40, 40, 17))
+    cc = CachingCompiler(nnet)
+    options = SimpleOptions(frames_per_chunk=10)
+    ds = [DecodableNnetSimple(nnet, cc, feats[k], options, ivector=ivecs[k]) for k in feats]
+    outs = decode_batched(ds, batch_size=100)
+    for key, out in zip(feats, outs, strict=True):
+        np.testing.assert_allclose(out, _expected(model, feats[key], ivecs[key]),
+                                   rtol=1e-5, atol=1e-5)
+    # chunk shapes: 10-row chunks (4 + 4 + 4 + 1 = 13 sequences) and one 7-row chunk:
+    # the 13-sequence request built by the shortcut from a 2-sequence compile (itself
+    # an entry), and the 7-row chunk alone
+    info = cc.info()
+    assert info["misses"] == 3 and info["entries"] == 3
+    assert info["shortcut"] == 1
+    with pytest.raises(pynnet3.errors.RuntimeInputError, match="batch size"):
+        decode_batched(ds, 0)
