@@ -25,6 +25,7 @@ import numpy as np
 from ..io.kaldi_stream import make_reader
 from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
 from .blas import gemm_acc
+from .preconditioning import precondition_product
 
 # -- helpers shared by the updatable families ------------------------------------------
 
@@ -352,7 +353,10 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
         """``in_value`` may be a list of column blocks (:class:`BlockInputMixin`)."""
         if in_deriv is not None:
             gemm_acc(in_deriv, out_deriv, _cast(self.linear_params, out_deriv.dtype))
-        if grad is not None:
+        # (a trainer's grad may carry natural-gradient preconditioners: then Kaldi's
+        # preconditioned update is added instead; see components/preconditioning.py)
+        if grad is not None and not precondition_product(grad, "linear_params", "bias_params",
+                                                         in_value, out_deriv):
             if "linear_params" in grad:
                 add_weight_grad(grad["linear_params"], out_deriv, in_value)
             _add_grad(grad, "bias_params", out_deriv.sum(axis=0))
@@ -529,7 +533,8 @@ class LinearComponent(BlockInputMixin, UpdatableComponent):
         """``in_value`` may be a list of column blocks (:class:`BlockInputMixin`)."""
         if in_deriv is not None:
             gemm_acc(in_deriv, out_deriv, _cast(self.params_, out_deriv.dtype))
-        if grad is not None and "params" in grad:
+        if grad is not None and "params" in grad and not precondition_product(
+                grad, "params", None, in_value, out_deriv):  # (natural gradient: trainer)
             add_weight_grad(grad["params"], out_deriv, in_value)
 
 

@@ -23,6 +23,7 @@ from .affine import matmul_blocks_into
 from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closing, register
 from .blas import gemm_acc
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
+from .preconditioning import precondition_product, preconditioners
 
 # ----------------------------------------------------------------------------------
 # Kaldi integer vectors (WriteIntegerVector / WriteIntegerPairVector)
@@ -494,7 +495,11 @@ class TdnnComponent(UpdatableComponent):
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         d = self.input_dim
-        if grad is not None:
+        if grad is not None and preconditioners(grad) is not None:
+            # a trainer's natural gradient (components/preconditioning.py)
+            precondition_product(grad, "linear_params", "bias_params" if self.use_bias else None,
+                                 self._spliced(indexes, in_value), out_deriv)
+        elif grad is not None:
             g = grad["linear_params"]
             if indexes.starts is not None:  # per offset into its columns: no spliced copy
                 n = indexes.num_out

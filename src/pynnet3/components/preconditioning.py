@@ -1,0 +1,90 @@
+"""The hook through which a training update preconditions a component's gradient.
+
+Kaldi's natural-gradient components precondition inside their ``Update``: they
+pass (copies of) the rows they are about to multiply (the input with a column of
+ones for the bias, the output derivative, or per-frame parameter derivatives)
+through their ``OnlineNaturalGradient`` objects and scale the product by the
+returned factors. Here a component's ``backprop`` still adds into its ``grad``
+dict; when that dict carries preconditioners (attribute ``preconditioners``: a
+mapping slot name -> object with ``precondition(x) -> (x_hat, scale)``, put
+there by a trainer), the helpers below add the preconditioned gradient instead
+of the plain one and return True. A plain dict (``pynnet3.run``, gradient
+checks) carries none: the helpers return False and the component adds the plain
+gradient as before. Components never import the trainer: this is duck typing.
+
+Slots: ``"in"`` / ``"out"`` for the two sides of a matrix product
+(``preconditioner_in_`` / ``preconditioner_out_``), ``"params"`` for a
+component with one preconditioner over its per-frame derivatives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def preconditioners(grad) -> dict | None:
+    """The preconditioners ``grad`` carries (None for a plain dict or no grad)."""
+    return getattr(grad, "preconditioners", None) or None
+
+
+def _gather(in_value) -> np.ndarray:
+    return in_value if not isinstance(in_value, list) else (
+        in_value[0] if len(in_value) == 1 else np.hstack(in_value))
+
+
+def precondition_product(grad, weight_key: str, bias_key: str | None, in_value,
+                         out_deriv: np.ndarray) -> bool:
+    """Kaldi's natural-gradient update of ``W`` (and bias ``b``) in ``y = x W^T + b``:
+    ``x`` with a column of ones appended (when there is a bias) goes through slot
+    ``"in"``, ``out_deriv`` through ``"out"``; then ``grad[weight] += s * dy^T x`` and
+    ``grad[bias] += s * dy^T ones_hat`` with ``s`` the product of the two scales.
+    ``in_value`` may be a list of column blocks. False (nothing added) without
+    preconditioners."""
+    pre = preconditioners(grad)
+    if pre is None:
+        return False
+    x = _gather(in_value)
+    if bias_key is not None:
+        x = np.hstack([x, np.ones((x.shape[0], 1), x.dtype)])
+    x_hat, in_scale = pre["in"].precondition(x)
+    dy_hat, out_scale = pre["out"].precondition(out_deriv)
+    scale = in_scale * out_scale
+    g = grad[weight_key]
+    cols = g.shape[1]
+    g += (np.float32(scale) * (dy_hat.T @ x_hat[:, :cols])).astype(g.dtype, copy=False)
+    if bias_key is not None:
+        gb = grad[bias_key]
+        gb += (np.float32(scale) * (dy_hat.T @ x_hat[:, cols])).astype(gb.dtype, copy=False)
+    return True
+
+
+def precondition_rows(grad, key: str, per_frame: np.ndarray, slot: str = "params") -> bool:
+    """Kaldi's update from per-frame derivatives (one row per frame, the parameter
+    gradient is their column sum): the rows go through ``slot`` and
+    ``grad[key] += scale * sum_rows(rows_hat)`` (reshaped like ``grad[key]``).
+    False (nothing added) without that preconditioner."""
+    pre = preconditioners(grad)
+    if pre is None or slot not in pre:
+        return False
+    rows_hat, scale = pre[slot].precondition(per_frame)
+    g = grad[key]
+    g += (np.float32(scale) * rows_hat.sum(axis=0)).reshape(g.shape).astype(g.dtype,
+                                                                             copy=False)
+    return True
+
+
+def precondition_matrix(grad, key: str, deriv: np.ndarray, slot: str = "in") -> bool:
+    """Kaldi's update that preconditions a parameter-shaped derivative ``deriv``
+    itself (its rows are the directions, e.g. NaturalGradientRepeatedAffine):
+    ``grad[key] += scale * deriv_hat``. False without that preconditioner."""
+    pre = preconditioners(grad)
+    if pre is None or slot not in pre:
+        return False
+    d_hat, scale = pre[slot].precondition(deriv)
+    g = grad[key]
+    g += (np.float32(scale) * d_hat).reshape(g.shape).astype(g.dtype, copy=False)
+    return True
+
+
+__all__ = ["preconditioners", "precondition_product", "precondition_rows",
+           "precondition_matrix"]
