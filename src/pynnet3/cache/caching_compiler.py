@@ -126,15 +126,19 @@ class CachingCompiler:
         self._reset_counters()
 
     # -- public ---------------------------------------------------------------------------
-    def compile(self, request, *, dtype=None, backend: str | None = None) -> NnetComputation:
+    def compile(self, request, *, dtype=None, backend: str | None = None,
+                device=None) -> NnetComputation:
         """The computation for ``request`` (optimized per this compiler's options).
-        ``dtype`` / ``backend`` (defaults: float32, "numpy", as ``pynnet3.run``) are
-        part of the key, so a backend may later attach prepared state to an entry;
-        today's computations do not depend on them. The returned object is shared:
-        do not mutate it."""
+        ``dtype`` / ``backend`` / ``device`` (defaults: float32, "numpy", the CPU, as
+        ``pynnet3.run``) are part of the key, so a backend may later attach prepared
+        state to an entry; today's computations do not depend on them. The returned
+        object is shared: do not mutate it."""
         t0 = time.perf_counter()
         self._check_network()
-        rk = request_key(request, self._policy, (_dtype_name(dtype), backend or "numpy"))
+        variant = (_dtype_name(dtype), backend or "numpy")
+        if device is not None and str(device) != "cpu":  # (the CPU: the plain key)
+            variant += (str(device),)
+        rk = request_key(request, self._policy, variant)
         self._add_time("key", time.perf_counter() - t0)
         return self._get_or_build(rk, lambda: self._build(request))
 

@@ -40,6 +40,7 @@ from .base import (
     register,
     require,
 )
+from .xp import namespace
 
 UNSET_THRESHOLD = -1000.0  # Kaldi's kUnsetThreshold
 _REPAIR_PROBABILITY = 0.5
@@ -269,9 +270,10 @@ class NonlinearComponent(SameDimComponent):
             self.value_sum[:] = 0.0
         self.count += out_value.shape[0]
         # Kaldi sums the rows in float (CuVector<BaseFloat>), then adds into double.
-        self.value_sum += out_value.sum(axis=0, dtype=out_value.dtype)
+        xp = namespace(out_value)
+        self.value_sum += xp.to_numpy(xp.sum(out_value, axis=0, dtype=out_value.dtype))
         if deriv is not None:
-            self.deriv_sum += deriv.sum(axis=0, dtype=deriv.dtype)
+            self.deriv_sum += xp.to_numpy(xp.sum(deriv, axis=0, dtype=deriv.dtype))
 
     def store_backprop_stats(self, out_deriv: np.ndarray) -> None:
         """Accumulate the squared output derivative (Kaldi's StoreBackpropStats)."""
@@ -280,7 +282,9 @@ class NonlinearComponent(SameDimComponent):
         if self.oderiv_sumsq.size != self.dim:
             self.oderiv_sumsq = np.zeros(self.dim, dtype=np.float64)
             self.oderiv_count = 0.0
-        self.oderiv_sumsq += (out_deriv * out_deriv).sum(axis=0, dtype=out_deriv.dtype)
+        xp = namespace(out_deriv)
+        self.oderiv_sumsq += xp.to_numpy(xp.sum(out_deriv * out_deriv, axis=0,
+                                                dtype=out_deriv.dtype))
         self.oderiv_count += out_deriv.shape[0]
 
     def zero_stats(self) -> None:
@@ -339,10 +343,10 @@ class SigmoidComponent(NonlinearComponent):
                 | Flags.STORES_STATS)
 
     def _forward(self, x):
-        dt = _as_float_dtype(x)
-        x = x.astype(dt, copy=False)
-        e = np.exp(-np.abs(x))  # never overflows
-        return np.where(x > 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(dt, copy=False)
+        xp = namespace(x)
+        x = xp.astype(x, _as_float_dtype(x)) if xp.is_numpy else x
+        e = xp.exp(-xp.abs(x))  # never overflows
+        return xp.where(x > 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
     def _diff(self, y, dy):
         return dy * y * (1 - y)
@@ -355,9 +359,10 @@ class SigmoidComponent(NonlinearComponent):
         if thr is None:
             return
         scale = f32(self.self_repair_scale / _REPAIR_PROBABILITY)
-        thr = thr.astype(d.dtype)
-        d += thr * d.dtype.type(-2.0 * scale) * y
-        d += thr * d.dtype.type(scale)
+        thr = namespace(d).asarray(thr, like=d)
+        # (Python floats take d's dtype, as d.dtype.type(v) did: NEP 50)
+        d += thr * (-2.0 * scale) * y
+        d += thr * scale
 
 
 @register
@@ -375,7 +380,7 @@ class TanhComponent(NonlinearComponent):
                 | Flags.STORES_STATS)
 
     def _forward(self, x):
-        return np.tanh(x)
+        return namespace(x).tanh(x)
 
     def _diff(self, y, dy):
         return dy * (1 - y * y)
@@ -388,7 +393,7 @@ class TanhComponent(NonlinearComponent):
         if thr is None:
             return
         scale = f32(-self.self_repair_scale / _REPAIR_PROBABILITY)
-        d += thr.astype(d.dtype) * d.dtype.type(scale) * y
+        d += namespace(d).asarray(thr, like=d) * scale * y
 
 
 @register
@@ -412,15 +417,15 @@ class RectifiedLinearComponent(NonlinearComponent):
         return f
 
     def _forward(self, x):
-        return np.maximum(x, x.dtype.type(0))
+        return namespace(x).maximum(x, 0.0)
 
     def _diff(self, y, dy):
-        return dy * (y > 0).astype(dy.dtype)
+        return dy * namespace(y).astype(y > 0, dy.dtype)
 
     def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray):
         if out_value.dtype != in_value.dtype:
             return super().propagate(indexes, in_value, out_value)
-        np.maximum(in_value, in_value.dtype.type(0), out=out_value)  # may run in place
+        namespace(in_value).maximum(in_value, 0.0, out=out_value)  # may run in place
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
@@ -429,16 +434,17 @@ class RectifiedLinearComponent(NonlinearComponent):
         same floats), then the self-repair term added there."""
         if in_deriv is None:
             return
-        if in_deriv.dtype != out_deriv.dtype or np.may_share_memory(in_deriv, out_deriv):
+        xp = namespace(out_deriv)
+        if in_deriv.dtype != out_deriv.dtype or xp.may_share_memory(in_deriv, out_deriv):
             super().backprop(indexes, in_value, out_value, out_deriv, memo, grad, in_deriv)
             return
-        np.multiply(out_deriv, out_value > 0, out=in_deriv)
+        xp.multiply(out_deriv, out_value > 0, out=in_deriv)
         if grad is not None:  # Kaldi's "to_update != NULL": training backprop
             self._repair(out_value, in_deriv)
             self.store_backprop_stats(out_deriv)
 
     def _stats_deriv(self, y):
-        return (y > 0).astype(y.dtype)
+        return namespace(y).astype(y > 0, y.dtype)
 
     def _repair(self, y, d):
         if (self.self_repair_scale == 0.0 or self.count == 0.0
@@ -462,7 +468,7 @@ class RectifiedLinearComponent(NonlinearComponent):
         row = ((stats - lower) > 0).astype(np.float32) + ((stats - upper) > 0) - 1
         self.num_dims_self_repaired += float((row * row).sum())
         row = row * np.float32(-self.self_repair_scale / _REPAIR_PROBABILITY)
-        d += np.tile(row, self.dim // self.block_dim).astype(d.dtype)
+        d += namespace(d).asarray(np.tile(row, self.dim // self.block_dim), like=d)
 
 
 class _RowNormalizedNonlinear(NonlinearComponent):
@@ -490,12 +496,13 @@ class SoftmaxComponent(_RowNormalizedNonlinear):
                 | Flags.BACKPROP_NEEDS_OUTPUT | Flags.STORES_STATS)
 
     def _forward(self, x):
-        z = np.exp(x - x.max(axis=1, keepdims=True))
-        y = z / z.sum(axis=1, keepdims=True)
-        return np.maximum(y, y.dtype.type(1.0e-20))
+        xp = namespace(x)
+        z = xp.exp(x - xp.amax(x, axis=1, keepdims=True))
+        y = z / xp.sum(z, axis=1, keepdims=True)
+        return xp.maximum(y, 1.0e-20)
 
     def _diff(self, y, dy):
-        pe = (y * dy).sum(axis=1, keepdims=True)
+        pe = namespace(y).sum(y * dy, axis=1, keepdims=True)
         return y * dy - y * pe
 
     def store_stats(self, in_value, out_value, memo) -> None:
@@ -514,35 +521,39 @@ class LogSoftmaxComponent(_RowNormalizedNonlinear):
         return Flags.SIMPLE | Flags.BACKPROP_NEEDS_OUTPUT | Flags.STORES_STATS
 
     def _forward(self, x):
-        s = x - x.max(axis=1, keepdims=True)
-        return s - np.log(np.exp(s).sum(axis=1, keepdims=True))
+        xp = namespace(x)
+        s = x - xp.amax(x, axis=1, keepdims=True)
+        return s - xp.log(xp.sum(xp.exp(s), axis=1, keepdims=True))
 
     def _diff(self, y, dy):
-        return dy - np.exp(y) * dy.sum(axis=1, keepdims=True)
+        xp = namespace(y)
+        return dy - xp.exp(y) * xp.sum(dy, axis=1, keepdims=True)
 
     def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray):
         """:meth:`_forward` with the shifted input and the result in ``out_value``
         (the same float operations; one exp temporary)."""
-        if out_value.dtype != in_value.dtype or np.may_share_memory(in_value, out_value):
+        xp = namespace(in_value)
+        if out_value.dtype != in_value.dtype or xp.may_share_memory(in_value, out_value):
             return super().propagate(indexes, in_value, out_value)
-        np.subtract(in_value, in_value.max(axis=1, keepdims=True), out=out_value)
-        out_value -= np.log(np.exp(out_value).sum(axis=1, keepdims=True))
+        xp.subtract(in_value, xp.amax(in_value, axis=1, keepdims=True), out=out_value)
+        out_value -= xp.log(xp.sum(xp.exp(out_value), axis=1, keepdims=True))
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
                  in_deriv) -> None:
         """:meth:`_diff` computed in ``in_deriv`` (the same float operations)."""
+        xp = namespace(out_deriv)
         if in_deriv is None or in_deriv.dtype != out_deriv.dtype \
-                or np.may_share_memory(in_deriv, out_deriv) \
-                or np.may_share_memory(in_deriv, out_value):
+                or xp.may_share_memory(in_deriv, out_deriv) \
+                or xp.may_share_memory(in_deriv, out_value):
             super().backprop(indexes, in_value, out_value, out_deriv, memo, grad, in_deriv)
             return
         if grad is not None:  # Kaldi's "to_update != NULL"
             self.store_backprop_stats(out_deriv)
-        row_sums = out_deriv.sum(axis=1, keepdims=True)
-        np.exp(out_value, out=in_deriv)
+        row_sums = xp.sum(out_deriv, axis=1, keepdims=True)
+        xp.exp(out_value, out=in_deriv)
         in_deriv *= row_sums
-        np.subtract(out_deriv, in_deriv, out=in_deriv)
+        xp.subtract(out_deriv, in_deriv, out=in_deriv)
 
     def store_stats(self, in_value, out_value, memo) -> None:
         """Kaldi's LogSoftmaxComponent keeps the base class's no-op StoreStats."""
@@ -653,21 +664,23 @@ class NormalizeComponent(Component):
         """View rows as (rows * num_blocks, width), like Kaldi's reshaped submatrix."""
         return m.reshape(m.shape[0] * (self.dim // self.block_dim), width)
 
-    def _inv_scale(self, sq: np.ndarray, dtype) -> np.ndarray:
-        """``1 / sqrt(max(floor, x.x / (D rms^2)))`` per block row."""
-        d_scaled = dtype.type(self.block_dim * self.target_rms * self.target_rms)
-        return dtype.type(1.0) / np.sqrt(np.maximum(sq / d_scaled,
-                                                    dtype.type(_SQUARED_NORM_FLOOR)))
+    def _inv_scale(self, sq: np.ndarray) -> np.ndarray:
+        """``1 / sqrt(max(floor, x.x / (D rms^2)))`` per block row (Python floats
+        take ``sq``'s dtype, as ``dtype.type(v)`` would: NEP 50)."""
+        xp = namespace(sq)
+        d_scaled = self.block_dim * self.target_rms * self.target_rms
+        return 1.0 / xp.sqrt(xp.maximum(sq / d_scaled, _SQUARED_NORM_FLOOR))
 
     def propagate(self, indexes, in_value, out_value):
-        dt = in_value.dtype
+        xp = namespace(in_value)
         out_w = self.block_dim + (1 if self.add_log_stddev else 0)
         x = self._blocks(in_value, self.block_dim)
-        f = self._inv_scale((x * x).sum(axis=1), dt)
+        f = self._inv_scale(xp.sum(x * x, axis=1))
         y = x * f[:, None]
         if self.add_log_stddev:
-            log_col = np.log(dt.type(self.target_rms)) - np.log(f)
-            y = np.concatenate([y, log_col[:, None].astype(dt)], axis=1)
+            log_rms = xp.log(xp.full((), self.target_rms, like=f))
+            log_col = log_rms - xp.log(f)
+            y = xp.concatenate([y, log_col[:, None]], axis=1)
         out_value[...] = y.reshape(in_value.shape[0], self.dim // self.block_dim * out_w)
         return None
 
@@ -675,24 +688,24 @@ class NormalizeComponent(Component):
                  in_deriv) -> None:
         if in_deriv is None:
             return
-        dt = in_value.dtype
-        in_place = np.shares_memory(in_deriv, out_deriv)
+        xp = namespace(in_value)
+        in_place = xp.shares_memory(in_deriv, out_deriv)
         out_w = self.block_dim + (1 if self.add_log_stddev else 0)
         x = self._blocks(in_value, self.block_dim)
         od = self._blocks(out_deriv, out_w)
         od_main = od[:, :self.block_dim]
-        dots = (od_main * x).sum(axis=1)
-        sq = (x * x).sum(axis=1)
-        d = np.zeros_like(x)
+        dots = xp.sum(od_main * x, axis=1)
+        sq = xp.sum(x * x, axis=1)
+        d = xp.zeros_like(x)
         if self.add_log_stddev:
             # d log(rms) / dx = x / (x.x), the norm floored at D * 2^-66
-            floor = dt.type(self.block_dim * _SQUARED_NORM_FLOOR)
-            d += (od[:, self.block_dim] / np.maximum(sq, floor))[:, None] * x
-        f = self._inv_scale(sq, dt)
+            floor = self.block_dim * _SQUARED_NORM_FLOOR
+            d += (od[:, self.block_dim] / xp.maximum(sq, floor))[:, None] * x
+        f = self._inv_scale(sq)
         d += od_main * f[:, None]
         # Where the floor was hit the scale does not depend on x: no second term.
-        f3 = np.where(f == dt.type(1.0 / np.sqrt(_SQUARED_NORM_FLOOR)), dt.type(0), f) ** 3
-        d_scaled = dt.type(self.block_dim * self.target_rms * self.target_rms)
+        f3 = xp.where(f == 1.0 / np.sqrt(_SQUARED_NORM_FLOOR), 0.0, f) ** 3
+        d_scaled = self.block_dim * self.target_rms * self.target_rms
         d -= ((dots * f3) / d_scaled)[:, None] * x
         d = d.reshape(in_value.shape)
         if in_place:
@@ -746,17 +759,19 @@ class PnormComponent(InOutComponent):
         return m.reshape(m.shape[0], self._output_dim, self._input_dim // self._output_dim)
 
     def propagate(self, indexes, in_value, out_value):
+        xp = namespace(in_value)
         x = self._groups(in_value)
-        out_value[...] = np.sqrt((x * x).sum(axis=2))
+        out_value[...] = xp.sqrt(xp.sum(x * x, axis=2))
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
                  in_deriv) -> None:
         if in_deriv is None:
             return
+        xp = namespace(out_value)
         y = out_value[:, :, None]
-        safe = np.where(y == 0, y.dtype.type(1), y)
-        ratio = np.where(y == 0, y.dtype.type(0), self._groups(in_value) / safe)
+        safe = xp.where(y == 0, 1.0, y)
+        ratio = xp.where(y == 0, 0.0, self._groups(in_value) / safe)
         in_deriv[...] = (ratio * out_deriv[:, :, None]).reshape(in_value.shape)
 
 

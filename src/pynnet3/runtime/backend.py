@@ -26,6 +26,7 @@ class Backend(Protocol):
     def copy_rows_multi(self, dst, sources: list, table, alpha: float) -> None: ...
     def add_rows_multi(self, dst, sources: list, table, alpha: float) -> None: ...
     def add_row_ranges(self, dst, src, ranges, alpha: float) -> None: ...
+    def copy_out(self, array) -> Any: ...
 
 
 _BACKENDS: dict[str, Any] = {}
@@ -35,17 +36,25 @@ def register_backend(name: str, factory) -> None:
     _BACKENDS[name] = factory
 
 
-def get_backend(name: str) -> Backend:
+def get_backend(name: str, **options) -> Backend:
+    """A new backend by name (``"numpy"``, ``"torch"``); ``options`` go to its
+    constructor (the torch backend takes ``device``)."""
     if name not in _BACKENDS:
         if name == "numpy":
             from . import numpy_backend  # noqa: F401
-        elif name.startswith("torch"):
-            from ..errors import PynnetError
+        elif name == "torch":
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                from ..errors import DependencyError
 
-            raise PynnetError(f"backend {name!r} is not available yet")
+                raise DependencyError("backend 'torch' needs PyTorch: pip install "
+                                      "'pynnet3[torch]'") from None
+            from . import torch_backend  # noqa: F401
     try:
-        return _BACKENDS[name]()
+        factory = _BACKENDS[name]
     except KeyError:
         from ..errors import PynnetError
 
         raise PynnetError(f"unknown backend {name!r} (known: {sorted(_BACKENDS)})") from None
+    return factory(**options)

@@ -35,7 +35,9 @@ _NOOPS = (CT.NO_OPERATION, CT.NO_OPERATION_PERMANENT, CT.NO_OPERATION_MARKER,
 @dataclass
 class RunResult:
     """What a run produced: ``outputs[name]``, ``input_derivs[name]`` and
-    ``gradients[component][param]`` (composite sub-components as ``name#i``)."""
+    ``gradients[component][param]`` (composite sub-components as ``name#i``).
+    NumPy arrays from the NumPy backend; torch tensors on the run's device from
+    the torch backend."""
 
     outputs: dict = field(default_factory=dict)
     input_derivs: dict = field(default_factory=dict)
@@ -46,10 +48,38 @@ def _drop(matrices: dict, key) -> None:
     matrices.pop(key, None)
 
 
-def _zero_gradient(comp, dtype) -> dict[str, np.ndarray]:
+def _zero_gradient(comp, dtype, backend=None) -> dict:
     """A gradient dict shaped like ``comp.params()``, all zeros (what BACKPROP
-    commands add into, and what an updatable component no command reached has)."""
+    commands add into, and what an updatable component no command reached has),
+    as arrays of ``backend`` (NumPy when it has no ``zeros_shaped``)."""
+    zeros = getattr(backend, "zeros_shaped", None)
+    if zeros is not None:
+        return {k: zeros(v.shape, dtype) for k, v in comp.params().items()}
     return {k: np.zeros(v.shape, dtype=dtype) for k, v in comp.params().items()}
+
+
+def _is_tensor(value) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "device")
+
+
+def _check_tensor(what: str, name: str, value, rows: int, cols: int):
+    """:meth:`NnetComputer._check` for a torch tensor (checked where it lives)."""
+    import torch
+
+    if value.is_complex() or not (value.is_floating_point() or value.dtype in (
+            torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)):
+        raise RuntimeInputError(f"{what} {name!r}: expected a real-valued matrix, got "
+                                f"dtype {value.dtype}")
+    if value.dim() != 2 or tuple(value.shape) != (rows, cols):
+        raise RuntimeInputError(f"{what} {name!r}: expected shape ({rows}, {cols}), "
+                                f"got {tuple(value.shape)}")
+    if value.is_floating_point():
+        finite = torch.isfinite(value)
+        if not bool(finite.all()):
+            bad = torch.nonzero(~finite)[0].tolist()
+            raise RuntimeInputError(f"{what} {name!r}: non-finite value at row {bad[0]}, "
+                                    f"column {bad[1]}")
+    return value
 
 
 class NnetComputer:
@@ -61,10 +91,18 @@ class NnetComputer:
     the I/O and no-op commands at the current position into ``pending``."""
 
     def __init__(self, nnet, computation: NnetComputation, backend: str = "numpy",
-                 dtype=np.float32):
+                 dtype=np.float32, device=None):
         self.nnet = nnet
         self.c = computation
-        self.backend = get_backend(backend)
+        if device is None:
+            self.backend = get_backend(backend)
+        elif backend == "numpy":
+            if str(device) != "cpu":
+                raise RuntimeInputError(f"the numpy backend runs on the CPU only, not on "
+                                        f"device {device!r} (use backend='torch')")
+            self.backend = get_backend(backend)
+        else:
+            self.backend = get_backend(backend, device=device)
         self.dtype = np.dtype(dtype)
         self.matrices: dict[int, object] = {}
         self.memos: dict[int, object] = {}
@@ -84,6 +122,8 @@ class NnetComputer:
 
     # -- validation -------------------------------------------------------------
     def _check(self, what: str, name: str, value, rows: int, cols: int):
+        if _is_tensor(value):
+            return _check_tensor(what, name, value, rows, cols)
         try:
             arr = np.asarray(value)
         except (TypeError, ValueError) as e:
@@ -199,7 +239,7 @@ class NnetComputer:
                 # turns on self-repair and stats as Kaldi's to-update pointer does.
                 grad = self.grads.get(name)
                 if grad is None:
-                    grad = self.grads[name] = _zero_gradient(comp, self.dtype)
+                    grad = self.grads[name] = _zero_gradient(comp, self.dtype, be)
             args = (self.c.precomputed[cmd.precomputed], self._sub(cmd.in_value),
                     self._sub(cmd.out_value), self._sub(cmd.out_deriv),
                     self.memos.pop(cmd.memo, None) if cmd.memo else None, grad,
@@ -272,6 +312,7 @@ class NnetComputer:
                                     "it chunk by chunk with accept_input / run_until_io / "
                                     "get_output")
         checked = self._validate(inputs, output_derivs)
+        self._new_run()
         result = RunResult()
         with near_zero_refinement(self._has_backward):
             self._run_all(checked, result)
@@ -286,7 +327,7 @@ class NnetComputer:
             if t is CT.ACCEPT_INPUT:
                 self._store_input(cmd.dst, checked[(cmd.is_deriv, cmd.node)])
             elif t is CT.PROVIDE_OUTPUT:
-                value = np.array(be.to_numpy(self._sub(cmd.src)), copy=True)
+                value = be.copy_out(self._sub(cmd.src))
                 (result.input_derivs if cmd.is_deriv else result.outputs)[cmd.node] = value
                 if cmd.release:
                     self._release(self.matrices, self.c.submatrices[cmd.src].matrix)
@@ -311,7 +352,7 @@ class NnetComputer:
                 continue
             grad = self.grads.get(name)
             if grad is None:
-                grad = _zero_gradient(comp, self.dtype)
+                grad = _zero_gradient(comp, self.dtype, self.backend)
             if hasattr(comp, "sub_gradients"):  # composite: sub-component i is "name#i"
                 for i, g in comp.sub_gradients(grad).items():
                     out[f"{name}#{i}"] = g
@@ -371,6 +412,7 @@ class NnetComputer:
         self.pending.clear()
         if self.pc >= len(cmds):
             raise RuntimeInputError("the computation has already finished")
+        self._new_run()
         with near_zero_refinement(self._has_backward):  # (as run() does)
             while self.pc < len(cmds):
                 cmd = cmds[self.pc]
@@ -379,11 +421,18 @@ class NnetComputer:
                 self._execute(cmd)
                 self.pc += 1
 
-    def get_output(self, name: str, is_deriv: bool = False) -> np.ndarray:
+    def get_output(self, name: str, is_deriv: bool = False):
         """A copy of the output (or, with ``is_deriv``, the input derivative) of node
-        ``name`` that the computation has just provided (Kaldi's GetOutput)."""
+        ``name`` that the computation has just provided (Kaldi's GetOutput); a
+        NumPy array, or a tensor on the device from the torch backend."""
         cmd = self.c.commands[self.pending[self._pending_io(name, CT.PROVIDE_OUTPUT, is_deriv)]]
-        return np.array(self.backend.to_numpy(self._sub(cmd.src)), dtype=self.dtype, copy=True)
+        return self.backend.copy_out(self._sub(cmd.src))
+
+    def _new_run(self) -> None:
+        """Tell the backend parameters may have changed since it last ran."""
+        hook = getattr(self.backend, "new_run", None)
+        if hook is not None:
+            hook()
 
     @property
     def finished(self) -> bool:
@@ -392,26 +441,34 @@ class NnetComputer:
 
 
 def run(nnet, computation, inputs: dict, output_derivs: dict | None = None,
-        backend: str = "numpy", dtype=np.float32, network_optimize=None) -> RunResult:
+        backend: str = "numpy", dtype=np.float32, network_optimize=None,
+        device=None) -> RunResult:
     """Run a compiled computation; see :class:`RunResult`. ``computation`` may also
     be a ComputationRequest: it is then compiled through the network's cache
-    (``pynnet3.cache.cache_for(nnet)``), so repeated runs of equal shapes compile once. Component
+    (``nnet.cache``), so repeated runs of equal shapes compile once. Component
     statistics (when the request stores them) accumulate in ``nnet``'s
     components, in place.
+
+    ``backend="torch"`` runs on ``device`` (``"cpu"``, ``"cuda"``, a
+    ``torch.device``; default the CPU); inputs may then be torch tensors (used where
+    they are, without a copy through NumPy) and the result holds torch tensors on
+    the device.
 
     ``network_optimize`` (True or a :class:`~pynnet3.NetworkOptions`; requests
     only): compile and run a network-optimized copy of ``nnet``, kept with the
     network's caches (then statistics accumulate in that copy)."""
     if not isinstance(computation, NnetComputation):
-        from ..cache import cache_for
-
         if network_optimize is not None and network_optimize is not False:
+            from ..cache import cache_for
+
             cc = cache_for(nnet, network_optimize)
-            computation = cc.compile(computation, dtype=dtype, backend=backend)
+            computation = cc.compile(computation, dtype=dtype, backend=backend,
+                                     device=device)
             nnet = cc.compiled_nnet
         else:
-            computation = cache_for(nnet).compile(computation, dtype=dtype, backend=backend)
+            computation = nnet.cache.compile(computation, dtype=dtype, backend=backend,
+                                             device=device)
     elif network_optimize:
         raise RuntimeInputError("network_optimize applies when run() compiles a request; "
                                 "a computation is run on the network it was compiled for")
-    return NnetComputer(nnet, computation, backend, dtype).run(inputs, output_derivs)
+    return NnetComputer(nnet, computation, backend, dtype, device).run(inputs, output_derivs)

@@ -38,6 +38,10 @@ class NumpyBackend:
     def to_numpy(self, array):
         return np.asarray(array)
 
+    def copy_out(self, array):
+        """A result handed to the user: a NumPy copy."""
+        return np.array(array, copy=True)
+
     def view(self, mat, row0, nrows, col0, ncols):
         return mat[row0:row0 + nrows, col0:col0 + ncols]
 
