@@ -1,0 +1,158 @@
+"""Export a network to PyTorch (``torch.fx``) and ONNX, standard operators only.
+
+``to_torch(nnet, frames=F)`` returns a :class:`torch.fx.GraphModule` (read it with
+``print(module.graph)`` or ``print(module.code)``) computing the network in test
+mode (BatchNorm with its stored statistics, dropout off: what ``nnet3-compute``
+runs) for blocks of F output frames:
+
+* inputs, in ``module.input_names`` order (the network's input nodes, by name):
+  frame inputs ``[N, T, dim]`` with T = left context + F + right context, rows
+  t = -left .. F-1+right; the iVector input ``[N, dim]``. N is free.
+* output: a dict by output-node name (``module.output_names``) of ``[N, F, dim]``
+  for t = 0 .. F-1, or ``[N, 1, dim]`` (t = 0) for networks that pool statistics
+  over whole utterances (x-vector extractors; ``output_times`` overrides).
+* weights are ``nn.Parameter`` (one per component parameter, named in
+  ``module.param_names[(component, param)]``), so the module fine-tunes with
+  ordinary PyTorch; BatchNorm transforms and index tables are buffers.
+
+How: the network is compiled (``pynnet3.compile``) for one sequence (n = 0) and
+that forward computation's commands are translated into batched ops on
+``[N, rows, dim]`` tensors (:mod:`.translate`): row copies become slices or
+``index_select`` with constant index buffers, propagates become per-type torch
+functions (:mod:`.ops`). Recurrences (LSTM) come out unrolled over the T frames.
+A component with no standard-op form raises :class:`pynnet3.errors.ExportError`
+naming the node and type.
+
+``to_onnx(nnet, path, frames=F)`` writes the same graph as ONNX (opset 17, the
+standard ``ai.onnx`` domain, N dynamic), checked with ``onnx.checker``.
+Needs the ``[torch]`` / ``[onnx]`` extras.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from ..errors import DependencyError, ExportError
+from .request import IVECTOR, ExportShape, export_request
+
+ONNX_OPSET = 17
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise DependencyError("pynnet3.export needs PyTorch: pip install 'pynnet3[torch]'") \
+            from None
+    return torch
+
+
+def to_torch(nnet, frames: int, *, output_times: str = "auto", ivector_rows: str = "auto",
+             optimize: bool = True):
+    """The network as a ``torch.fx.GraphModule`` for blocks of ``frames`` output
+    frames (module doc). ``nnet`` is a :class:`pynnet3.Nnet` (``read_nnet`` reads
+    text, binary and ``final.mdl`` models; ``optimize_network`` output works too);
+    it is not modified (a copy is put in test mode). ``output_times``: "auto",
+    "all" or "first"; ``optimize``: run the command-level optimizer on the
+    computation first (fewer, larger ops)."""
+    torch = _torch()
+    from torch import fx
+
+    from .. import compile as compile_computation
+    from .graph import GraphBuilder, attr_name
+    from .translate import Translator
+
+    nnet = nnet.copy()
+    nnet.set_test_mode(True)
+    request, shape = export_request(nnet, frames, output_times, ivector_rows)
+    computation = compile_computation(nnet, request, optimize=optimize)
+    g = GraphBuilder(torch.float32)
+    placeholders = {}
+    for name in nnet.input_names():
+        placeholders[name] = g.graph.placeholder(attr_name(name))
+    g.batch = g.method("size", next(iter(placeholders.values())), 0)  # N
+    values = {}
+    for name, ph in placeholders.items():
+        if name == IVECTOR:
+            v = g.method("unsqueeze", ph, 1)  # [N, 1, dim]
+            if shape.ivector_rows > 1:
+                v = g.method("expand", v, -1, shape.ivector_rows, -1)
+            values[name] = v
+        else:
+            values[name] = ph
+    outputs = Translator(nnet, computation, g).run(values)
+    missing = [n for n in nnet.output_names() if n not in outputs]
+    if missing:
+        raise ExportError(f"internal: the computation provides no output for {missing}")
+    g.graph.output({name: outputs[name] for name in nnet.output_names()})
+    g.graph.eliminate_dead_code()
+    g.graph.lint()
+    module = fx.GraphModule(g.root, g.graph, class_name="ExportedNnet")
+    module.input_names = list(nnet.input_names())
+    module.output_names = list(nnet.output_names())
+    module.param_names = dict(g.param_names)
+    module.frames = shape.frames
+    module.left_context, module.right_context = shape.left, shape.right
+    module.input_frames = shape.input_frames
+    module.output_frames = shape.output_frames
+    module.input_dims = {n: nnet.input_dim(n) for n in nnet.input_names()}
+    module.output_dims = {n: nnet.output_dim(n) for n in nnet.output_names()}
+    return module
+
+
+def example_inputs(module, batch: int = 1, seed: int = 0) -> tuple:
+    """Random inputs of the right shapes for ``module`` (a :func:`to_torch` result),
+    in ``module.input_names`` order."""
+    torch = _torch()
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for name in module.input_names:
+        dim = module.input_dims[name]
+        shape = (batch, dim) if name == IVECTOR else (batch, module.input_frames, dim)
+        out.append(torch.randn(*shape, generator=gen))
+    return tuple(out)
+
+
+def to_onnx(nnet, path: str | os.PathLike, frames: int, *, output_times: str = "auto",
+            ivector_rows: str = "auto", optimize: bool = True, module=None) -> None:
+    """Write the network as an ONNX model (module doc) to ``path`` and check it with
+    ``onnx.checker``. ``module``: an already exported :func:`to_torch` module."""
+    torch = _torch()
+    try:
+        import onnx
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise DependencyError("to_onnx needs onnx: pip install 'pynnet3[onnx]'") from None
+    if module is None:
+        module = to_torch(nnet, frames, output_times=output_times, ivector_rows=ivector_rows,
+                          optimize=optimize)
+
+    class _Tuple(torch.nn.Module):  # ONNX outputs are positional: output_names order
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *xs):
+            y = self.inner(*xs)
+            return tuple(y[n] for n in inner_names)
+
+    inner_names = module.output_names
+    wrapper = _Tuple(module).eval()
+    dynamic = {n: {0: "N"} for n in module.input_names + module.output_names}
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.no_grad():
+            torch.onnx.export(wrapper, example_inputs(module, batch=2), tmp, dynamo=False,
+                              opset_version=ONNX_OPSET, input_names=module.input_names,
+                              output_names=module.output_names, dynamic_axes=dynamic,
+                              do_constant_folding=True)
+    try:
+        onnx.checker.check_model(tmp, full_check=True)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+__all__ = ["ExportShape", "example_inputs", "export_request", "to_onnx", "to_torch"]

@@ -1,0 +1,102 @@
+"""The one-sequence request an exported graph is compiled from.
+
+Interface of every exported graph (``pynnet3.export``):
+
+* a frame input node gets rows t = -left .. F-1+right of sequence n = 0
+  (``left``, ``right`` = the network's context, Kaldi's ComputeSimpleNnetContext);
+* the input node ``ivector`` gets one row, t = 0 (or, for networks that read it
+  at other times, e.g. ``Round(ivector, m)``, one row per frame time, all the
+  same vector, as a decoder with one iVector per utterance feeds it);
+* every output node is wanted at t = 0 .. F-1, or only at t = 0 for networks that
+  pool statistics over whole utterances (x-vector extractors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..compiler import ComputationRequest, IoSpecification
+from ..errors import ComputeError, ExportError
+
+IVECTOR = "ivector"
+#: a StatisticsPoolingComponent whose window spans at least this many frames pools
+#: whole utterances (x-vector extractors use 0 .. 10000)
+WHOLE_UTTERANCE_FRAMES = 1000
+
+
+@dataclass
+class ExportShape:
+    """Frames, context and the rows of each input/output of an exported graph."""
+
+    frames: int
+    left: int
+    right: int
+    output_first_only: bool
+    ivector_rows: int = 1  # rows of the ivector input (1: t = 0 only)
+
+    @property
+    def input_frames(self) -> int:
+        return self.left + self.frames + self.right
+
+    @property
+    def output_frames(self) -> int:
+        return 1 if self.output_first_only else self.frames
+
+
+def pools_whole_utterances(nnet) -> bool:
+    """Whether the network's outputs are per utterance (module doc)."""
+    for comp in nnet.components.values():
+        if comp.type_name == "StatisticsPoolingComponent" and \
+                comp.left_context + comp.right_context >= WHOLE_UTTERANCE_FRAMES:
+            return True
+    return False
+
+
+def _rows(times) -> np.ndarray:
+    t = np.asarray(times, dtype=np.int64)
+    z = np.zeros_like(t)
+    return np.stack([z, t, z], axis=1)
+
+
+def export_request(nnet, frames: int, output_times: str = "auto",
+                   ivector_rows: str = "auto") -> tuple[ComputationRequest, ExportShape]:
+    """The request (n = 0) and the shape of the exported interface (module doc).
+    ``output_times``: "auto", "all" (t = 0 .. F-1) or "first" (t = 0);
+    ``ivector_rows``: "auto" (t = 0, else every frame time), "first" or "all"."""
+    if int(frames) < 1:
+        raise ExportError(f"frames must be >= 1, got {frames}")
+    if output_times not in ("auto", "all", "first"):
+        raise ExportError(f"output_times must be auto, all or first, got {output_times!r}")
+    left, right = nnet.context()
+    first = output_times == "first" or (output_times == "auto"
+                                        and pools_whole_utterances(nnet))
+    shape = ExportShape(int(frames), int(left), int(right), first)
+    frame_times = np.arange(-shape.left, shape.frames + shape.right)
+    outputs = [IoSpecification(name, _rows(range(shape.output_frames)))
+               for name in nnet.output_names()]
+
+    def request(iv_times) -> ComputationRequest:
+        inputs = [IoSpecification(name, _rows(iv_times if name == IVECTOR else frame_times))
+                  for name in nnet.input_names()]
+        return ComputationRequest(inputs, outputs)
+
+    choices = {"auto": ([0], frame_times), "first": ([0],), "all": (frame_times,)}
+    if ivector_rows not in choices:
+        raise ExportError(f"ivector_rows must be auto, first or all, got {ivector_rows!r}")
+    error = None
+    for iv_times in choices[ivector_rows] if IVECTOR in nnet.input_names() else ([0],):
+        req = request(iv_times)
+        try:
+            from ..compiler import compile_computation
+
+            compile_computation(nnet, req)  # (cheap check of computability)
+        except ComputeError as e:
+            error = e
+            continue
+        shape.ivector_rows = len(iv_times)
+        return req, shape
+    last = shape.frames + shape.right - 1
+    raise ExportError(f"the network's outputs at t = 0..{shape.output_frames - 1} are not "
+                      f"computable from inputs at t = {-shape.left}..{last}: {error}")
