@@ -30,10 +30,12 @@ Needs the ``[torch]`` / ``[onnx]`` extras.
 
 from __future__ import annotations
 
+import io
 import os
 import warnings
 
 from ..errors import DependencyError, ExportError
+from ..io.atomic import atomic_write
 from .request import IVECTOR, ExportShape, export_request
 
 ONNX_OPSET = 17
@@ -139,20 +141,28 @@ def to_onnx(nnet, path: str | os.PathLike, frames: int, *, output_times: str = "
     inner_names = module.output_names
     wrapper = _Tuple(module).eval()
     dynamic = {n: {0: "N"} for n in module.input_names + module.output_names}
-    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    buf = io.BytesIO()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # (the TorchScript-based exporter's deprecation)
         with torch.no_grad():
-            torch.onnx.export(wrapper, example_inputs(module, batch=2), tmp, dynamo=False,
+            torch.onnx.export(wrapper, example_inputs(module, batch=2), buf, dynamo=False,
                               opset_version=ONNX_OPSET, input_names=module.input_names,
                               output_names=module.output_names, dynamic_axes=dynamic,
                               do_constant_folding=True)
-    try:
-        onnx.checker.check_model(tmp, full_check=True)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    data = buf.getvalue()
+    onnx.checker.check_model(onnx.load_from_string(data), full_check=True)
+    atomic_write(path, data)
 
 
-__all__ = ["ExportShape", "example_inputs", "export_request", "to_onnx", "to_torch"]
+def save_torch(module, path: str | os.PathLike) -> None:
+    """Save a :func:`to_torch` module with ``torch.save`` (atomically). Load it with
+    ``torch.load(path, weights_only=False)``: a GraphModule pickles as its generated
+    code plus tensors, so loading needs torch only, not pynnet3."""
+    torch = _torch()
+    buf = io.BytesIO()
+    torch.save(module, buf)
+    atomic_write(path, buf.getvalue())
+
+
+__all__ = ["ExportShape", "example_inputs", "export_request", "save_torch", "to_onnx",
+           "to_torch"]
