@@ -19,6 +19,7 @@ from ..runtime.allocator import tune_malloc
 from .am import add_am_commands
 from .compute import add_compute_command
 from .draw import add_draw_command, add_memory_plot_flags, write_memory_plot, write_report_plot
+from .egs import add_egs_commands
 from .export import add_export_command
 from .files import STDIO, read_bytes, read_config, read_model, write_model
 from .network import add_network_flags, cmd_optimize_network
@@ -281,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compute_command(sub, _command, kaldi_bool)
     add_xvector_command(sub, _command, kaldi_bool)
     add_export_command(sub, _command, kaldi_bool)
+    add_egs_commands(sub, _command, kaldi_bool)
 
     s = _command(sub, "demo", "compile and run the bundled TDNN-F example",
                  "Build the bundled TDNN-F network (examples/tdnnf.config in the package),\n"

@@ -310,6 +310,22 @@ class TableWriter:
 
     __setitem__ = write
 
+    def write_object(self, key: str, payload: bytes) -> None:
+        """Write one entry whose serialization is already made (``payload``: a Kaldi
+        object as its holder writes it, with the ``\\0B`` marker when binary), e.g. an
+        example of :mod:`pynnet3.io.egs`; the scp line points at the payload."""
+        if not key or any(ch.isspace() for ch in key):
+            raise FormatError(f"archive key {key!r} is empty or has whitespace",
+                              self.spec.text)
+        offset = self._ark.tell() if self._scp is not None else 0
+        self._ark.write(key.encode("utf-8") + b" " + payload)
+        if self._scp is not None:
+            position = offset + len(key.encode("utf-8")) + 1
+            self._scp.write(f"{key} {self._ark_name}:{position}\n")
+        if "f" in self.spec.options:
+            self._ark.flush()
+        self.num_written += 1
+
     def commit(self) -> None:
         """Flush, sync and rename the temporaries into place (the archive before the
         scp, so a listed archive always exists)."""

@@ -1,0 +1,375 @@
+"""Kaldi's GeneralMatrix: the features of an example are a full, compressed or sparse matrix.
+
+An ``NnetIo`` of an examples archive holds one of three kinds of matrix
+(Kaldi's ``GeneralMatrix``):
+
+- a full float matrix (``FM``; ``DM`` is read and kept as float32, as Kaldi's
+  ``Matrix<BaseFloat>`` does): a ``numpy.ndarray`` of float32 here;
+- a :class:`CompressedMatrix` (``CM`` / ``CM2`` / ``CM3``): the bytes as read are kept,
+  so writing it again gives the same bytes; :meth:`CompressedMatrix.to_array`
+  decompresses with Kaldi's arithmetic (``CompressedMatrix::CopyToMat``) bit for bit;
+- a :class:`SparseMatrix` (``SM``, rows of ``SV`` sparse vectors): supervision such as
+  one-hot labels or posteriors.
+
+:func:`read_general_matrix` / :func:`write_general_matrix` read and write one in
+Kaldi's binary or text layout (text has no compressed form: a compressed matrix is
+written decompressed, as Kaldi does). Bad input is a :class:`FormatError` naming the
+byte offset or line.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import FormatError
+from .kaldi_stream import KaldiReader, KaldiWriter, format_float
+
+# -- compressed matrices --------------------------------------------------------------------------
+# min_value, range, num_rows, num_cols (the format is the token before them)
+_CM_HEADER = struct.Struct("<ffii")
+_U16_SCALE = np.float32(1.52590218966964e-05)  # Kaldi's 1/65535 constant, as a float
+_U8_SCALE = np.float32(1.0) / np.float32(255.0)
+
+
+@dataclass(frozen=True)
+class CompressedMatrix:
+    """A Kaldi CompressedMatrix held as its serialized bytes.
+
+    ``fmt`` is the token (``CM``: one byte per element with per-column percentile
+    headers, Kaldi's speech-feature method; ``CM2``: two bytes per element; ``CM3``:
+    one byte per element); ``payload`` is everything after the token (the 16-byte
+    global header, then the data). Invariant: ``payload`` has exactly the size the
+    header implies."""
+
+    fmt: str
+    payload: bytes
+
+    @property
+    def header(self) -> tuple[float, float, int, int]:
+        return _CM_HEADER.unpack_from(self.payload, 0)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        _, _, rows, cols = self.header
+        return rows, cols
+
+    @staticmethod
+    def data_size(fmt: str, rows: int, cols: int) -> int:
+        """Bytes after the global header (Kaldi's ``DataSize`` minus the header)."""
+        if fmt == "CM":
+            return 8 * cols + rows * cols
+        if fmt == "CM2":
+            return 2 * rows * cols
+        return rows * cols
+
+    def to_array(self) -> np.ndarray:
+        """The float32 matrix, as Kaldi's ``CopyToMat`` computes it (same float and
+        double roundings, so the values are Kaldi's bit for bit)."""
+        min_value, range_, rows, cols = self.header
+        min_value, range_ = np.float32(min_value), np.float32(range_)
+        data = memoryview(self.payload)[_CM_HEADER.size:]
+        if self.fmt == "CM2":
+            q = np.frombuffer(data, dtype="<u2").reshape(rows, cols).astype(np.float32)
+            return min_value + (range_ * _U16_SCALE) * q
+        if self.fmt == "CM3":
+            q = np.frombuffer(data, dtype="u1").reshape(rows, cols).astype(np.float32)
+            return min_value + (range_ * _U8_SCALE) * q
+        heads = np.frombuffer(data[:8 * cols], dtype="<u2").reshape(cols, 4).astype(np.float32)
+        p = min_value + (range_ * _U16_SCALE) * heads          # (cols, 4): p0 p25 p75 p100
+        p0, p25, p75, p100 = (p[:, i:i + 1] for i in range(4))
+        v = np.frombuffer(data[8 * cols:], dtype="u1").reshape(cols, rows).astype(np.float32)
+        # CharToFloat: (float difference * float count) in float, then times a double
+        # constant and added in double, rounded to float on return.
+        low = (p25 - p0) * v
+        mid = (p75 - p25) * (v - np.float32(64))
+        high = (p100 - p75) * (v - np.float32(192))
+        out = np.where(v <= 64, p0 + low.astype(np.float64) * (1 / 64.0),
+                       np.where(v <= 192, p25 + mid.astype(np.float64) * (1 / 128.0),
+                                p75 + high.astype(np.float64) * (1 / 63.0)))
+        return np.ascontiguousarray(out.astype(np.float32).T)
+
+    @classmethod
+    def compress(cls, matrix: np.ndarray) -> CompressedMatrix:
+        """Compress with Kaldi's automatic method (``CM`` for more than 8 rows, else
+        ``CM2``), through kaldiio's implementation of Kaldi's algorithm."""
+        import io
+
+        from .ark import _kaldiio
+
+        m = np.ascontiguousarray(matrix, dtype=np.float32)
+        buf = io.BytesIO()
+        _kaldiio().matio.write_array(buf, m, compression_method=1)
+        raw = buf.getvalue()[2:]  # without "\0B"
+        fmt, _, payload = raw.partition(b" ")
+        return cls(fmt.decode(), payload)
+
+
+# -- sparse matrices ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SparseMatrix:
+    """Kaldi's SparseMatrix in compressed-row form: row ``r`` has the entries
+    ``cols[row_ptr[r]:row_ptr[r+1]]`` (increasing, each in ``[0, num_cols)``) with
+    ``values`` of the same range (float32)."""
+
+    num_cols: int
+    row_ptr: np.ndarray
+    cols: np.ndarray
+    values: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.row_ptr) - 1, self.num_cols
+
+    def to_array(self) -> np.ndarray:
+        """The dense float32 matrix (posteriors densified)."""
+        rows = len(self.row_ptr) - 1
+        out = np.zeros((rows, self.num_cols), dtype=np.float32)
+        r = np.repeat(np.arange(rows), np.diff(self.row_ptr))
+        np.add.at(out, (r, self.cols), self.values)
+        return out
+
+    @classmethod
+    def from_labels(cls, labels, num_cols: int, weight: float = 1.0) -> SparseMatrix:
+        """One entry per row: ``labels[r]`` with ``weight`` (Kaldi's one-hot supervision)."""
+        labels = np.asarray(labels, dtype=np.int32)
+        if labels.size and (labels.min() < 0 or labels.max() >= num_cols):
+            raise FormatError(f"label out of range [0, {num_cols})")
+        return cls(int(num_cols), np.arange(labels.size + 1, dtype=np.int64), labels,
+                   np.full(labels.size, weight, dtype=np.float32))
+
+    @staticmethod
+    def append_rows(mats: list[SparseMatrix]) -> SparseMatrix:
+        """Rows of ``mats`` one after the other (Kaldi's AppendSparseMatrixRows)."""
+        dims = {m.num_cols for m in mats}
+        if len(dims) != 1:
+            raise FormatError(f"appending sparse matrices of different dims {sorted(dims)}")
+        ptr, offset = [np.zeros(1, dtype=np.int64)], 0
+        for m in mats:
+            ptr.append(m.row_ptr[1:] + offset)
+            offset += int(m.row_ptr[-1])
+        return SparseMatrix(dims.pop(), np.concatenate(ptr),
+                            np.concatenate([m.cols for m in mats]),
+                            np.concatenate([m.values for m in mats]))
+
+    def _check(self, reader: KaldiReader, start: int) -> SparseMatrix:
+        if self.cols.size:
+            bad = (self.cols < 0) | (self.cols >= self.num_cols)
+            seg = np.diff(self.row_ptr)
+            same_row = np.repeat(np.arange(len(seg)), seg)
+            dec = (np.diff(self.cols) <= 0) & (np.diff(same_row) == 0)
+            if bad.any() or dec.any():
+                raise reader.error(f"sparse vector indexes must be increasing and in "
+                                   f"[0, {self.num_cols})", pos=start)
+        if not np.isfinite(self.values).all():
+            raise reader.error("non-finite value in a sparse matrix", pos=start)
+        return self
+
+
+def _u32(data, pos: int) -> int:
+    return struct.unpack_from("<i", data, pos)[0]
+
+
+def _read_sparse_binary(r: KaldiReader, start: int) -> SparseMatrix:
+    """After the ``SM`` token: rows, then per row ``SV`` dim count (index value)*.
+    Rows all with the same count (one-hot supervision) are decoded in one numpy
+    view; others row by row."""
+    num_rows = r.read_int()
+    if num_rows < 0:
+        raise r.error(f"negative sparse-matrix size {num_rows}", pos=start)
+    data, pos = r.data, r.pos
+    if num_rows == 0:
+        return SparseMatrix(0, np.zeros(1, np.int64), np.zeros(0, np.int32),
+                            np.zeros(0, np.float32))
+    if data[pos:pos + 3] == b"SV " and pos + 13 <= len(data):
+        k = _u32(data, pos + 9)
+        if 0 <= k <= 1_000_000:
+            fast = _sparse_uniform(data, pos, num_rows, k)
+            if fast is not None:
+                r.pos = pos + num_rows * (13 + 10 * k)
+                return fast._check(r, start)
+    dims, ptr, cols, vals = set(), [0], [], []
+    for _ in range(num_rows):
+        r.expect_token("SV")
+        dims.add(r.read_int())
+        k = r.read_int()
+        if k < 0:
+            raise r.error(f"negative sparse-vector size {k}")
+        for _ in range(k):
+            cols.append(r.read_int())
+            vals.append(r.read_float())
+        ptr.append(len(cols))
+    if len(dims) != 1:
+        raise r.error(f"sparse matrix rows of different dims {sorted(dims)}", pos=start)
+    return SparseMatrix(dims.pop(), np.array(ptr, np.int64), np.array(cols, np.int32),
+                        np.array(vals, np.float32))._check(r, start)
+
+
+def _sparse_uniform(data, pos: int, num_rows: int, k: int) -> SparseMatrix | None:
+    """The rows as one structured view when every row has ``k`` entries written with
+    4-byte ints and floats (what Kaldi writes); None when the bytes say otherwise."""
+    row = np.dtype([("tok", "S3"), ("s1", "u1"), ("dim", "<i4"), ("s2", "u1"), ("k", "<i4"),
+                    ("pairs", [("si", "u1"), ("i", "<i4"), ("sf", "u1"), ("v", "<f4")], (k,))])
+    end = pos + num_rows * row.itemsize
+    if end > len(data):
+        return None
+    rows = np.frombuffer(data, dtype=row, count=num_rows, offset=pos)
+    pairs = rows["pairs"]
+    if not ((rows["tok"] == b"SV ").all() and (rows["s1"] == 4).all()
+            and (rows["s2"] == 4).all() and (rows["k"] == k).all()
+            and (pairs["si"] == 4).all() and (pairs["sf"] == 4).all()
+            and (rows["dim"] == rows["dim"][0]).all()):
+        return None
+    return SparseMatrix(int(rows["dim"][0]), np.arange(num_rows + 1, dtype=np.int64) * k,
+                        pairs["i"].reshape(-1).astype(np.int32),
+                        pairs["v"].reshape(-1).astype(np.float32))
+
+
+_SPARSE_TEXT = re.compile(rb"\s*dim=(\S+)\s+\[([^\]]*)\]")
+
+
+def _read_sparse_text(r: KaldiReader) -> SparseMatrix:
+    """``rows=N`` then per row ``dim=D [ i v i v ... ]``."""
+    start = r.token_start()
+    tok = r.read_token()
+    try:
+        num_rows = int(tok[5:])
+    except ValueError:
+        raise r.error("expected rows=N", token=tok, pos=start) from None
+    if num_rows < 0:
+        raise r.error("negative sparse-matrix size", token=tok, pos=start)
+    dims, ptr, cols, vals = set(), [0], [], []
+    for _ in range(num_rows):
+        at = r.token_start()
+        m = _SPARSE_TEXT.match(r.data, r.pos)
+        if m is None:
+            raise r.error("expected a sparse vector 'dim=D [ index value ... ]'",
+                          token=r.peek_token() if not r.at_eof() else "<eof>", pos=at)
+        words = m.group(2).split()
+        try:
+            dims.add(int(m.group(1)))
+            if len(words) % 2:
+                raise ValueError
+            cols.extend(int(w) for w in words[0::2])
+            vals.extend(float(w) for w in words[1::2])
+        except ValueError:
+            raise r.error("bad sparse vector", token=m.group(0)[:40].decode(errors="replace"),
+                          pos=at) from None
+        ptr.append(len(cols))
+        r.pos = m.end()
+    if len(dims) > 1:
+        raise r.error(f"sparse matrix rows of different dims {sorted(dims)}", pos=start)
+    return SparseMatrix(dims.pop() if dims else 0, np.array(ptr, np.int64),
+                        np.array(cols, np.int32), np.array(vals, np.float32))._check(r, start)
+
+
+# -- GeneralMatrix read / write ------------------------------------------------------------------
+def read_general_matrix(r: KaldiReader):
+    """A full (ndarray), compressed or sparse matrix, as Kaldi's ``GeneralMatrix::Read``
+    decides by the next byte."""
+    start = r.token_start()
+    if not r.binary:
+        if r.data[start:start + 1] == b"r":
+            return _read_sparse_text(r)
+        return r.read_matrix()
+    head = r.data[start:start + 4]
+    if head[:1] == b"C":
+        tok = r.read_token()
+        if tok not in ("CM", "CM2", "CM3"):
+            raise r.error("expected CM, CM2 or CM3", token=tok, pos=start)
+        if r.pos + 16 > len(r.data):
+            raise r.error("unexpected end of file in a compressed-matrix header")
+        _, _, rows, cols = _CM_HEADER.unpack_from(r.data, r.pos)
+        if rows < 0 or cols < 0:
+            raise r.error(f"bad compressed-matrix size {rows}x{cols}", pos=start)
+        if cols == 0 or rows == 0:  # Kaldi keeps no data: an empty matrix
+            r.pos += 16
+            return np.zeros((0, 0), dtype=np.float32)
+        size = 16 + CompressedMatrix.data_size(tok, rows, cols)
+        if r.pos + size > len(r.data):
+            raise r.error(f"unexpected end of file in a {rows}x{cols} compressed matrix")
+        payload = bytes(r.data[r.pos:r.pos + size])
+        r.pos += size
+        return CompressedMatrix(tok, payload)
+    if head[:1] == b"S":
+        r.expect_token("SM")
+        return _read_sparse_binary(r, start)
+    return r.read_matrix()
+
+
+def general_matrix_shape(m) -> tuple[int, int]:
+    return tuple(m.shape) if not isinstance(m, np.ndarray) else (m.shape[0], m.shape[1])
+
+
+def to_dense(m) -> np.ndarray:
+    """Any GeneralMatrix as a float32 ndarray (decompressed / densified)."""
+    if isinstance(m, np.ndarray):
+        return m
+    return m.to_array()
+
+
+def write_general_matrix(w: KaldiWriter, m) -> None:
+    """Kaldi's ``GeneralMatrix::Write`` layout."""
+    if isinstance(m, SparseMatrix):
+        _write_sparse(w, m)
+    elif isinstance(m, CompressedMatrix):
+        if w.binary:
+            w.raw(m.fmt.encode() + b" " + m.payload)
+        else:
+            _write_text_matrix(w, m.to_array())
+    elif w.binary:
+        w.write_matrix(np.asarray(m, dtype=np.float32))
+    else:
+        _write_text_matrix(w, np.asarray(m, dtype=np.float32))
+
+
+def _write_text_matrix(w: KaldiWriter, m: np.ndarray) -> None:
+    if m.ndim != 2 or m.shape[1] == 0:
+        w.raw(" [ ]\n")
+        return
+    rows = ["\n  " + "".join(format_float(v) + " " for v in row) for row in m.tolist()]
+    w.raw(" [" + "".join(rows) + "]\n")
+
+
+def _write_sparse(w: KaldiWriter, m: SparseMatrix) -> None:
+    rows = len(m.row_ptr) - 1
+    counts = np.diff(m.row_ptr)
+    if not w.binary:
+        out = [f"rows={rows} "]
+        for r in range(rows):
+            lo, hi = m.row_ptr[r], m.row_ptr[r + 1]
+            entries = zip(m.cols[lo:hi].tolist(), m.values[lo:hi].tolist(), strict=True)
+            pairs = "".join(f"{int(c)} {format_float(v)} " for c, v in entries)
+            out.append(f"dim={m.num_cols} [ {pairs}] ")
+        out.append("\n")
+        w.raw("".join(out))
+        return
+    w.write_token("SM")
+    w.write_int(rows)
+    if rows and (counts == counts[0]).all():  # one structured array for uniform rows
+        k = int(counts[0])
+        row = np.dtype([("tok", "S3"), ("s1", "u1"), ("dim", "<i4"), ("s2", "u1"), ("k", "<i4"),
+                        ("pairs", [("si", "u1"), ("i", "<i4"), ("sf", "u1"), ("v", "<f4")],
+                         (k,))])
+        a = np.zeros(rows, dtype=row)
+        a["tok"], a["s1"], a["dim"], a["s2"], a["k"] = b"SV ", 4, m.num_cols, 4, k
+        a["pairs"]["si"], a["pairs"]["sf"] = 4, 4
+        a["pairs"]["i"] = m.cols.reshape(rows, k)
+        a["pairs"]["v"] = m.values.reshape(rows, k)
+        w.raw(a.tobytes())
+        return
+    for r in range(rows):
+        lo, hi = int(m.row_ptr[r]), int(m.row_ptr[r + 1])
+        w.write_token("SV")
+        w.write_int(m.num_cols)
+        w.write_int(hi - lo)
+        for c, v in zip(m.cols[lo:hi].tolist(), m.values[lo:hi].tolist(), strict=True):
+            w.write_int(c)
+            w.write_float(v)
+
+
+__all__ = ["CompressedMatrix", "SparseMatrix", "general_matrix_shape", "read_general_matrix",
+           "to_dense", "write_general_matrix"]
