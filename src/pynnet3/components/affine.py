@@ -24,8 +24,8 @@ import numpy as np
 
 from ..io.kaldi_stream import make_reader
 from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
-from .blas import gemm_acc
 from .preconditioning import precondition_product
+from .xp import namespace
 
 # -- helpers shared by the updatable families ------------------------------------------
 
@@ -104,8 +104,9 @@ def randn(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def _cast(a: np.ndarray, dtype) -> np.ndarray:
-    return a.astype(dtype, copy=False)
+def _param(a: np.ndarray, like):
+    """Parameter ``a`` in ``like``'s dtype (and device: see ``xp.param``)."""
+    return namespace(like).param(a, like)
 
 
 _REFINE = contextvars.ContextVar("pynnet3_refine_near_zero", default=True)
@@ -139,12 +140,13 @@ def matmul_blocks_into(out: np.ndarray, blocks: list, w: np.ndarray, add: bool) 
     k = len(blocks)
     if k < 2 or _REFINE.get() or 2 * out.shape[1] * (k - 1) >= w.shape[1]:
         return False
+    xp = namespace(out)
     col = 0
     for j, blk in enumerate(blocks):
         wj = w[:, col:col + blk.shape[1]]
         col += blk.shape[1]
         if j == 0 and not add:
-            np.matmul(blk, wj.T, out=out)
+            xp.matmul(blk, wj.T, out=out)
         else:
             out += blk @ wj.T
     return True
@@ -160,8 +162,19 @@ def refine_near_zero(out: np.ndarray, x: np.ndarray, w: np.ndarray,
     -1.4e-7). The entries are few; the rest keep the fast float32 product. A
     forward-only computation skips it (:func:`near_zero_refinement`): there the
     entries differ from sgemm's by float32 rounding only.
+
+    Torch tensors on the CPU are refined through NumPy views of their memory (the
+    same float64 arithmetic); on a GPU the refinement is skipped, since finding the
+    entries would make the host wait for the device (GPU results differ from the
+    CPU's by float32 rounding, as Kaldi's own GPU results do).
     """
-    if out.dtype != np.float32 or out.size == 0 or not _REFINE.get():
+    if not _REFINE.get():
+        return
+    if not isinstance(out, np.ndarray):
+        if out.device.type != "cpu" or out.dtype != namespace(out).float32:
+            return
+        out, x = out.numpy(), np.asarray(x.numpy())
+    if out.dtype != np.float32 or out.size == 0:
         return
     k = x.shape[1]
     eps = float(np.finfo(np.float32).eps)
@@ -203,20 +216,21 @@ def gather_blocks(blocks: list) -> np.ndarray:
     float32, and the sign of a near-zero pre-ReLU value, hence a training
     gradient, can depend on that (Kaldi's reference tdnn_relu_bn/train does). The
     transient lives for one command only, not from the copies to the backprop."""
-    return blocks[0] if len(blocks) == 1 else np.hstack(blocks)
+    return blocks[0] if len(blocks) == 1 else namespace(blocks[0]).concatenate(blocks, axis=1)
 
 
 def add_weight_grad(g: np.ndarray, out_deriv: np.ndarray, in_value) -> None:
     """``g += out_deriv.T @ in_value`` in one BLAS call (no product temporary).
     ``in_value`` may be a list of column blocks: then one GEMM per block into its
     columns of ``g``, with no spliced copy (each entry is the same sum over rows)."""
+    xp = namespace(g)
     if isinstance(in_value, list):
         col = 0
         for blk in in_value:
-            gemm_acc(g[:, col:col + blk.shape[1]], out_deriv.T, blk)
+            xp.gemm_acc(g[:, col:col + blk.shape[1]], out_deriv.T, blk)
             col += blk.shape[1]
     else:
-        gemm_acc(g, out_deriv.T, in_value)
+        xp.gemm_acc(g, out_deriv.T, in_value)
 
 
 class BlockInputMixin:
@@ -335,31 +349,32 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
         return {"linear_params": self.linear_params, "bias_params": self.bias_params}
 
     def propagate_blocks(self, indexes, blocks: list, out_value):
-        dt = blocks[0].dtype
-        if matmul_blocks_into(out_value, blocks, _cast(self.linear_params, dt), add=False):
-            out_value += _cast(self.bias_params, dt)
+        w = _param(self.linear_params, blocks[0])
+        if matmul_blocks_into(out_value, blocks, w, add=False):
+            out_value += _param(self.bias_params, blocks[0])
             return None
         return self.propagate(indexes, gather_blocks(blocks), out_value)
 
     def propagate(self, indexes, in_value, out_value):
-        dt = in_value.dtype
+        xp = namespace(in_value)
         # (into the output: no product temporary; the same sgemm, the same bits)
-        np.matmul(in_value, _cast(self.linear_params, dt).T, out=out_value)
-        out_value += _cast(self.bias_params, dt)
+        xp.matmul(in_value, xp.param(self.linear_params, in_value).T, out=out_value)
+        out_value += xp.param(self.bias_params, in_value)
         refine_near_zero(out_value, in_value, self.linear_params, self.bias_params)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         """``in_value`` may be a list of column blocks (:class:`BlockInputMixin`)."""
+        xp = namespace(out_deriv)
         if in_deriv is not None:
-            gemm_acc(in_deriv, out_deriv, _cast(self.linear_params, out_deriv.dtype))
+            xp.gemm_acc(in_deriv, out_deriv, xp.param(self.linear_params, out_deriv))
         # (a trainer's grad may carry natural-gradient preconditioners: then Kaldi's
         # preconditioned update is added instead; see components/preconditioning.py)
         if grad is not None and not precondition_product(grad, "linear_params", "bias_params",
                                                          in_value, out_deriv):
             if "linear_params" in grad:
                 add_weight_grad(grad["linear_params"], out_deriv, in_value)
-            _add_grad(grad, "bias_params", out_deriv.sum(axis=0))
+            _add_grad(grad, "bias_params", xp.sum(out_deriv, axis=0))
 
     def info(self) -> str:
         s = super().info() + self.updatable_info()
@@ -517,22 +532,25 @@ class LinearComponent(BlockInputMixin, UpdatableComponent):
         return {"params": self.params_}
 
     def export_gradient(self, grad):
-        return {"params_vectorized": grad["params"].reshape(-1).copy()}
+        g = grad["params"]
+        return {"params_vectorized": namespace(g).copy(g.reshape(-1))}
 
     def propagate_blocks(self, indexes, blocks: list, out_value):
-        if matmul_blocks_into(out_value, blocks, _cast(self.params_, blocks[0].dtype), add=True):
+        if matmul_blocks_into(out_value, blocks, _param(self.params_, blocks[0]), add=True):
             return None
         return self.propagate(indexes, gather_blocks(blocks), out_value)
 
     def propagate(self, indexes, in_value, out_value):
         # PROPAGATE_ADDS in one BLAS call (into a zeroed output: the floats of the product)
-        gemm_acc(out_value, in_value, _cast(self.params_, in_value.dtype).T)
+        xp = namespace(in_value)
+        xp.gemm_acc(out_value, in_value, xp.param(self.params_, in_value).T)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         """``in_value`` may be a list of column blocks (:class:`BlockInputMixin`)."""
         if in_deriv is not None:
-            gemm_acc(in_deriv, out_deriv, _cast(self.params_, out_deriv.dtype))
+            xp = namespace(out_deriv)
+            xp.gemm_acc(in_deriv, out_deriv, xp.param(self.params_, out_deriv))
         if grad is not None and "params" in grad and not precondition_product(
                 grad, "params", None, in_value, out_deriv):  # (natural gradient: trainer)
             add_weight_grad(grad["params"], out_deriv, in_value)
@@ -587,7 +605,7 @@ class FixedAffineComponent(AffineComponent):
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         if in_deriv is not None:
-            in_deriv += out_deriv @ _cast(self.linear_params, out_deriv.dtype)
+            in_deriv += out_deriv @ _param(self.linear_params, out_deriv)
 
     def info(self) -> str:
         return f"type={self.type_name}, input-dim={self.input_dim}, output-dim={self.output_dim}"
@@ -675,21 +693,20 @@ class RepeatedAffineComponent(UpdatableComponent):
         return m.reshape(-1, block)
 
     def propagate(self, indexes, in_value, out_value):
-        dt = in_value.dtype
         x = self._blocks(in_value, self.linear_params.shape[1])
-        y = x @ _cast(self.linear_params, dt).T + _cast(self.bias_params, dt)
+        y = x @ _param(self.linear_params, x).T + _param(self.bias_params, x)
         out_value[...] = y.reshape(out_value.shape)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         dy = self._blocks(out_deriv, self.linear_params.shape[0])
         if in_deriv is not None:
-            dx = dy @ _cast(self.linear_params, dy.dtype)
+            dx = dy @ _param(self.linear_params, dy)
             in_deriv += dx.reshape(in_deriv.shape)
         if grad is not None:
             x = self._blocks(in_value, self.linear_params.shape[1])
             _add_grad(grad, "linear_params", dy.T @ x)
-            _add_grad(grad, "bias_params", dy.sum(axis=0))
+            _add_grad(grad, "bias_params", namespace(dy).sum(dy, axis=0))
 
     def info(self) -> str:
         return super().info() + self.updatable_info() + f", num-repeats={self.num_repeats}"
@@ -785,31 +802,33 @@ class BlockAffineComponent(UpdatableComponent):
         return {"linear_params": self.linear_params, "bias_params": self.bias_params}
 
     def export_gradient(self, grad):
-        return {"params_vectorized": np.concatenate([grad["linear_params"].reshape(-1),
+        xp = namespace(grad["linear_params"])
+        return {"params_vectorized": xp.concatenate([grad["linear_params"].reshape(-1),
                                                      grad["bias_params"].reshape(-1)])}
 
-    def _w3(self, dtype) -> np.ndarray:
-        """The blocks as [num_blocks, block_out, block_in]."""
+    def _w3(self, like):
+        """The blocks as [num_blocks, block_out, block_in], in ``like``'s dtype."""
         nb = self.num_blocks
-        return _cast(self.linear_params, dtype).reshape(nb, -1, self.linear_params.shape[1])
+        return _param(self.linear_params, like).reshape(nb, -1, self.linear_params.shape[1])
 
     def propagate(self, indexes, in_value, out_value):
-        dt = in_value.dtype
+        xp = namespace(in_value)
         x = in_value.reshape(len(in_value), self.num_blocks, -1)
-        y = np.einsum("rbi,boi->rbo", x, self._w3(dt))
-        out_value[...] = y.reshape(out_value.shape) + _cast(self.bias_params, dt)
+        y = xp.einsum("rbi,boi->rbo", x, self._w3(in_value))
+        out_value[...] = y.reshape(out_value.shape) + xp.param(self.bias_params, in_value)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        xp = namespace(out_deriv)
         dy = out_deriv.reshape(len(out_deriv), self.num_blocks, -1)
         if in_deriv is not None:
-            dx = np.einsum("rbo,boi->rbi", dy, self._w3(out_deriv.dtype))
+            dx = xp.einsum("rbo,boi->rbi", dy, self._w3(out_deriv))
             in_deriv += dx.reshape(in_deriv.shape)
         if grad is not None:
             x = in_value.reshape(len(in_value), self.num_blocks, -1)
-            gw = np.einsum("rbo,rbi->boi", dy, x)
+            gw = xp.einsum("rbo,rbi->boi", dy, x)
             _add_grad(grad, "linear_params", gw.reshape(self.linear_params.shape))
-            _add_grad(grad, "bias_params", out_deriv.sum(axis=0))
+            _add_grad(grad, "bias_params", xp.sum(out_deriv, axis=0))
 
     def info(self) -> str:
         return super().info() + self.updatable_info() + f", num-blocks={self.num_blocks}"
