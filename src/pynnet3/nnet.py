@@ -275,8 +275,39 @@ class Nnet:
                 comp.reset_generator(seed * 100003 + i)
 
     def set_test_mode(self, test_mode: bool = True) -> None:
+        """Both :meth:`set_batchnorm_test_mode` and :meth:`set_dropout_test_mode` (and
+        any other component with a test mode), as nnet3-compute wants."""
         for c in self.components.values():
             c.set_test_mode(test_mode)
+
+    def set_batchnorm_test_mode(self, test_mode: bool) -> None:
+        """Kaldi's SetBatchnormTestMode: every (top-level) BatchNormComponent."""
+        for c in self.components.values():
+            if c.type_name == "BatchNormComponent":
+                c.set_test_mode(test_mode)
+
+    def set_dropout_test_mode(self, test_mode: bool) -> None:
+        """Kaldi's SetDropoutTestMode: every (top-level) random component (dropout,
+        dropout-mask, general dropout, spec-augment)."""
+        from .components.dropout import RandomComponent
+
+        for c in self.components.values():
+            if isinstance(c, RandomComponent):
+                c.set_test_mode(test_mode)
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """Kaldi's SetLearningRate: each updatable component's learning rate becomes
+        ``learning_rate * learning-rate-factor`` (a float32, as Kaldi stores it); a
+        CompositeComponent hands its own rate on to its updatable sub-components."""
+        def set_rate(c, lr: float) -> None:
+            c.learning_rate = float(np.float32(lr) * np.float32(c.learning_rate_factor))
+            for sub in getattr(c, "sub_components", list)():
+                if sub.is_updatable():
+                    set_rate(sub, c.learning_rate)
+
+        for c in self.components.values():
+            if c.is_updatable():
+                set_rate(c, learning_rate)
 
     def copy(self) -> Nnet:
         import copy

@@ -1,0 +1,263 @@
+"""OnlineNaturalGradient: Kaldi's online natural-gradient preconditioner.
+
+The algorithm of Kaldi's ``natural-gradient-online.{h,cc}`` and of Povey, Zhang &
+Khudanpur, "Parallel training of DNNs with natural gradient and parameter
+averaging" (arXiv 1410.7455), section "online natural gradient".
+
+What it keeps: a low-rank-plus-diagonal estimate of the Fisher matrix of the
+vectors it sees (rows of an ``N x D`` matrix ``X``, e.g. a layer's inputs):
+
+    F_t = R_t^T D_t R_t + rho_t I        (R_t: R x D with orthonormal rows)
+
+stored as ``W_t = E_t^{1/2} R_t`` with ``e_ii = 1 / (beta_t / d_ii + 1)`` and
+``beta_t = rho_t (1 + alpha) + alpha / D tr(D_t)``. Preconditioning a minibatch is
+
+    X_hat = X - X W_t^T W_t  (= beta_t X G_t^{-1},  G_t = F_t + alpha/D tr(F_t) I)
+
+and the caller multiplies its update by ``scale = ||X||_F / ||X_hat||_F`` so the
+preconditioned direction keeps the plain one's size. On the calls where it
+updates (the first 11, then every ``update_period``-th), the estimate moves to
+``T_t = eta/N X^T X + (1 - eta) F_t`` by one step of subspace iteration:
+``R_{t+1}`` is an orthonormal basis of the rows of ``R_t T_t``, ``D_{t+1}`` their
+singular values minus ``rho_{t+1}``, and ``rho_{t+1}`` keeps ``tr F_{t+1} = tr T_t``
+(``eta = 1 - exp(-N / num_samples_history)``, at most 0.9). The ``N x D`` work is
+four GEMMs (float32, as Kaldi); the ``R x R`` part runs in float64.
+
+The first call initializes: ``W`` a fixed orthonormal pattern at ``epsilon``
+scale, then three updates (one when ``N <= rank``) on that first minibatch, and
+the call itself then preconditions with the result and updates once more.
+
+Invariants (checked by :meth:`OnlineNaturalGradient.check_invariants`):
+``E_t^{-1/2} W_t W_t^T E_t^{-1/2} = I``, ``rho_t >= epsilon``,
+``d_ii >= max(epsilon, delta * max_i sqrt(c_i))`` after each update.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+
+_NUM_INITIAL_UPDATES = 10  # Kaldi: updates before update_period applies (> 3 init iters)
+_CONDITION_THRESHOLD = 1.0e6
+_REORTHOGONALIZE_THRESHOLD = 1.0e-3
+
+
+class OnlineNaturalGradient:
+    """One preconditioner (Kaldi keeps one per matrix side: ``preconditioner_in_``,
+    ``preconditioner_out_``). State persists across calls; see the module docstring."""
+
+    def __init__(self, rank: int = 40, update_period: int = 1,
+                 num_samples_history: float = 2000.0, alpha: float = 4.0,
+                 num_minibatches_history: float = 0.0):
+        if rank <= 0:
+            raise ValueError(f"natural gradient rank must be > 0, got {rank}")
+        if update_period <= 0:
+            raise ValueError(f"natural gradient update period must be > 0, got {update_period}")
+        if not 0.0 < num_samples_history <= 1.0e6:
+            raise ValueError(f"num-samples-history must be in (0, 1e6], got "
+                             f"{num_samples_history}")
+        if alpha < 0.0:
+            raise ValueError(f"natural gradient alpha must be >= 0, got {alpha}")
+        if num_minibatches_history != 0.0 and not 1.0 < num_minibatches_history < 1.0e6:
+            raise ValueError(f"num-minibatches-history must be 0 or in (1, 1e6), got "
+                             f"{num_minibatches_history}")
+        self.rank = int(rank)
+        self.update_period = int(update_period)
+        self.num_samples_history = float(num_samples_history)
+        self.num_minibatches_history = float(num_minibatches_history)
+        self.alpha = float(alpha)
+        self.epsilon = 1.0e-10
+        self.delta = 5.0e-4
+        self.frozen = False
+        self.t = 0                       # calls so far (0: not initialized)
+        self.W: np.ndarray | None = None  # (R, D) float32
+        self.rho = -1.0e10
+        self.d: np.ndarray | None = None  # (R,) float64
+
+    # -- public -----------------------------------------------------------------------
+    def precondition(self, x: np.ndarray) -> tuple[np.ndarray, float]:
+        """``(X_hat, scale)`` for the rows of ``x`` (not modified): the preconditioned
+        directions (float32) and the factor that restores ``||x||_F``. Counts as one
+        call (it may update the Fisher estimate)."""
+        x = np.array(x, dtype=np.float32, order="C", copy=True)
+        if x.ndim != 2:
+            raise ValueError(f"precondition expects a matrix, got shape {x.shape}")
+        if x.shape[1] == 1:
+            return x, 1.0  # a one-dimensional space: the preconditioner is the identity
+        if self.W is not None and self.W.shape[1] != x.shape[1]:
+            raise ValueError(f"natural gradient dimension changed: {self.W.shape[1]} -> "
+                             f"{x.shape[1]}")
+        if self.t == 0:
+            self._init(x)
+        initial = _sumsq(x)
+        x_hat = self._precondition_internal(x, initial, self._updating())
+        self.t += 1
+        if initial <= 0.0:
+            return x_hat, 1.0
+        final = _sumsq(x_hat)
+        return x_hat, float(math.sqrt(initial / final)) if final > 0.0 else 1.0
+
+    def freeze(self, frozen: bool = True) -> None:
+        """Kaldi's Freeze: while frozen, calls precondition but never update the
+        estimate (backstitch's first step)."""
+        self.frozen = bool(frozen)
+
+    def fisher_terms(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """``(R_t, d_t, rho_t)`` of ``F_t = R_t^T diag(d_t) R_t + rho_t I`` (float64)."""
+        if self.W is None:
+            raise ValueError("the preconditioner has not seen any data yet")
+        _, sqrt_e, _ = self._e_terms(self.d, self._beta(self.rho, self.d))
+        return self.W.astype(np.float64) / sqrt_e[:, None], self.d.copy(), self.rho
+
+    def check_invariants(self) -> float:
+        """The largest deviation of ``E^{-1/2} W W^T E^{-1/2}`` from the unit matrix;
+        raises AssertionError when rho or d break their floors."""
+        r, d, rho = self.fisher_terms()
+        if not rho >= self.epsilon:
+            raise AssertionError(f"rho_t = {rho} < epsilon")
+        if not d.min() >= self.epsilon:
+            raise AssertionError(f"min d_t = {d.min()} < epsilon")
+        if not (d.min() > 0.9 * self.delta * d.max() and rho > 0.9 * self.delta * d.max()):
+            raise AssertionError("d_t / rho_t below delta * max(d_t)")
+        return float(np.abs(r @ r.T - np.eye(len(d))).max())
+
+    # -- Kaldi's pieces ---------------------------------------------------------------
+    def _updating(self) -> bool:
+        return not self.frozen and (self.t <= _NUM_INITIAL_UPDATES or
+                                    (self.t - _NUM_INITIAL_UPDATES) % self.update_period == 0)
+
+    def _eta(self, n: int) -> float:
+        if self.num_minibatches_history > 0.0:
+            return 1.0 / self.num_minibatches_history
+        # not too close to 1: an all-zero input would make NaNs
+        return min(0.9, 1.0 - math.exp(-n / self.num_samples_history))
+
+    def _beta(self, rho: float, d: np.ndarray) -> float:
+        return rho * (1.0 + self.alpha) + self.alpha * float(d.sum()) / self.W.shape[1]
+
+    @staticmethod
+    def _e_terms(d: np.ndarray, beta: float):
+        e = 1.0 / (beta / d + 1.0)
+        sqrt_e = np.sqrt(e)
+        return e, sqrt_e, 1.0 / sqrt_e
+
+    def _init_default(self, dim: int) -> None:
+        if self.rank >= dim:
+            self.rank = dim - 1  # Kaldi warns: "probably still too high"
+        r = self.rank
+        self.rho = self.epsilon
+        self.d = np.full(r, self.epsilon)
+        e_tii = 1.0 / (2.0 + (dim + r) * self.alpha / dim)
+        self.W = (orthonormal_special(r, dim) * np.float32(math.sqrt(e_tii))).astype(np.float32)
+        self.t = 0
+
+    def _init(self, x0: np.ndarray) -> None:
+        """Three updates (one if ``N <= rank``) on the first minibatch from the default
+        start, on a copy; the copy's estimate is kept, this object's ``t`` stays 0."""
+        other = copy.copy(self)
+        other._init_default(x0.shape[1])
+        other.t = 1  # so that the copy does not initialize again
+        other.frozen = False
+        iters = 1 if x0.shape[0] <= other.rank else 3
+        for _ in range(iters):
+            other.precondition(x0)
+        self.rank, self.W, self.d, self.rho = other.rank, other.W, other.d, other.rho
+
+    def _precondition_internal(self, x: np.ndarray, tr_x_xt: float,
+                               updating: bool) -> np.ndarray:
+        n, dim = x.shape
+        r = self.rank
+        w = self.W
+        h = x @ w.T                                   # H_t = X_t W_t^T   (N x R)
+        if not updating:
+            x -= h @ w                                # X_hat = X - H W
+            return x
+        eta = self._eta(n)
+        j = h.T @ x                                   # J_t = H^T X       (R x D)
+        ell = (h.T @ h).astype(np.float64)            # L_t = W J^T = H^T H
+        k = (j @ j.T).astype(np.float64)              # K_t = J J^T
+        rho, d = self.rho, self.d
+        e, sqrt_e, inv_sqrt_e = self._e_terms(d, self._beta(rho, d))
+
+        # Z_t = E^-1/2 (eta/N)^2 K E^-1/2 + eta/N (1-eta) (E^-1/2 L E^-1/2 (D+rho) + its
+        # transpose) + (1-eta)^2 (D+rho)^2: the Gram matrix of R_t T_t's rows.
+        d_rho = d + rho
+        eta_n, eta1 = eta / n, 1.0 - eta
+        ell = 0.5 * (ell + ell.T)
+        k = 0.5 * (k + k.T)
+        outer = np.outer(inv_sqrt_e, inv_sqrt_e)
+        z = (eta_n * eta_n) * outer * k + (eta_n * eta1) * outer * ell * \
+            (d_rho[None, :] + d_rho[:, None])
+        z[np.diag_indices(r)] += eta1 * eta1 * d_rho * d_rho
+        z_scale = max(1.0, float(np.trace(z)))
+        c, u = np.linalg.eigh(z / z_scale)
+        order = np.argsort(-c, kind="stable")         # Kaldi's SortSvd: largest first
+        c, u = c[order] * z_scale, u[:, order]
+        must_reorthogonalize = bool(c[0] > _CONDITION_THRESHOLD * c[r - 1])
+        c_floor = (rho * (1.0 - eta)) ** 2
+        if np.any(c < c_floor):
+            must_reorthogonalize = True
+            c = np.maximum(c, c_floor)
+
+        x -= h @ w                                    # X_hat = X - H W (with the old W)
+
+        sqrt_c = np.sqrt(c)
+        rho1 = (eta_n * tr_x_xt + eta1 * (dim * rho + float(d.sum())) - float(sqrt_c.sum())) \
+            / (dim - r)
+        floor_val = max(self.epsilon, self.delta * float(sqrt_c.max()))
+        d1 = np.maximum(sqrt_c - rho1, floor_val)
+        rho1 = max(rho1, floor_val)
+
+        # W_{t+1} = A_t B_t with B_t = J_t + (1-eta)/(eta/N) (D_t + rho_t) W_t and
+        # A_t = eta/N E_{t+1}^{1/2} C_t^{-1/2} U_t^T E_t^{-1/2}.
+        _, sqrt_e1, inv_sqrt_e1 = self._e_terms(d1, self._beta(rho1, d1))
+        b = j + (eta1 / eta_n * d_rho).astype(np.float32)[:, None] * w
+        a = u.T * (eta_n * sqrt_e1 / sqrt_c)[:, None] * inv_sqrt_e[None, :]
+        w1 = a.astype(np.float32) @ b
+        if must_reorthogonalize:
+            w1 = _reorthogonalize(w1, sqrt_e1, inv_sqrt_e1)
+        self.W, self.d, self.rho = w1, d1, rho1
+        return x
+
+
+def orthonormal_special(rows: int, cols: int) -> np.ndarray:
+    """Kaldi's InitOrthonormalSpecial: row r has entries at columns r, r+rows, ...,
+    the first 1.1 and the others 1, normalized (orthonormal rows, no zero column,
+    and no combination of rows is all ones)."""
+    if cols < rows:
+        raise ValueError("orthonormal_special needs cols >= rows")
+    m = np.zeros((rows, cols), np.float32)
+    col = np.arange(cols)
+    row = col % rows
+    count = (cols - row - 1) // rows + 1               # entries in each row
+    first = col < rows
+    norm = 1.0 / np.sqrt(1.1 * 1.1 + count[row] - 1.0)
+    m[row, col] = np.where(first, 1.1, 1.0) * norm
+    return m
+
+
+def _reorthogonalize(w1: np.ndarray, sqrt_e1: np.ndarray, inv_sqrt_e1: np.ndarray) -> np.ndarray:
+    """Kaldi's ReorthogonalizeRt1: make ``E^{-1/2} W W^T E^{-1/2}`` the unit matrix
+    again (Cholesky; Gram-Schmidt when that fails or is ill-conditioned)."""
+    w64 = w1.astype(np.float64)
+    o = (w64 @ w64.T) * np.outer(inv_sqrt_e1, inv_sqrt_e1)
+    if np.abs(o - np.eye(len(o))).max() <= _REORTHOGONALIZE_THRESHOLD:
+        return w1
+    try:
+        c_inv = np.linalg.inv(np.linalg.cholesky(o))
+        ok = bool(np.max(c_inv) < 100.0)
+    except np.linalg.LinAlgError:
+        ok = False
+    if not ok:
+        q, _ = np.linalg.qr(w64.T)                    # Gram-Schmidt on the rows
+        q = q.T * np.sign(np.sum(q.T * w64, axis=1))[:, None]
+        return (q * sqrt_e1[:, None]).astype(np.float32)
+    c_inv = c_inv * np.outer(sqrt_e1, inv_sqrt_e1)    # E^{1/2} C^{-1} E^{-1/2}
+    return (c_inv @ w64).astype(np.float32)
+
+
+def _sumsq(x: np.ndarray) -> float:
+    flat = x.reshape(-1)
+    return float(np.dot(flat, flat))

@@ -1,0 +1,101 @@
+"""TrainerOptions: Kaldi's NnetTrainerOptions, with nnet3-train's flag names.
+
+Defaults are Kaldi's (``NnetTrainerOptions()``), including the two that surprise:
+``zero_component_stats`` and ``store_component_stats`` are True.
+:meth:`TrainerOptions.from_flags` takes the names nnet3-train registers
+(``"max-param-change"``, ``"momentum"``, ...) so scripts port over; an unknown flag
+or a value of the wrong kind is a :class:`~pynnet3.errors.ConfigError` naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..errors import ConfigError
+
+# Flags nnet3-train accepts that change nothing here (compile cache files, debug
+# printing, the optimizer/compiler sub-options): accepted so command lines port.
+_IGNORED_PREFIXES = ("optimization.", "compiler.", "computation.")
+_IGNORED = {"read-cache", "write-cache", "binary-write-cache", "debug-computation",
+            "use-gpu"}
+
+
+@dataclass
+class TrainerOptions:
+    """What NnetTrainer does around each minibatch (see :class:`~pynnet3.train.Trainer`).
+
+    Invariants checked by :meth:`validate` (Kaldi's asserts): ``momentum >= 0``,
+    ``max_param_change >= 0``, ``backstitch_training_interval > 0``,
+    ``0 <= batchnorm_stats_scale <= 1``, ``print_interval > 0``.
+    ``srand`` seeds the trainer's own generator (ConstrainOrthonormal's coin and
+    the backstitch phase), as nnet3-train's ``--srand`` seeds Kaldi's.
+    """
+
+    zero_component_stats: bool = True
+    store_component_stats: bool = True
+    print_interval: int = 100
+    momentum: float = 0.0
+    l2_regularize_factor: float = 1.0
+    backstitch_training_scale: float = 0.0
+    backstitch_training_interval: int = 1
+    batchnorm_stats_scale: float = 0.8
+    max_param_change: float = 2.0
+    srand: int = 0
+
+    @classmethod
+    def from_flags(cls, flags: dict) -> TrainerOptions:
+        """Options from ``{flag-name: value}`` with nnet3-train's names; values may
+        be Python values or the strings a command line gives (``"true"``, ``"0.5"``)."""
+        by_flag = {f.name.replace("_", "-"): f for f in fields(cls)}
+        kwargs = {}
+        for name, value in flags.items():
+            key = str(name).lstrip("-")
+            if key in _IGNORED or key.startswith(_IGNORED_PREFIXES):
+                continue
+            f = by_flag.get(key)
+            if f is None:
+                raise ConfigError(f"unknown trainer option --{key} (known: "
+                                  f"{', '.join(sorted(by_flag))})")
+            kwargs[f.name] = _convert(key, f.type, value)
+        opts = cls(**kwargs)
+        opts.validate()
+        return opts
+
+    def validate(self) -> None:
+        checks = (
+            (self.momentum >= 0.0, "momentum must be >= 0"),
+            (self.max_param_change >= 0.0, "max-param-change must be >= 0"),
+            (self.backstitch_training_interval > 0, "backstitch-training-interval must be > 0"),
+            (0.0 <= self.batchnorm_stats_scale <= 1.0,
+             "batchnorm-stats-scale must be in [0, 1]"),
+            (self.print_interval > 0, "print-interval must be > 0"),
+            (self.backstitch_training_scale == 0.0 or self.momentum == 0.0,
+             "backstitch training is incompatible with momentum > 0"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"trainer options: {message}")
+
+
+def _convert(flag: str, kind, value):
+    """A flag value as the field's type (dataclass field types are strings here)."""
+    kind = kind if isinstance(kind, str) else kind.__name__
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("true", "t", "1"):
+                return True
+            if text in ("false", "f", "0"):
+                return False
+            raise ValueError(value)
+        if kind == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(value)
+        if isinstance(value, bool):
+            raise ValueError(value)
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"trainer option --{flag}: bad {kind} value {value!r}") from None

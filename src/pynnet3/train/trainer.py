@@ -1,0 +1,272 @@
+"""Trainer: one minibatch at a time, as Kaldi's NnetTrainer::Train.
+
+A step: compile the request (a CachingCompiler, so equal minibatch shapes
+compile once); forward; each output node's objective and derivative
+(:mod:`~pynnet3.train.objective`); backward, where every updatable component
+adds its (natural-gradient preconditioned, where Kaldi's type does that) gradient
+into a target the trainer owns; ``delta = momentum * delta + lr * gradient``; L2;
+per-component max-change and global max-param-change; BatchNorm stats scaling;
+ConstrainOrthonormal; ``delta *= momentum``. Everything Kaldi's trainer carries
+between minibatches lives here: the preconditioners (one per matrix side of each
+natural-gradient component, keyed by component name), the momentum delta, the
+compile cache, the random generator, the minibatch counter and objective totals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..cache import CachingCompiler
+from ..errors import RuntimeInputError
+from ..runtime.computer import NnetComputer
+from .natural_gradient import OnlineNaturalGradient
+from .objective import compute_objective
+from .options import TrainerOptions
+from .update import (
+    apply_l2_regularization,
+    constrain_orthonormal,
+    learning_rates,
+    scale_batchnorm_stats,
+    updatable_components,
+    update_with_max_change,
+)
+
+
+@dataclass
+class OutputObjective:
+    """One output node's totals for a minibatch (Kaldi's tot_objf / tot_weight)."""
+
+    objective: float
+    weight: float
+
+
+@dataclass
+class TrainStats:
+    """What one :meth:`Trainer.train_step` did. ``objective`` / ``weight``: totals over
+    the output nodes (``objective / weight`` is Kaldi's per-frame figure);
+    ``max_change_scales[name]``: the per-component max-change factor (1.0 = not
+    limited); ``global_scale``: the max-param-change factor; ``applied``: False
+    when the change was not finite and nothing was added; ``message``: Kaldi's
+    max-change log line ('' when neither max-change was active);
+    ``orthonormal_constrained``: components constrained this step. With
+    backstitch, the objectives are the first pass's, ``backstitch_outputs`` the
+    second's, and the max-change figures the second update's."""
+
+    objective: float = 0.0
+    weight: float = 0.0
+    outputs: dict[str, OutputObjective] = field(default_factory=dict)
+    max_change_scales: dict[str, float] = field(default_factory=dict)
+    global_scale: float = 1.0
+    applied: bool = True
+    message: str = ""
+    orthonormal_constrained: list[str] = field(default_factory=list)
+    backstitch_outputs: dict[str, OutputObjective] = field(default_factory=dict)
+
+    @property
+    def num_frames(self) -> float:
+        return self.weight
+
+    @property
+    def objective_per_frame(self) -> float:
+        return self.objective / self.weight if self.weight else 0.0
+
+
+class _UpdateTarget(dict):
+    """The gradient dict a component's backprop adds into, carrying the
+    component's natural-gradient preconditioners (components/preconditioning.py)."""
+
+    preconditioners: dict | None = None
+
+
+def make_preconditioners(comp) -> dict | None:
+    """The natural-gradient preconditioners Kaldi's type keeps, configured from the
+    component's options (``rank-in``, ``rank-out``, ``update-period``,
+    ``num-samples-history``, ``alpha``), or None when it trains with the plain
+    gradient (plain types, ``use-natural-gradient=false``)."""
+    name = comp.type_name
+    if name in ("NaturalGradientAffineComponent",) or (
+            name in ("LinearComponent", "TdnnComponent")
+            and getattr(comp, "use_natural_gradient", False)):
+        common = dict(update_period=comp.update_period,
+                      num_samples_history=comp.num_samples_history, alpha=comp.alpha)
+        return {"in": OnlineNaturalGradient(comp.rank_in, **common),
+                "out": OnlineNaturalGradient(comp.rank_out, **common)}
+    return None
+
+
+class Trainer:
+    """Trains ``nnet`` in place, one minibatch per :meth:`train_step` (Kaldi's
+    NnetTrainer). ``options``: a :class:`TrainerOptions` (default Kaldi's)."""
+
+    def __init__(self, nnet, options: TrainerOptions | None = None, *,
+                 compiler: CachingCompiler | None = None):
+        self.nnet = nnet
+        self.options = options or TrainerOptions()
+        self.options.validate()
+        self.compiler = compiler or CachingCompiler(nnet, optimize=True)
+        self.rng = np.random.default_rng(self.options.srand)
+        self.srand_seed = int(self.rng.integers(0, 100001))  # Kaldi: RandInt(0, 100000)
+        self.num_minibatches_processed = 0
+        self.preconditioners: dict[str, dict] = {}
+        self.delta: dict[str, dict[str, np.ndarray]] = {}
+        self.totals: dict[str, OutputObjective] = {}
+        if self.options.zero_component_stats:
+            for comp in nnet.components.values():
+                comp.zero_stats()
+
+    # -- natural gradient state ----------------------------------------------------------
+    def _preconditioners_for(self, name: str, comp) -> dict | None:
+        if name not in self.preconditioners:
+            self.preconditioners[name] = make_preconditioners(comp)
+        return self.preconditioners[name]
+
+    def freeze_natural_gradient(self, frozen: bool) -> None:
+        """Kaldi's FreezeNaturalGradient on every preconditioner made so far."""
+        for pre in self.preconditioners.values():
+            for p in (pre or {}).values():
+                p.freeze(frozen)
+
+    # -- one minibatch ---------------------------------------------------------------
+    def train_step(self, request, inputs: dict, supervision: dict,
+                   orthonormal_constraint_applied_to=None) -> TrainStats:
+        """One NnetTrainer::Train on the minibatch ``request`` (its output indexes in
+        the row order of ``supervision[name]``; every output node of the request needs
+        supervision). Updates the network in place; returns :class:`TrainStats`.
+        ``orthonormal_constraint_applied_to``: component names that get the
+        orthonormal constraint in this step (None: Kaldi's random choice)."""
+        opts = self.options
+        request = self._training_request(request)
+        missing = [o.name for o in request.outputs if o.name not in supervision]
+        if missing:
+            raise RuntimeInputError(f"no supervision given for output node(s) {missing}")
+        extra = set(supervision) - {o.name for o in request.outputs}
+        if extra:
+            raise RuntimeInputError(f"supervision given for nodes that are not outputs of "
+                                    f"the request: {sorted(extra)}")
+        computation = self.compiler.compile(request)
+        num_n = _num_sequences(request)
+        stats = TrainStats()
+        backstitch = (opts.backstitch_training_scale > 0.0 and
+                      self.num_minibatches_processed % opts.backstitch_training_interval
+                      == self.srand_seed % opts.backstitch_training_interval)
+        if backstitch:
+            s = opts.backstitch_training_scale
+            self.freeze_natural_gradient(True)
+            self._reseed_random_components()
+            stats.outputs = self._forward_backward(computation, inputs, supervision)
+            self._update(stats, num_n, max_change_scale=s, scale=-s, l2=False)
+            stats.orthonormal_constrained = constrain_orthonormal(
+                self.nnet, self.rng, orthonormal_constraint_applied_to)
+            self._zero_delta()
+            self.freeze_natural_gradient(False)
+            self._reseed_random_components()
+            stats.backstitch_outputs = self._forward_backward(computation, inputs, supervision)
+            self._update(stats, num_n, max_change_scale=1.0 + s, scale=1.0 + s, l2=True,
+                         l2_scale=1.0 / (1.0 + s))
+            scale_batchnorm_stats(self.nnet, opts.batchnorm_stats_scale)
+            self._zero_delta()
+        else:
+            stats.outputs = self._forward_backward(computation, inputs, supervision)
+            self._update(stats, num_n, max_change_scale=1.0, scale=1.0 - opts.momentum,
+                         l2=True)
+            scale_batchnorm_stats(self.nnet, opts.batchnorm_stats_scale)
+            stats.orthonormal_constrained = constrain_orthonormal(
+                self.nnet, self.rng, orthonormal_constraint_applied_to)
+            if stats.applied and opts.momentum != 0.0:
+                for d in self.delta.values():
+                    for a in d.values():
+                        a *= np.float32(opts.momentum)
+            else:
+                self._zero_delta()
+        stats.objective = sum(o.objective for o in stats.outputs.values())
+        stats.weight = sum(o.weight for o in stats.outputs.values())
+        for name, o in stats.outputs.items():
+            t = self.totals.setdefault(name, OutputObjective(0.0, 0.0))
+            t.objective += o.objective
+            t.weight += o.weight
+        self.num_minibatches_processed += 1
+        return stats
+
+    def _training_request(self, request):
+        """The request as Kaldi's GetComputationRequest makes it for training: model
+        derivative, a derivative for every output, stats as the options say."""
+        outputs = [o if o.has_deriv else dataclasses.replace(o, has_deriv=True)
+                   for o in request.outputs]
+        return dataclasses.replace(request, outputs=outputs, need_model_derivative=True,
+                                   store_component_stats=self.options.store_component_stats)
+
+    def _reseed_random_components(self) -> None:
+        # Kaldi: srand(srand_seed + minibatches) and ResetGenerators, so both
+        # backstitch passes draw the same dropout masks.
+        self.nnet.seed_random_components(self.srand_seed + self.num_minibatches_processed)
+
+    def _forward_backward(self, computation, inputs: dict, supervision: dict) -> dict:
+        """Run the computation with gradient targets that accumulate
+        ``momentum * delta + lr * (preconditioned) gradient`` into ``self.delta``."""
+        nnet = self.nnet
+        computer = NnetComputer(nnet, computation, "numpy", np.float32)
+        targets = {}
+        for name, comp in updatable_components(nnet):
+            target = _UpdateTarget((k, np.zeros(v.shape, np.float32))
+                                   for k, v in comp.params().items())
+            target.preconditioners = self._preconditioners_for(name, comp)
+            targets[name] = computer.grads[name] = target
+        for spec in computation.request.inputs if computation.request else []:
+            if spec.name not in inputs:
+                raise RuntimeInputError(f"no value given for input {spec.name!r}")
+        for name, value in inputs.items():
+            computer.accept_input(name, value)
+        computer.run_until_io()
+        outputs = {}
+        request = computation.request
+        for spec in request.outputs:
+            out = np.asarray(computer.get_output(spec.name))
+            objective_type = nnet.node(spec.name).objective
+            objf, weight, deriv = compute_objective(objective_type, out,
+                                                    supervision[spec.name], spec.name)
+            outputs[spec.name] = OutputObjective(objf, weight)
+            computer.accept_input(spec.name, deriv, is_deriv=True)
+        while not computer.finished:
+            computer.run_until_io()
+        for name, comp in updatable_components(nnet):
+            lrs = learning_rates(comp)
+            delta = self.delta.get(name)
+            if delta is None:
+                delta = self.delta[name] = {k: np.zeros(v.shape, np.float32)
+                                            for k, v in comp.params().items()}
+            for key, g in targets[name].items():
+                lr = np.float32(lrs[key])
+                if lr != 0.0:
+                    delta[key] += lr * g
+        return outputs
+
+    def _update(self, stats: TrainStats, num_n: int, *, max_change_scale: float,
+                scale: float, l2: bool, l2_scale: float = 1.0) -> None:
+        opts = self.options
+        if l2:
+            apply_l2_regularization(self.nnet, l2_scale * num_n * opts.l2_regularize_factor,
+                                    self.delta)
+        result = update_with_max_change(self.nnet, self.delta, opts.max_param_change,
+                                        max_change_scale, scale)
+        stats.max_change_scales = result.scales
+        stats.global_scale = result.global_scale
+        stats.applied = result.applied
+        stats.message = result.message
+
+    def _zero_delta(self) -> None:
+        for d in self.delta.values():
+            for a in d.values():
+                a[...] = 0.0
+
+
+def _num_sequences(request) -> int:
+    """Kaldi's GetNumNvalues(io, exhaustive=false): the last index's n + 1."""
+    values = {int(np.asarray(s.indexes)[-1, 0]) + 1
+              for s in list(request.inputs) + list(request.outputs) if len(s.indexes)}
+    if len(values) > 1:
+        raise RuntimeInputError(f"inputs/outputs of the request have different numbers of "
+                                f"n values: {sorted(values)}")
+    return values.pop() if values else 1

@@ -1,0 +1,221 @@
+"""Kaldi's network-level update rules (nnet-utils.cc), on an Nnet and a delta.
+
+A *delta* is ``{component name: {param name: float32 array}}`` shaped like each
+updatable component's ``params()`` (Kaldi's ``delta_nnet``: a copy of the network
+whose parameters hold the step). The functions here are the pieces
+``NnetTrainer::Train`` calls after the backward pass, with Kaldi's names:
+
+* :func:`apply_l2_regularization` (ApplyL2Regularization)
+* :func:`update_with_max_change` (UpdateNnetWithMaxChange): per-component
+  max-change, then the global max-param-change, then ``params += factor * delta``
+* :func:`scale_batchnorm_stats` (ScaleBatchnormStats)
+* :func:`constrain_orthonormal` (ConstrainOrthonormal)
+
+(SetLearningRate, SetBatchnormTestMode and SetDropoutTestMode are methods of
+:class:`~pynnet3.Nnet`.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..components.affine import AffineComponent, FixedAffineComponent, LinearComponent
+from ..components.batchnorm import BatchNormComponent
+from ..components.composite import CompositeComponent
+from ..components.tdnn import TdnnComponent
+
+
+def updatable_components(nnet) -> list[tuple[str, object]]:
+    """``(name, component)`` of every updatable component, in the network's order
+    (the order of Kaldi's per-component max-change factors)."""
+    return [(name, c) for name, c in nnet.components.items() if c.is_updatable()]
+
+
+def learning_rates(comp) -> dict[str, float]:
+    """The learning rate Kaldi's Update uses for each parameter array of ``comp``:
+    its ``learning_rate`` (the actual rate; the factor was applied when it was set),
+    or the sub-component's for a CompositeComponent's ``"i:param"`` arrays."""
+    if isinstance(comp, CompositeComponent):
+        return {key: float(comp.components[int(key.split(":", 1)[0])].learning_rate)
+                for key in comp.params()}
+    return {key: float(comp.learning_rate) for key in comp.params()}
+
+
+def apply_l2_regularization(nnet, l2_scale: float, delta: dict) -> None:
+    """Kaldi's ApplyL2Regularization: ``delta += -2 * l2_scale * lr * l2-regularize *
+    params`` for each updatable component with ``l2-regularize`` set. Kaldi calls it
+    with ``l2_scale = num sequences * l2-regularize-factor``."""
+    if l2_scale == 0.0:
+        return
+    for name, comp in updatable_components(nnet):
+        l2 = float(getattr(comp, "l2_regularize", 0.0))
+        if l2 == 0.0:
+            continue
+        lrs = learning_rates(comp)
+        for key, p in comp.params().items():
+            scale = np.float32(-2.0 * l2_scale * lrs[key] * l2)
+            if scale != 0.0:
+                delta[name][key] += scale * p.astype(np.float32, copy=False)
+
+
+@dataclass
+class MaxChangeResult:
+    """What UpdateNnetWithMaxChange decided: ``scales[name]`` the per-component
+    max-change factor (1.0 where not active), ``global_scale`` the max-param-change
+    factor (1.0 where not active), ``applied`` False when the change was not finite
+    (then nothing was added, as Kaldi), ``message`` Kaldi's log line ('' if none)."""
+
+    scales: dict[str, float] = field(default_factory=dict)
+    global_scale: float = 1.0
+    applied: bool = True
+    message: str = ""
+
+
+def update_with_max_change(nnet, delta: dict, max_param_change: float,
+                           max_change_scale: float = 1.0, scale: float = 1.0) -> MaxChangeResult:
+    """Kaldi's UpdateNnetWithMaxChange: per updatable component, the factor
+    ``min(1, max-change * max_change_scale / (||delta|| * |scale|))`` (components
+    with max-change 0 are not limited); then the global factor
+    ``min(1, max_param_change * max_change_scale / ||scaled delta||)``; then
+    ``params += scale * global * factor * delta``, in place."""
+    comps = updatable_components(nnet)
+    result = MaxChangeResult()
+    sq = {name: sum(float(np.dot(a.reshape(-1).astype(np.float64), a.reshape(-1)))
+                    for a in delta[name].values()) for name, _ in comps}
+    param_delta_sq = 0.0
+    num_applied = 0
+    min_scale, min_name, min_max_change = 1.0, "", 0.0
+    for i, (name, comp) in enumerate(comps):
+        max_change = float(comp.max_change)
+        norm = math.sqrt(sq[name])
+        factor = 1.0
+        if max_change != 0.0 and norm * abs(scale) > max_change * max_change_scale:
+            factor = max_change * max_change_scale / (norm * abs(scale))
+            num_applied += 1
+        result.scales[name] = factor
+        if i == 0 or factor < min_scale:
+            min_scale, min_name, min_max_change = factor, name, max_change
+        param_delta_sq += factor * factor * sq[name]
+    param_delta = math.sqrt(param_delta_sq) * abs(scale)
+    limit = max_param_change * max_change_scale
+    global_active = max_param_change != 0.0 and param_delta > limit
+    if global_active:
+        if not math.isfinite(param_delta):
+            result.applied = False
+            result.message = "Infinite parameter change, will not apply."
+            return result
+        result.global_scale = limit / param_delta
+        scale *= result.global_scale
+    parts = []
+    if min_scale < 1.0:
+        parts.append(f"Per-component max-change active on {num_applied} / {len(comps)} "
+                     f"Updatable Components. (Smallest factor={min_scale:.6g} on {min_name} "
+                     f"with max-change={min_max_change:.6g}). ")
+    if global_active:
+        parts.append(f"Global max-change factor was {result.global_scale:.6g} with "
+                     f"max-change={max_param_change:.6g}.")
+    result.message = "".join(parts)
+    for name, comp in comps:
+        alpha = np.float32(result.scales[name] * scale)
+        params = comp.params()
+        for key, d in delta[name].items():
+            p = params[key]
+            p += (alpha * d).astype(p.dtype, copy=False)
+    return result
+
+
+def scale_batchnorm_stats(nnet, batchnorm_stats_scale: float) -> None:
+    """Kaldi's ScaleBatchnormStats: each BatchNormComponent's count and sums times
+    the scale (mean and variance unchanged); 1.0 does nothing."""
+    if not 0.0 <= batchnorm_stats_scale <= 1.0:
+        raise ValueError(f"batchnorm-stats-scale must be in [0, 1], got {batchnorm_stats_scale}")
+    if batchnorm_stats_scale == 1.0:
+        return
+    for comp in nnet.components.values():
+        if isinstance(comp, BatchNormComponent):
+            s = float(batchnorm_stats_scale)
+            comp.count = comp.count * s
+            comp.stats_sum = comp.stats_sum * s
+            comp.stats_sumsq = comp.stats_sumsq * s
+            comp._written_stats = None  # the file's mean/variance no longer describe them
+            if s == 0.0:
+                comp.count = 0.0
+
+
+def orthonormal_constrained(nnet) -> list[tuple[str, object, np.ndarray]]:
+    """``(name, component, matrix)`` for every component Kaldi's ConstrainOrthonormal
+    looks at (Linear, Affine and its subclasses, Tdnn) whose orthonormal-constraint
+    is nonzero, in network order; ``matrix`` is the live parameter array."""
+    out = []
+    for name, comp in nnet.components.items():
+        if isinstance(comp, FixedAffineComponent):
+            continue
+        if isinstance(comp, LinearComponent):
+            m = comp.params()["params"]
+        elif isinstance(comp, (AffineComponent, TdnnComponent)):
+            m = comp.params()["linear_params"]
+        else:
+            continue
+        if float(getattr(comp, "orthonormal_constraint", 0.0)) != 0.0:
+            out.append((name, comp, m))
+    return out
+
+
+def constrain_orthonormal_matrix(m: np.ndarray, scale: float, name: str = "") -> None:
+    """Kaldi's ConstrainOrthonormalInternal on the rows of ``m`` (its transpose when
+    it has more rows than columns), in place: one step
+    ``M -= 4 nu / scale^2 (M M^T - scale^2 I) M`` (nu = 1/8) towards
+    ``M M^T = scale^2 I``; a negative scale floats (``scale^2 = tr(P^2)/tr(P)``,
+    with nu halved once or twice when far from convergence)."""
+    if scale == 0.0:
+        raise ValueError("orthonormal constraint scale must be nonzero")
+    transpose = m.shape[0] > m.shape[1]
+    x = (m.T if transpose else m).astype(np.float64)
+    p = x @ x.T
+    update_speed = 0.125
+    if scale < 0.0:
+        trace_p = float(np.trace(p))
+        trace_pp = float(np.sum(p * p))
+        if trace_p < 1.0e-15:
+            return  # an unused component: almost zero
+        scale = math.sqrt(trace_pp / trace_p)
+        ratio = trace_pp * p.shape[0] / (trace_p * trace_p)
+        if ratio > 1.02:
+            update_speed *= 0.5
+            if ratio > 1.1:
+                update_speed *= 0.5
+    p[np.diag_indices(p.shape[0])] -= scale * scale
+    alpha = update_speed / (scale * scale)
+    x += -4.0 * alpha * (p @ x)
+    m[...] = (x.T if transpose else x).astype(m.dtype)
+
+
+def constrain_orthonormal(nnet, rng: np.random.Generator,
+                          applied_to=None) -> list[str]:
+    """Kaldi's ConstrainOrthonormal: each constrained component (see
+    :func:`orthonormal_constrained`) gets one constraint step with probability 1/4
+    (``RandInt(0, 3) == 0``, one draw per constrained component in network order,
+    from ``rng``). With ``applied_to`` (component names) exactly those get it and
+    nothing is drawn. Returns the names constrained."""
+    done = []
+    constrained = orthonormal_constrained(nnet)
+    if applied_to is not None:
+        wanted = set(applied_to)
+        unknown = wanted - set(nnet.components)
+        if unknown:
+            from ..errors import RuntimeInputError
+
+            raise RuntimeInputError(f"orthonormal_constraint_applied_to names unknown "
+                                    f"components: {sorted(unknown)}")
+    for name, comp, m in constrained:
+        if applied_to is None:
+            if int(rng.integers(0, 4)) != 0:
+                continue
+        elif name not in wanted:
+            continue
+        constrain_orthonormal_matrix(m, float(comp.orthonormal_constraint), name)
+        done.append(name)
+    return done
