@@ -21,9 +21,9 @@ from ..errors import ComputeError
 from ..index import KeySet, pack
 from .affine import matmul_blocks_into
 from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closing, register
-from .blas import gemm_acc
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 from .preconditioning import precondition_product, preconditioners
+from .xp import namespace
 
 # ----------------------------------------------------------------------------------
 # Kaldi integer vectors (WriteIntegerVector / WriteIntegerPairVector)
@@ -178,6 +178,35 @@ class OffsetGather:
     def complete(self) -> bool:
         return self.starts is not None or bool(np.all(self.src >= 0))
 
+    # -- host tables derived from ``src``, made once per object (components hand them
+    # to ``xp.index``, which keeps one device copy per table: they must be the same
+    # array objects on every call) -------------------------------------------------
+    def _derived(self, name: str, make):
+        value = self.__dict__.get(name)
+        if value is None:  # (racing threads compute equal values)
+            value = self.__dict__[name] = make()
+        return value
+
+    @property
+    def spliced_rows(self) -> np.ndarray:
+        """``src.T`` flattened: gathering these input rows and reshaping to
+        [num_out, num_offsets * dim] gives the spliced input (no -1 entries)."""
+        return self._derived("_spliced_rows", lambda: np.ascontiguousarray(self.src.T).ravel())
+
+    def offset_rows(self, k: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """``(outputs, inputs)`` of time offset k: output rows ``outputs`` read input
+        rows ``inputs`` (``outputs`` None: every output row, in order)."""
+        def make():
+            per = []
+            for rows in self.src:
+                if rows.size and rows.min() < 0:
+                    have = np.flatnonzero(rows >= 0)
+                    per.append((have, np.ascontiguousarray(rows[have])))
+                else:
+                    per.append((None, np.ascontiguousarray(rows)))
+            return per
+        return self._derived("_offset_rows", make)[k]
+
     def __eq__(self, other) -> bool:
         if not isinstance(other, OffsetGather):
             return NotImplemented
@@ -249,24 +278,26 @@ def stretch_offset_gather(mini: OffsetGather, input_indexes: np.ndarray,
     return None if src is None else OffsetGather(src, len(input_indexes))
 
 
-def gather_rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``x[rows]`` with zero rows where ``rows`` is -1."""
-    if rows.size and rows.min() < 0:
-        valid = rows >= 0
-        out = np.zeros((len(rows), x.shape[1]), dtype=x.dtype)
-        out[valid] = x[rows[valid]]
-        return out
-    return x[rows]
+def gather_offset(indexes: OffsetGather, k: int, x):
+    """Time offset k's input rows for every output row (zero rows where absent)."""
+    xp = namespace(x)
+    outputs, inputs = indexes.offset_rows(k)
+    if outputs is None:
+        return xp.take(x, xp.index(inputs, like=x))
+    out = xp.zeros((indexes.num_out, x.shape[1]), like=x)
+    out[xp.index(outputs, like=x)] = xp.take(x, xp.index(inputs, like=x))
+    return out
 
 
-def scatter_add_rows(target: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
-    """``target[rows] += values`` skipping rows == -1; ``rows`` must not repeat
-    (true for one time offset: (n, t, x) -> (n, t + o, x) is one-to-one)."""
-    if rows.size and rows.min() < 0:
-        valid = rows >= 0
-        target[rows[valid]] += values[valid]
-    else:
-        target[rows] += values
+def scatter_add_offset(indexes: OffsetGather, k: int, target, values) -> None:
+    """``target[src[k]] += values`` skipping the absent rows; offset k's input rows
+    do not repeat ((n, t, x) -> (n, t + o, x) is one-to-one), so this is a plain
+    indexed add."""
+    xp = namespace(target)
+    outputs, inputs = indexes.offset_rows(k)
+    if outputs is not None:
+        values = xp.take(values, xp.index(outputs, like=values))
+    target[xp.index(inputs, like=target)] += values
 
 
 # ----------------------------------------------------------------------------------
@@ -466,34 +497,40 @@ class TdnnComponent(UpdatableComponent):
                                      stretch_rows)
 
     # -- math ------------------------------------------------------------------------
-    def _spliced(self, indexes: OffsetGather, in_value: np.ndarray) -> np.ndarray:
+    def _spliced(self, indexes: OffsetGather, in_value):
         """[rows-out, input-dim * num-offsets]: the input rows of every offset side by side."""
+        xp = namespace(in_value)
+        n = indexes.num_out
         if indexes.starts is not None:
-            n = indexes.num_out
             if len(indexes.starts) == 1:  # a view: no copy at all
                 return in_value[indexes.starts[0]:indexes.starts[0] + n]
-            return np.concatenate([in_value[s:s + n] for s in indexes.starts], axis=1)
-        return np.concatenate([gather_rows(in_value, rows) for rows in indexes.src], axis=1)
+            return xp.concatenate([in_value[s:s + n] for s in indexes.starts], axis=1)
+        if indexes.complete:  # one gather of every offset's rows, then a reshape
+            rows = xp.index(indexes.spliced_rows, like=in_value)
+            return xp.take(in_value, rows).reshape(n, -1)
+        return xp.concatenate([gather_offset(indexes, k, in_value)
+                               for k in range(len(indexes.src))], axis=1)
 
     def propagate(self, indexes, in_value, out_value):
-        dt = in_value.dtype
-        w = self.linear_params.astype(dt, copy=False)
+        xp = namespace(in_value)
+        w = xp.param(self.linear_params, like=in_value)
         if indexes.starts is not None and len(indexes.starts) > 1:
             n = indexes.num_out
             blocks = [in_value[s:s + n] for s in indexes.starts]
             if matmul_blocks_into(out_value, blocks, w, add=not self.use_bias):
                 if self.use_bias:
-                    out_value += self.bias_params.astype(dt, copy=False)
+                    out_value += xp.param(self.bias_params, like=in_value)
                 return None
         if self.use_bias:  # straight into the output: no product temporary
-            np.matmul(self._spliced(indexes, in_value), w.T, out=out_value)
-            out_value += self.bias_params.astype(dt, copy=False)
+            xp.matmul(self._spliced(indexes, in_value), w.T, out=out_value)
+            out_value += xp.param(self.bias_params, like=in_value)
         else:
             # PROPAGATE_ADDS in one BLAS call (into a zeroed output: the floats of the product)
-            gemm_acc(out_value, self._spliced(indexes, in_value), w.T)
+            xp.gemm_acc(out_value, self._spliced(indexes, in_value), w.T)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        xp = namespace(out_deriv)
         d = self.input_dim
         if grad is not None and preconditioners(grad) is not None:
             # a trainer's natural gradient (components/preconditioning.py)
@@ -504,18 +541,18 @@ class TdnnComponent(UpdatableComponent):
             if indexes.starts is not None:  # per offset into its columns: no spliced copy
                 n = indexes.num_out
                 for k, s in enumerate(indexes.starts):
-                    gemm_acc(g[:, k * d:(k + 1) * d], out_deriv.T, in_value[s:s + n])
+                    xp.gemm_acc(g[:, k * d:(k + 1) * d], out_deriv.T, in_value[s:s + n])
             else:
-                gemm_acc(g, out_deriv.T, self._spliced(indexes, in_value))
+                xp.gemm_acc(g, out_deriv.T, self._spliced(indexes, in_value))
             if self.use_bias:
                 gb = grad["bias_params"]
-                gb += out_deriv.sum(axis=0).astype(gb.dtype)
+                gb += xp.astype(xp.sum(out_deriv, axis=0), gb.dtype)
         if in_deriv is not None:
-            w = self.linear_params.astype(out_deriv.dtype, copy=False)
+            w = xp.param(self.linear_params, like=out_deriv)
             if indexes.starts is not None:
                 n = indexes.num_out
                 for k, s in enumerate(indexes.starts):  # BACKPROP_ADDS
-                    gemm_acc(in_deriv[s:s + n], out_deriv, w[:, k * d:(k + 1) * d])
+                    xp.gemm_acc(in_deriv[s:s + n], out_deriv, w[:, k * d:(k + 1) * d])
                 return
-            for k, rows in enumerate(indexes.src):  # BACKPROP_ADDS
-                scatter_add_rows(in_deriv, rows, out_deriv @ w[:, k * d:(k + 1) * d])
+            for k in range(len(indexes.src)):  # BACKPROP_ADDS
+                scatter_add_offset(indexes, k, in_deriv, out_deriv @ w[:, k * d:(k + 1) * d])
