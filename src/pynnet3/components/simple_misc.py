@@ -38,6 +38,7 @@ from .precomputed import (
     plain_indexes,
     same_rows,
 )
+from .xp import namespace
 
 
 def _read_positive_int(r, tag: str) -> int:
@@ -49,7 +50,7 @@ def _read_positive_int(r, tag: str) -> int:
 
 
 def _row_norms_sq(m: np.ndarray) -> np.ndarray:
-    return (m * m).sum(axis=1)
+    return namespace(m).sum(m * m, axis=1)
 
 
 class _Dim(SameDimComponent):
@@ -129,13 +130,13 @@ class SumGroupComponent(Component):
         w.write_token("</SumGroupComponent>")
 
     def propagate(self, indexes, in_value, out_value):
-        out_value[...] = np.add.reduceat(in_value, self._starts, axis=1)
+        out_value[...] = namespace(in_value).add_reduceat(in_value, self._starts, axis=1)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
                  in_deriv) -> None:
         if in_deriv is not None:
-            in_deriv[...] = out_deriv[:, self._reverse]
+            in_deriv[...] = out_deriv[:, namespace(out_deriv).index(self._reverse, out_deriv)]
 
 
 @register
@@ -188,7 +189,7 @@ class SumBlockComponent(_InOut):
     def propagate(self, indexes, in_value, out_value):
         k = self._input_dim // self._output_dim
         blocks = in_value.reshape(in_value.shape[0], k, self._output_dim)
-        out_value += in_value.dtype.type(self.scale) * blocks.sum(axis=1)
+        out_value += self.scale * namespace(blocks).sum(blocks, axis=1)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
@@ -196,7 +197,7 @@ class SumBlockComponent(_InOut):
         if in_deriv is None:
             return
         k = self._input_dim // self._output_dim
-        in_deriv += np.tile(out_deriv.dtype.type(self.scale) * out_deriv, (1, k))
+        in_deriv += namespace(out_deriv).tile(self.scale * out_deriv, (1, k))
 
 
 @register
@@ -262,7 +263,7 @@ class NoOpComponent(_Dim):
         if in_deriv is None:
             return
         if self.backprop_scale != 1.0:
-            in_deriv[...] = out_deriv * out_deriv.dtype.type(self.backprop_scale)
+            in_deriv[...] = out_deriv * self.backprop_scale
         else:
             in_deriv[...] = out_deriv
 
@@ -386,23 +387,23 @@ class ClipGradientComponent(_Dim):
                  in_deriv) -> None:
         if in_deriv is None:
             return
-        dt = out_deriv.dtype.type
-        d = np.array(out_deriv, copy=True)
+        xp = namespace(out_deriv)
+        d = xp.copy(out_deriv)
         training = grad is not None  # Kaldi's "to_update != NULL"
         thr = self.clipping_threshold
         if thr > 0:
             if self.norm_based_clipping:
-                ratio = _row_norms_sq(d) * dt(thr ** -2.0)
-                # Kaldi's ApplyFloor(1.0, &num_not_scaled) counts the rows below 1.
-                scaled = ratio >= 1
-                if scaled.any():
-                    d *= (1 / np.sqrt(np.maximum(ratio, dt(1))))[:, None]
-                    if training:
-                        self.num_clipped += int(scaled.sum())
+                # (Python floats take d's dtype, as dtype.type(v) did: NEP 50)
+                ratio = _row_norms_sq(d) * (thr ** -2.0)
+                # (rows with ratio < 1 are scaled by exactly 1: no data-dependent branch)
+                d *= (1 / xp.sqrt(xp.maximum(ratio, 1.0)))[:, None]
                 if training:
+                    # Kaldi's ApplyFloor(1.0, &num_not_scaled) counts the rows below 1
+                    # (reading the count waits for a GPU: training only, as in Kaldi)
+                    self.num_clipped += int(xp.sum(ratio >= 1))
                     self.count += d.shape[0]
             else:
-                np.clip(d, dt(-thr), dt(thr), out=d)
+                xp.clip(d, -thr, thr, out=d)
             if training:
                 self.num_backpropped += 1
                 self._repair(in_value, d)
@@ -421,18 +422,18 @@ class ClipGradientComponent(_Dim):
         if clipped_proportion <= self.self_repair_clipped_proportion_threshold:
             return
         self.num_self_repaired += 1
-        dt = d.dtype.type
-        sign = np.where(in_value > 0, dt(1), dt(-1))
-        repair = np.maximum(np.abs(in_value) - dt(self.self_repair_target), dt(0)) * sign
-        norm_sum = float(np.sqrt(_row_norms_sq(d)).sum())
+        xp = namespace(d)
+        sign = xp.where(in_value > 0, 1.0, -1.0)
+        repair = xp.maximum(xp.abs(in_value) - self.self_repair_target, 0.0) * sign
+        norm_sum = float(xp.sum(xp.sqrt(_row_norms_sq(d))))
         rows = d.shape[0]
         magnitude = f32(self.self_repair_scale * clipped_proportion * (norm_sum / rows))
-        repair_norm_sum = float(np.sqrt(_row_norms_sq(repair)).sum())
+        repair_norm_sum = float(xp.sum(xp.sqrt(_row_norms_sq(repair))))
         scale = magnitude / (repair_norm_sum / rows) if repair_norm_sum != 0.0 else 0.0
-        d += dt(-scale / 0.5) * repair
-        repaired_norm_sum = float(np.sqrt(_row_norms_sq(d)).sum())
+        d += (-scale / 0.5) * repair
+        repaired_norm_sum = float(xp.sum(xp.sqrt(_row_norms_sq(d))))
         if repaired_norm_sum != 0.0:
-            d *= dt(norm_sum / repaired_norm_sum)
+            d *= norm_sum / repaired_norm_sum
 
 
 # ----------------------------------------------------------------------------------
@@ -607,9 +608,10 @@ class BackpropTruncationComponent(_Dim):
 
     def propagate(self, indexes, in_value, out_value):
         x = in_value if indexes is None or indexes.in_rows is None \
-            else in_value[indexes.in_rows]
+            else namespace(in_value).take(in_value, namespace(in_value).index(
+                indexes.in_rows, in_value))
         if self.scale != 1.0:
-            x = x * x.dtype.type(self.scale)
+            x = x * self.scale
         out_value[...] = x
         return None
 
@@ -617,30 +619,32 @@ class BackpropTruncationComponent(_Dim):
                  in_deriv) -> None:
         if in_deriv is None:
             return
-        dt = out_deriv.dtype.type
-        d = out_deriv * dt(self.scale)  # a new array, so in-place use is safe
+        xp = namespace(out_deriv)
+        # (Python floats take the dtype of the arrays, as dtype.type(v) did: NEP 50)
+        d = out_deriv * self.scale  # a new array, so in-place use is safe
         norms_sq = _row_norms_sq(d)
         clip = self.clipping_threshold if self.clipping_threshold > 0.0 else 1.0e10
-        ratio = norms_sq * dt(f32(clip ** -2.0))
-        scales = 1 / np.sqrt(np.maximum(ratio, dt(1)))
+        ratio = norms_sq * f32(clip ** -2.0)
+        scales = 1 / xp.sqrt(xp.maximum(ratio, 1.0))
         zthr = self.zeroing_threshold if self.zeroing_threshold > 0.0 else 1.0e10
-        over = (norms_sq - dt(f32(zthr ** 2))) > 0
+        over = (norms_sq - f32(zthr ** 2)) > 0
         if indexes is None or indexes.zeroing is None:
             raise ComputeError("BackpropTruncationComponent needs precompute_indexes() "
                                "with need_backprop")
-        zero = over * indexes.zeroing  # -1 where zeroed
+        zero = over * xp.asarray(indexes.zeroing, like=d, dtype=xp.float32)  # -1: zeroed
         if grad is not None:  # Kaldi's "to_update != NULL"
-            self.num_clipped += float((ratio >= 1).sum())
+            # (reading the counts waits for a GPU: training only, as in Kaldi)
+            self.num_clipped += float(xp.sum(ratio >= 1))
             self.count += d.shape[0]
-            self.num_zeroed -= float(zero.sum())
+            self.num_zeroed -= float(xp.sum(zero))
             self.count_zeroing_boundaries += indexes.zeroing_sum
-        d *= (scales * (zero + 1).astype(d.dtype))[:, None]
+        d *= (scales * xp.astype(zero + 1, d.dtype))[:, None]
         if indexes.in_rows is None:
             in_deriv[...] = d
         else:
             if len(indexes.in_rows) != in_deriv.shape[0]:
                 in_deriv[...] = 0  # input rows no output uses get no derivative
-            in_deriv[indexes.in_rows] = d
+            in_deriv[xp.index(indexes.in_rows, d)] = d
 
 
 # ----------------------------------------------------------------------------------
@@ -687,20 +691,21 @@ class ElementwiseProductComponent(_InOut):
         return m.reshape(m.shape[0], k, self._output_dim)
 
     def propagate(self, indexes, in_value, out_value):
-        out_value[...] = np.prod(self._blocks(in_value), axis=1)
+        out_value[...] = namespace(in_value).prod(self._blocks(in_value), axis=1)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
                  in_deriv) -> None:
         if in_deriv is None:
             return
+        xp = namespace(in_value)
         x = self._blocks(in_value)
         k = x.shape[1]
         # Product of the other blocks, without dividing (inputs may be zero).
-        d = np.empty_like(x)
+        d = xp.empty_like(x)
         for i in range(k):
-            others = np.delete(x, i, axis=1)
-            d[:, i, :] = out_deriv * np.prod(others, axis=1)
+            others = xp.concatenate([x[:, :i], x[:, i + 1:]], axis=1)
+            d[:, i, :] = out_deriv * xp.prod(others, axis=1)
         in_deriv[...] = d.reshape(in_value.shape)
 
 
@@ -769,13 +774,14 @@ class PermuteComponent(Component):
         w.write_token("</PermuteComponent>")
 
     def propagate(self, indexes, in_value, out_value):
-        out_value[...] = in_value[:, self.column_map]
+        out_value[...] = in_value[:, namespace(in_value).index(self.column_map, in_value)]
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
                  in_deriv) -> None:
         if in_deriv is not None:
-            in_deriv[...] = out_deriv[:, self.reverse_column_map]
+            in_deriv[...] = out_deriv[:, namespace(out_deriv).index(self.reverse_column_map,
+                                                                    out_deriv)]
 
 
 __all__ = [

@@ -31,8 +31,9 @@ The contract (what component math may use)
 * Functions: elementwise ``exp log log1p tanh sqrt abs square sign negative
   reciprocal maximum minimum add subtract multiply divide clip`` (all take ``out=``,
   which may be one of the inputs, and Python scalars where NumPy does),
-  ``where(cond, a, b)``, reductions ``sum amax amin mean cumsum`` (``axis``,
-  ``keepdims``; ``sum``/``cumsum`` take ``dtype``), ``matmul(a, b, out=None)``,
+  ``where(cond, a, b)``, reductions ``sum amax amin mean prod cumsum any all``
+  (``axis``, ``keepdims``; ``sum``/``cumsum`` take ``dtype``), ``tile(x, reps)``,
+  ``add_reduceat(x, starts, axis)`` (NumPy's ``np.add.reduceat``), ``matmul(a, b, out=None)``,
   ``einsum``, ``gemm_acc(c, a, b, alpha=1.0)`` (``c += alpha * a @ b`` in place, no
   temporary), ``concatenate stack`` (``axis``), ``take(src, rows, out=None)``
   (row gather), ``add_at(dst, rows, src)`` (``dst[rows] += src``, repeated rows
@@ -80,7 +81,8 @@ NAMES = (
     "is_numpy", "float32", "float64", "int64", "bool_",
     "exp", "log", "log1p", "tanh", "sqrt", "abs", "square", "sign", "negative",
     "reciprocal", "maximum", "minimum", "add", "subtract", "multiply", "divide", "clip",
-    "where", "sum", "amax", "amin", "mean", "cumsum", "matmul", "einsum", "gemm_acc",
+    "where", "sum", "amax", "amin", "mean", "cumsum", "prod", "any", "all", "tile",
+    "add_reduceat", "matmul", "einsum", "gemm_acc",
     "concatenate", "stack", "take", "add_at", "may_share_memory", "shares_memory", "copy",
     "astype",
     "zeros", "empty", "full", "zeros_like", "empty_like", "ones_like",

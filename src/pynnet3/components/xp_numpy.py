@@ -10,8 +10,10 @@ import numpy as np
 from numpy import (  # noqa: F401 - re-exported as the namespace
     abs,
     add,
+    all,
     amax,
     amin,
+    any,
     clip,
     concatenate,
     cumsum,
@@ -31,6 +33,7 @@ from numpy import (  # noqa: F401 - re-exported as the namespace
     minimum,
     multiply,
     negative,
+    prod,
     reciprocal,
     shares_memory,
     sign,
@@ -40,6 +43,7 @@ from numpy import (  # noqa: F401 - re-exported as the namespace
     subtract,
     sum,
     tanh,
+    tile,
     where,
 )
 
@@ -80,6 +84,12 @@ def take(src: np.ndarray, rows: np.ndarray, out: np.ndarray | None = None) -> np
 def add_at(dst: np.ndarray, rows: np.ndarray, src) -> None:
     """``dst[rows] += src`` where repeated rows accumulate."""
     np.add.at(dst, rows, src)
+
+
+def add_reduceat(x: np.ndarray, starts: np.ndarray, axis: int = 1) -> np.ndarray:
+    """Sums of the groups of consecutive columns starting at ``starts`` (NumPy's
+    ``np.add.reduceat``; ``starts`` increasing, groups non-empty)."""
+    return np.add.reduceat(x, starts, axis=axis)
 
 
 def param(a: np.ndarray, like: np.ndarray) -> np.ndarray:

@@ -150,6 +150,52 @@ def amin(x, axis=None, keepdims=False):
     return torch.amin(x, dim=_dim(axis), keepdim=keepdims)
 
 
+def prod(x, axis=None, keepdims=False):
+    if axis is None:
+        return torch.prod(x)
+    return torch.prod(x, dim=axis, keepdim=keepdims)
+
+
+def any(x, axis=None):  # noqa: A001 - NumPy's name
+    return torch.any(x) if axis is None else torch.any(x, dim=axis)
+
+
+def all(x, axis=None):  # noqa: A001 - NumPy's name
+    return torch.all(x) if axis is None else torch.all(x, dim=axis)
+
+
+def tile(x, reps):
+    reps = (reps,) if isinstance(reps, int) else tuple(reps)
+    return x.repeat(*((1,) * (x.dim() - len(reps)) + reps)) if len(reps) < x.dim() \
+        else x.repeat(*reps)
+
+
+def add_reduceat(x, starts, axis=1):
+    """Sums of the groups of consecutive entries along ``axis`` starting at
+    ``starts`` (NumPy's ``np.add.reduceat`` for increasing starts)."""
+    starts = np.asarray(starts)
+    n = x.shape[axis]
+    sizes = np.diff(np.append(starts, n))
+    groups = _group_ids(starts, sizes, x.device)
+    shape = list(x.shape)
+    shape[axis] = len(starts)
+    return torch.zeros(shape, dtype=x.dtype, device=x.device).index_add_(axis, groups, x)
+
+
+def _group_ids(starts: np.ndarray, sizes: np.ndarray, device):
+    key = (starts.tobytes(), device)
+    t = _GROUPS.get(key)
+    if t is None:
+        t = torch.from_numpy(np.repeat(np.arange(len(starts)), sizes)).to(device)
+        if len(_GROUPS) > 256:
+            _GROUPS.clear()
+        _GROUPS[key] = t
+    return t
+
+
+_GROUPS: dict = {}
+
+
 def cumsum(x, axis=None, dtype=None):
     if axis is None:
         x, axis = x.reshape(-1), 0
