@@ -25,6 +25,7 @@ from ..runtime.computer import NnetComputer
 from .natural_gradient import OnlineNaturalGradient
 from .objective import compute_objective
 from .options import TrainerOptions
+from .progress import MaxChangeCounts, ObjectiveInfo
 from .update import (
     apply_l2_regularization,
     constrain_orthonormal,
@@ -51,7 +52,9 @@ class TrainStats:
     limited); ``global_scale``: the max-param-change factor; ``applied``: False
     when the change was not finite and nothing was added; ``message``: Kaldi's
     max-change log line ('' when neither max-change was active);
-    ``orthonormal_constrained``: components constrained this step. With
+    ``orthonormal_constrained``: components constrained this step; ``log_lines``:
+    what Kaldi's trainer logs during this step (a phase's average objective when
+    one ended, the max-change line). With
     backstitch, the objectives are the first pass's, ``backstitch_outputs`` the
     second's, and the max-change figures the second update's."""
 
@@ -64,6 +67,7 @@ class TrainStats:
     message: str = ""
     orthonormal_constrained: list[str] = field(default_factory=list)
     backstitch_outputs: dict[str, OutputObjective] = field(default_factory=dict)
+    log_lines: list[str] = field(default_factory=list)
 
     @property
     def num_frames(self) -> float:
@@ -112,7 +116,8 @@ class Trainer:
         self.num_minibatches_processed = 0
         self.preconditioners: dict[str, dict] = {}
         self.delta: dict[str, dict[str, np.ndarray]] = {}
-        self.totals: dict[str, OutputObjective] = {}
+        self.objective_info: dict[str, ObjectiveInfo] = {}
+        self.max_change_counts = MaxChangeCounts()
         if self.options.zero_component_stats:
             for comp in nnet.components.values():
                 comp.zero_stats()
@@ -157,6 +162,7 @@ class Trainer:
             self.freeze_natural_gradient(True)
             self._reseed_random_components()
             stats.outputs = self._forward_backward(computation, inputs, supervision)
+            self._record(stats, stats.outputs)
             self._update(stats, num_n, max_change_scale=s, scale=-s, l2=False)
             stats.orthonormal_constrained = constrain_orthonormal(
                 self.nnet, self.rng, orthonormal_constraint_applied_to)
@@ -164,12 +170,14 @@ class Trainer:
             self.freeze_natural_gradient(False)
             self._reseed_random_components()
             stats.backstitch_outputs = self._forward_backward(computation, inputs, supervision)
+            self._record(stats, stats.backstitch_outputs, "_backstitch")
             self._update(stats, num_n, max_change_scale=1.0 + s, scale=1.0 + s, l2=True,
                          l2_scale=1.0 / (1.0 + s))
             scale_batchnorm_stats(self.nnet, opts.batchnorm_stats_scale)
             self._zero_delta()
         else:
             stats.outputs = self._forward_backward(computation, inputs, supervision)
+            self._record(stats, stats.outputs)
             self._update(stats, num_n, max_change_scale=1.0, scale=1.0 - opts.momentum,
                          l2=True)
             scale_batchnorm_stats(self.nnet, opts.batchnorm_stats_scale)
@@ -183,12 +191,24 @@ class Trainer:
                 self._zero_delta()
         stats.objective = sum(o.objective for o in stats.outputs.values())
         stats.weight = sum(o.weight for o in stats.outputs.values())
-        for name, o in stats.outputs.items():
-            t = self.totals.setdefault(name, OutputObjective(0.0, 0.0))
-            t.objective += o.objective
-            t.weight += o.weight
         self.num_minibatches_processed += 1
         return stats
+
+    def total_stats_lines(self) -> list[str]:
+        """What Kaldi's NnetTrainer::PrintTotalStats logs: each output's overall
+        average objective (names sorted) and how often max-change was enforced."""
+        lines = []
+        for name in sorted(self.objective_info):
+            lines += self.objective_info[name].total_lines(name)
+        return lines + self.max_change_counts.lines()
+
+    def _record(self, stats: TrainStats, outputs: dict, suffix: str = "") -> None:
+        """Kaldi's ProcessOutputs bookkeeping: totals and phase lines per output."""
+        for name, o in outputs.items():
+            info = self.objective_info.setdefault(name + suffix, ObjectiveInfo())
+            stats.log_lines += info.update(name + suffix, self.options.print_interval,
+                                           self.num_minibatches_processed, o.weight,
+                                           o.objective)
 
     def _training_request(self, request):
         """The request as Kaldi's GetComputationRequest makes it for training: model
@@ -255,6 +275,9 @@ class Trainer:
         stats.global_scale = result.global_scale
         stats.applied = result.applied
         stats.message = result.message
+        if result.message:
+            stats.log_lines.append(result.message)
+        self.max_change_counts.add(result.scales, result.global_scale)
 
     def _zero_delta(self) -> None:
         for d in self.delta.values():
