@@ -73,7 +73,8 @@ def to_torch(nnet, frames: int, *, output_times: str = "auto", ivector_rows: str
     placeholders = {}
     for name in nnet.input_names():
         placeholders[name] = g.graph.placeholder(attr_name(name))
-    g.batch = g.method("size", next(iter(placeholders.values())), 0)  # N
+    g.ref = next(iter(placeholders.values()))
+    g.batch = g.method("size", g.ref, 0)  # N
     values = {}
     for name, ph in placeholders.items():
         if name == IVECTOR:

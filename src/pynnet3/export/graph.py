@@ -46,7 +46,8 @@ class GraphBuilder:
         self.param_names: dict[tuple[str, str], str] = {}
         self._params: dict[tuple[str, str], fx.Node] = {}
         self._consts: dict[str, fx.Node] = {}
-        self.batch: fx.Node | None = None  # N, taken from the first frame input
+        self.ref: fx.Node | None = None  # the first input: N, dtype and device
+        self.batch: fx.Node | None = None  # N (ref.size(0))
 
     # -- tensors owned by the module -------------------------------------------------
     def param(self, component: str, name: str, value) -> fx.Node:
@@ -78,11 +79,13 @@ class GraphBuilder:
     def method(self, name: str, *args, **kwargs) -> fx.Node:
         return self.graph.call_method(name, args, kwargs)
 
+    # (new tensors follow the first input's dtype and device: module.double() and
+    # module.to("cuda") then work as for any module)
     def zeros(self, rows: int, cols: int) -> fx.Node:
-        return self.call(torch.zeros, (self.batch, rows, cols), dtype=self.dtype)
+        return self.method("new_zeros", self.ref, (self.batch, rows, cols))
 
     def full(self, rows: int, cols: int, value: float) -> fx.Node:
-        return self.call(torch.full, (self.batch, rows, cols), float(value), dtype=self.dtype)
+        return self.method("new_full", self.ref, (self.batch, rows, cols), float(value))
 
     def slice(self, x: fx.Node, r0: int, r1: int, c0: int, c1: int, rows: int,
               cols: int) -> fx.Node:
@@ -126,10 +129,11 @@ class GraphBuilder:
     def row_matrix(self, x: fx.Node, weights: np.ndarray, dtype=None) -> fx.Node:
         """``W @ x`` per sequence for a constant ``W [rows_out, rows_in]`` (row sums
         and scatters with repeats), optionally computed in ``dtype``."""
-        w = self.const(weights, dtype=dtype or self.dtype, hint="rowsum")
-        if dtype is not None and dtype != self.dtype:
-            x = self.method("to", x, dtype)
-        return self.call(torch.matmul, w, x)
+        if dtype is None:
+            w = self.method("type_as", self.const(weights, hint="rowsum"), x)
+            return self.call(torch.matmul, w, x)
+        w = self.const(weights, dtype=dtype, hint="rowsum")
+        return self.call(torch.matmul, w, self.method("to", x, dtype))
 
     def scale(self, x: fx.Node, alpha: float) -> fx.Node:
         return x if alpha == 1.0 else self.call(operator.mul, x, float(alpha))

@@ -131,10 +131,11 @@ def _normalize(g, name, comp, pre, x, rows_out):
     k = comp.dim // d
     xb = _call(g, torch.unflatten, x, -1, (k, d)) if k > 1 else x
     sq = _call(g, torch.sum, _call(g, operator.mul, xb, xb), -1, keepdim=True)
+    # (as the NumPy component: 1 / sqrt(max(x.x / (D rms^2), 2^-66)))
     ms = _call(g, torch.clamp_min, _call(g, operator.truediv, sq,
-                                         float(np.float32(d * comp.target_rms ** 2))),
+                                         float(d * comp.target_rms * comp.target_rms)),
                2.0 ** -66)
-    f = _call(g, torch.rsqrt, ms)
+    f = _call(g, torch.reciprocal, _call(g, torch.sqrt, ms))
     y = _call(g, operator.mul, xb, f)
     if comp.add_log_stddev:
         log_col = _call(g, operator.sub, math.log(comp.target_rms), _call(g, torch.log, f))
@@ -180,13 +181,13 @@ def _row_identity(g, name, comp, pre, x, rows_out):
 
 @register("DropoutComponent")
 def _dropout(g, name, comp, pre, x, rows_out):
-    return g.scale(x, float(np.float32(1.0 - comp.dropout_proportion)))
+    return g.scale(x, 1.0 - comp.dropout_proportion)
 
 
 @register("DropoutMaskComponent")
 def _dropout_mask(g, name, comp, pre, x, rows_out):
     p = comp.dropout_proportion
-    value = 1.0 if (p == 0.0 or comp.continuous) else float(np.float32(1.0 - p))
+    value = 1.0 if (p == 0.0 or comp.continuous) else 1.0 - p
     return g.full(rows_out, comp.output_dim, value)
 
 

@@ -76,9 +76,9 @@ def window_matrix(pre) -> np.ndarray:
 
 
 def _window_sums(g, pre, x):
-    """Window sums of ``x``'s rows, summed in float64, then back to the graph's dtype."""
+    """Window sums of ``x``'s rows, summed in float64, then back to ``x``'s dtype."""
     s = g.row_matrix(x, window_matrix(pre), dtype=torch.float64)
-    return g.method("to", s, g.dtype)
+    return g.method("type_as", s, x)
 
 
 @register("StatisticsExtractionComponent")

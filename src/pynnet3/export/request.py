@@ -24,6 +24,7 @@ IVECTOR = "ivector"
 #: a StatisticsPoolingComponent whose window spans at least this many frames pools
 #: whole utterances (x-vector extractors use 0 .. 10000)
 WHOLE_UTTERANCE_FRAMES = 1000
+MAX_WINDOW = 1000  # the widest input window export_context tries
 
 
 @dataclass
@@ -54,6 +55,47 @@ def pools_whole_utterances(nnet) -> bool:
     return False
 
 
+def export_context(nnet) -> tuple[int, int]:
+    """(left, right) context that makes EVERY output node computable (Kaldi's
+    ComputeSimpleNnetContext looks at ``output`` only; an ``output-xent`` may need
+    more): for each output and each time shift modulo the network's modulus, the
+    first and last computable output of a window of input frames, the window
+    doubling from 40 frames until the context fits, as
+    :mod:`pynnet3.compiler.context` does for ``output``."""
+    from ..compiler.computable import Computability
+
+    frame_inputs = [n for n in nnet.input_names() if n != IVECTOR]
+    modulus = nnet.modulus()
+    window = 40
+    while True:
+        left = right = 0
+        fits = True
+        for shift in range(modulus + 1):
+            frames = _rows(range(shift, shift + window))
+            inputs = {n: frames for n in frame_inputs}
+            if IVECTOR in nnet.input_names():
+                inputs[IVECTOR] = _rows(range(shift - modulus, shift + window))
+            comp = Computability(nnet, inputs)
+            for name in nnet.output_names():
+                ok = comp.computable(name, frames)
+                if not ok.any():
+                    fits = False
+                    break
+                first = int(np.argmax(ok))
+                rest = ok[first:]
+                first_not = first + (int(np.argmin(rest)) if not rest.all() else len(rest))
+                left, right = max(left, first), max(right, window - first_not)
+            if not fits:
+                break
+        if fits and left + right < window - 1:
+            return left, right
+        if window >= MAX_WINDOW:
+            raise ExportError(f"no output frames are computable from a window of {MAX_WINDOW}"
+                              " input frames: the network's context is too wide (or infinite)"
+                              " to export for fixed blocks of frames")
+        window = min(2 * window, MAX_WINDOW)
+
+
 def _rows(times) -> np.ndarray:
     t = np.asarray(times, dtype=np.int64)
     z = np.zeros_like(t)
@@ -69,7 +111,7 @@ def export_request(nnet, frames: int, output_times: str = "auto",
         raise ExportError(f"frames must be >= 1, got {frames}")
     if output_times not in ("auto", "all", "first"):
         raise ExportError(f"output_times must be auto, all or first, got {output_times!r}")
-    left, right = nnet.context()
+    left, right = export_context(nnet)
     first = output_times == "first" or (output_times == "auto"
                                         and pools_whole_utterances(nnet))
     shape = ExportShape(int(frames), int(left), int(right), first)
@@ -82,7 +124,11 @@ def export_request(nnet, frames: int, output_times: str = "auto",
                   for name in nnet.input_names()]
         return ComputationRequest(inputs, outputs)
 
-    choices = {"auto": ([0], frame_times), "first": ([0],), "all": (frame_times,)}
+    # (Round(ivector, m) and offsets may read it a little outside the frame range)
+    pad = 2 * nnet.modulus() + 8
+    wide_times = np.arange(-shape.left - pad, shape.frames + shape.right + pad)
+    choices = {"auto": ([0], frame_times, wide_times), "first": ([0],),
+               "all": (frame_times, wide_times)}
     if ivector_rows not in choices:
         raise ExportError(f"ivector_rows must be auto, first or all, got {ivector_rows!r}")
     error = None

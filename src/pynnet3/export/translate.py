@@ -148,8 +148,10 @@ class Translator:
         if cmd.in_value == 0 and cmd.table >= 0:  # input read as column blocks
             blocks = [self.read(s) for s in self.c.indexes_blocks[cmd.table].tolist()]
             x = self.g.cat(blocks, 2)
-        else:
+        elif cmd.in_value:
             x = self.read(cmd.in_value)
+        else:  # a component with no input (ConstantComponent)
+            x = None
         y = propagate_op(self.g, cmd.node, node.component, comp, pre, x,
                          self.rows_of(cmd.out_value))
         if comp.properties() & Flags.PROPAGATE_ADDS:
