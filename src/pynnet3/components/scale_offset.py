@@ -33,6 +33,7 @@ from .base import (
     register,
     require,
 )
+from .xp import namespace
 
 
 def _blocks(m: np.ndarray, block: int) -> np.ndarray:
@@ -109,12 +110,14 @@ class FixedScaleComponent(Component):
         w.write_token(f"</{self.type_name}>")
 
     def propagate(self, indexes, in_value, out_value):
-        np.multiply(in_value, self.scales.astype(in_value.dtype), out=out_value)
+        xp = namespace(in_value)
+        xp.multiply(in_value, xp.param(self.scales, in_value), out=out_value)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         if in_deriv is not None:
-            np.multiply(out_deriv, self.scales.astype(out_deriv.dtype), out=in_deriv)
+            xp = namespace(out_deriv)
+            xp.multiply(out_deriv, xp.param(self.scales, out_deriv), out=in_deriv)
 
 
 @register
@@ -157,7 +160,8 @@ class FixedBiasComponent(Component):
         w.write_token(f"</{self.type_name}>")
 
     def propagate(self, indexes, in_value, out_value):
-        np.add(in_value, self.bias.astype(in_value.dtype), out=out_value)
+        xp = namespace(in_value)
+        xp.add(in_value, xp.param(self.bias, in_value), out=out_value)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
@@ -236,14 +240,16 @@ class PerElementScaleComponent(UpdatableComponent):
         return {"scales": self.scales}
 
     def propagate(self, indexes, in_value, out_value):
-        np.multiply(in_value, self.scales.astype(in_value.dtype), out=out_value)
+        xp = namespace(in_value)
+        xp.multiply(in_value, xp.param(self.scales, in_value), out=out_value)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         # The gradient first: in_deriv may alias out_deriv.
-        _add_grad(grad, "scales", np.einsum("ij,ij->j", out_deriv, in_value))
+        _add_grad(grad, "scales", namespace(out_deriv).einsum("ij,ij->j", out_deriv, in_value))
         if in_deriv is not None:
-            np.multiply(out_deriv, self.scales.astype(out_deriv.dtype), out=in_deriv)
+            xp = namespace(out_deriv)
+            xp.multiply(out_deriv, xp.param(self.scales, out_deriv), out=in_deriv)
 
 
 @register
@@ -364,11 +370,13 @@ class PerElementOffsetComponent(UpdatableComponent):
 
     def propagate(self, indexes, in_value, out_value):
         reps = self.dim // self.offsets.shape[0]
-        np.add(in_value, np.tile(self.offsets, reps).astype(in_value.dtype), out=out_value)
+        xp = namespace(in_value)
+        xp.add(in_value, xp.tile(xp.param(self.offsets, in_value), reps), out=out_value)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
-        _add_grad(grad, "offsets", _blocks(out_deriv, self.offsets.shape[0]).sum(axis=0))
+        _add_grad(grad, "offsets", namespace(out_deriv).sum(
+            _blocks(out_deriv, self.offsets.shape[0]), axis=0))
         if in_deriv is not None and in_deriv is not out_deriv:
             in_deriv[...] = out_deriv
 
@@ -456,7 +464,8 @@ class ScaleAndOffsetComponent(UpdatableComponent):
         return {"scales": self.scales, "offsets": self.offsets}
 
     def export_gradient(self, grad):
-        return {"params_vectorized": np.concatenate([grad["scales"], grad["offsets"]])}
+        xp = namespace(grad["scales"])
+        return {"params_vectorized": xp.concatenate([grad["scales"], grad["offsets"]])}
 
     def _nonzero_scales(self) -> np.ndarray:
         s = self.scales
@@ -464,23 +473,24 @@ class ScaleAndOffsetComponent(UpdatableComponent):
         return np.where(np.abs(s) >= eps, s, np.where(s >= 0, eps, -eps)).astype(s.dtype)
 
     def propagate(self, indexes, in_value, out_value):
-        dt, block = in_value.dtype, self.scales.shape[0]
-        y = _blocks(in_value, block) * self._nonzero_scales().astype(dt)
-        y += self.offsets.astype(dt)
+        xp, block = namespace(in_value), self.scales.shape[0]
+        # (the floored scales are made on the host: a small vector)
+        y = _blocks(in_value, block) * xp.asarray(self._nonzero_scales(), like=in_value)
+        y += xp.param(self.offsets, in_value)
         out_value[...] = y.reshape(out_value.shape)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
-        dt, block = out_deriv.dtype, self.scales.shape[0]
+        xp, block = namespace(out_deriv), self.scales.shape[0]
         dy = _blocks(out_deriv, block)
         if grad is not None:
-            _add_grad(grad, "offsets", dy.sum(axis=0))
+            _add_grad(grad, "offsets", xp.sum(dy, axis=0))
             # Kaldi reconstructs the input from the output: x = (y - o) * (1/s).
-            inv = (1 / self._nonzero_scales()).astype(dt)
-            x = (_blocks(out_value, block) - self.offsets.astype(dt)) * inv
-            _add_grad(grad, "scales", np.einsum("ij,ij->j", x, dy))
+            inv = xp.asarray(1 / self._nonzero_scales(), like=out_deriv)
+            x = (_blocks(out_value, block) - xp.param(self.offsets, out_deriv)) * inv
+            _add_grad(grad, "scales", xp.einsum("ij,ij->j", x, dy))
         if in_deriv is not None:
-            dx = dy * self.scales.astype(dt)
+            dx = dy * xp.param(self.scales, out_deriv)
             in_deriv[...] = dx.reshape(in_deriv.shape)
 
 
@@ -526,13 +536,13 @@ class _ConstantBase(UpdatableComponent):
         return {"output": self.output} if self.is_updatable_ else {}
 
     def propagate(self, indexes, in_value, out_value):
-        out_value[...] = self.output.astype(out_value.dtype)
+        out_value[...] = namespace(out_value).param(self.output, out_value)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         # The output does not depend on the input: its derivative is zero, and
         # with BACKPROP_ADDS (ConstantFunction) nothing needs to be written.
-        _add_grad(grad, "output", out_deriv.sum(axis=0))
+        _add_grad(grad, "output", namespace(out_deriv).sum(out_deriv, axis=0))
 
 
 @register
