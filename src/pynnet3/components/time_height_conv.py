@@ -29,6 +29,7 @@ from .tdnn import (
     time_offset_deps,
     time_offset_sources,
 )
+from .xp import namespace
 
 
 @dataclass
@@ -347,59 +348,78 @@ class TimeHeightConvolutionComponent(UpdatableComponent):
                                      stretch_rows)
 
     # -- math ------------------------------------------------------------------------
-    def _pixel_maps(self, indexes: OffsetGather):
-        """Per kernel offset: (output rows with an input row, their input rows,
-        output heights inside the image, their input heights)."""
+    def _pixel_tables(self, indexes: OffsetGather) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``(flat, columns)``: the input pixel each output pixel reads through each
+        kernel offset, with the input seen as [rows_in * height_in, num_filters_in]
+        pixels (number ``row * height_in + height``) and one zero pixel appended
+        (number ``rows_in * height_in``) for time and height padding. ``flat`` runs
+        over (output row, output height, offset); ``columns[i]`` is offset i's part,
+        contiguous. Host tables made once per precomputed object and model, so that
+        ``xp.index`` keeps one device copy of each."""
         m = self.model
-        t_index = {t: k for k, t in enumerate(m.all_time_offsets)}
-        h_out = np.arange(m.height_out) * m.height_subsample_out
-        maps = []
-        for t_off, h_off in m.offsets:
-            rows = indexes.src[t_index[t_off]]
-            out_rows = np.flatnonzero(rows >= 0)
-            h_in = h_out + h_off
-            out_h = np.flatnonzero((h_in >= 0) & (h_in < m.height_in))
-            maps.append((out_rows, rows[out_rows], out_h, h_in[out_h]))
-        return maps
+        key = (m.height_in, m.height_out, m.height_subsample_out, tuple(m.offsets))
+        tables = indexes._derived("_pixel_tables", dict)
+        made = tables.get(key)
+        if made is None:
+            zero = indexes.num_in * m.height_in
+            t_index = {t: k for k, t in enumerate(m.all_time_offsets)}
+            h_out = np.arange(m.height_out) * m.height_subsample_out
+            table = np.empty((indexes.num_out, m.height_out, len(m.offsets)), dtype=np.int64)
+            for i, (t_off, h_off) in enumerate(m.offsets):
+                rows = indexes.src[t_index[t_off]]
+                h_in = h_out + h_off
+                pix = rows[:, None] * m.height_in + h_in[None, :]
+                pix[(rows < 0)[:, None] | ((h_in < 0) | (h_in >= m.height_in))[None, :]] = zero
+                table[:, :, i] = pix
+            table = table.reshape(-1, len(m.offsets))
+            made = tables[key] = (table.reshape(-1), [np.ascontiguousarray(table[:, i])
+                                                      for i in range(len(m.offsets))])
+        return made
 
-    def _patches(self, indexes: OffsetGather, in_value: np.ndarray) -> np.ndarray:
+    def _patches(self, indexes: OffsetGather, in_value):
         """[rows-out * height-out, num-offsets * num-filters-in]: for each output pixel
-        the input pixels its kernel sees (zero where padded)."""
+        the input pixels its kernel sees (zero where padded): one gather."""
         m = self.model
-        num_out = indexes.num_out
-        x3 = in_value.reshape(len(in_value), m.height_in, m.num_filters_in)
-        patches = np.zeros((num_out, m.height_out, len(m.offsets), m.num_filters_in),
-                           dtype=in_value.dtype)
-        for i, (out_rows, in_rows, out_h, in_h) in enumerate(self._pixel_maps(indexes)):
-            patches[out_rows[:, None], out_h[None, :], i] = x3[in_rows[:, None], in_h[None, :]]
-        return patches.reshape(num_out * m.height_out, -1)
+        xp = namespace(in_value)
+        flat, _ = self._pixel_tables(indexes)
+        pixels = xp.concatenate([in_value.reshape(-1, m.num_filters_in),
+                                 xp.zeros((1, m.num_filters_in), like=in_value)])
+        return xp.take(pixels, xp.index(flat, like=in_value)).reshape(
+            indexes.num_out * m.height_out, -1)
 
     def propagate(self, indexes, in_value, out_value):
         m = self.model
-        dt = in_value.dtype
-        w = self.linear_params.astype(dt, copy=False)
-        out = self._patches(indexes, np.ascontiguousarray(in_value)) @ w.T
-        out += self.bias_params.astype(dt, copy=False)
+        xp = namespace(in_value)
+        w = xp.param(self.linear_params, like=in_value)
+        out = self._patches(indexes, in_value) @ w.T
+        out += xp.param(self.bias_params, like=in_value)
         out_value[:] = out.reshape(len(out_value), m.height_out * m.num_filters_out)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         m = self.model
+        xp = namespace(out_deriv)
         num_out = len(out_deriv)
-        dout = np.ascontiguousarray(out_deriv).reshape(num_out * m.height_out,
-                                                       m.num_filters_out)
+        dout = out_deriv.reshape(num_out * m.height_out, m.num_filters_out)
         if grad is not None:
             g = grad["linear_params"]
-            g += (dout.T @ self._patches(indexes, np.ascontiguousarray(in_value))
-                  ).astype(g.dtype)
+            g += xp.astype(dout.T @ self._patches(indexes, in_value), g.dtype)
             gb = grad["bias_params"]
-            gb += dout.sum(axis=0).astype(gb.dtype)
+            gb += xp.astype(xp.sum(dout, axis=0), gb.dtype)
         if in_deriv is not None:
-            w = self.linear_params.astype(out_deriv.dtype, copy=False)
-            dpatch = (dout @ w).reshape(num_out, m.height_out, len(m.offsets),
+            w = xp.param(self.linear_params, like=out_deriv)
+            dpatch = (dout @ w).reshape(num_out * m.height_out, len(m.offsets),
                                         m.num_filters_in)
-            acc = np.zeros((len(in_deriv), m.height_in, m.num_filters_in), dtype=in_deriv.dtype)
-            for i, (out_rows, in_rows, out_h, in_h) in enumerate(self._pixel_maps(indexes)):
-                # one kernel offset maps distinct output pixels to distinct input pixels
-                acc[in_rows[:, None], in_h[None, :]] += dpatch[out_rows[:, None], out_h[None, :], i]
-            in_deriv += acc.reshape(len(in_deriv), -1)  # BACKPROP_ADDS
+            flat, columns = self._pixel_tables(indexes)
+            # per input pixel; the last row is the zero (padding) pixel, dropped after
+            acc = xp.zeros((len(in_deriv) * m.height_in + 1, m.num_filters_in), like=in_deriv)
+            if xp.is_numpy:
+                # One kernel offset maps distinct output pixels to distinct input pixels
+                # (only the padding pixel repeats, and it is dropped): a plain indexed
+                # add per offset, 4x faster than np.add.at over all of them.
+                for i, cols in enumerate(columns):
+                    acc[cols] += dpatch[:, i]
+            else:  # one accumulating scatter on the device
+                xp.add_at(acc, xp.index(flat, like=acc),
+                          dpatch.reshape(-1, m.num_filters_in))
+            in_deriv += acc[:-1].reshape(len(in_deriv), -1)  # BACKPROP_ADDS
