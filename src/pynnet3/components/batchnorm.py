@@ -22,6 +22,7 @@ import numpy as np
 
 from .affine import expect_one_or_two, f32
 from .base import Component, Flags, check_finite, read_closing, register, require
+from .xp import namespace
 
 
 @register
@@ -183,8 +184,10 @@ class BatchNormComponent(Component):
             return  # no STORES_STATS in test mode
         n = memo["num_frames"]
         self.count += n
-        self.stats_sum = self.stats_sum + np.float32(n) * memo["mean"].astype(np.float64)
-        self.stats_sumsq = self.stats_sumsq + np.float32(n) * memo["uvar"].astype(np.float64)
+        xp = namespace(memo["mean"])  # (on a GPU the host waits: stats only)
+        mean, uvar = xp.to_numpy(memo["mean"]), xp.to_numpy(memo["uvar"])
+        self.stats_sum = self.stats_sum + np.float32(n) * mean.astype(np.float64)
+        self.stats_sumsq = self.stats_sumsq + np.float32(n) * uvar.astype(np.float64)
         self._written_stats = None
 
     def zero_stats(self) -> None:
@@ -200,28 +203,31 @@ class BatchNormComponent(Component):
         return m.reshape(-1, self.block_dim)
 
     def propagate(self, indexes, in_value, out_value):
-        dt = in_value.dtype
+        xp, dt = namespace(in_value), in_value.dtype
         x = self._blocks(in_value)
         if self.test_mode:
             if self.scale is None:
                 self._compute_derived(None)
+            scale, offset = xp.param(self.scale, in_value), xp.param(self.offset, in_value)
             if self.block_dim == self.dim:  # straight into the output: no temporaries
-                np.multiply(in_value, self.scale.astype(dt), out=out_value)
-                out_value += self.offset.astype(dt)
+                xp.multiply(in_value, scale, out=out_value)
+                out_value += offset
                 return None
-            y = x * self.scale.astype(dt) + self.offset.astype(dt)
+            y = x * scale + offset
             out_value[...] = y.reshape(out_value.shape)
             return None
         n = x.shape[0]
-        mean = x.sum(axis=0) / dt.type(n)
-        uvar = np.einsum("ij,ij->j", x, x) / dt.type(n)
-        var_scale = dt.type(1.0 / (self.target_rms * self.target_rms))
+        # (constants rounded to the arrays' precision on the host, as dt.type(v) did)
+        ft = xp.scalar_type(in_value)
+        mean = xp.sum(x, axis=0) / float(ft(n))
+        uvar = xp.einsum("ij,ij->j", x, x) / float(ft(n))
+        var_scale = ft(1.0 / (self.target_rms * self.target_rms))
         # scale = (max(var, 0) + eps)^-0.5 * target-rms, computed as Kaldi does it.
-        scaled_var = np.maximum((uvar - mean * mean) * var_scale, dt.type(0.0))
-        scale = (scaled_var + var_scale * dt.type(self.epsilon)) ** dt.type(-0.5)
+        scaled_var = xp.maximum((uvar - mean * mean) * float(var_scale), 0.0)
+        scale = (scaled_var + float(var_scale * ft(self.epsilon))) ** -0.5
         if out_value.shape == x.shape and out_value.dtype == dt:
             # straight into the output (elementwise, so it may alias the input)
-            np.subtract(x, mean, out=out_value)
+            xp.subtract(x, mean, out=out_value)
             out_value *= scale
         else:
             y = (x - mean) * scale  # computed before writing: out may alias in
@@ -231,23 +237,24 @@ class BatchNormComponent(Component):
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         if in_deriv is None:
             return
-        dt = out_deriv.dtype
+        xp, dt = namespace(out_deriv), out_deriv.dtype
         dz = self._blocks(out_deriv)
         if self.test_mode:
-            dx = dz * self.scale.astype(dt)
+            dx = dz * xp.param(self.scale, out_deriv)
         else:
             if memo is None:
                 raise ValueError("BatchNormComponent (training mode): backprop needs the memo")
             z = self._blocks(out_value)
-            n, scale = memo["num_frames"], memo["scale"].astype(dt)
-            coeff = dt.type(-1.0 / (self.target_rms * self.target_rms * n))
-            var_deriv_mod = coeff * np.einsum("ij,ij->j", z, dz) * scale
-            mean_deriv = dz.sum(axis=0) / dt.type(n)
+            n, scale = memo["num_frames"], xp.astype(memo["scale"], dt)
+            ft = xp.scalar_type(out_deriv)
+            coeff = float(ft(-1.0 / (self.target_rms * self.target_rms * n)))
+            var_deriv_mod = coeff * xp.einsum("ij,ij->j", z, dz) * scale
+            mean_deriv = xp.sum(dz, axis=0) / float(ft(n))
             if in_deriv.shape == dz.shape and in_deriv.dtype == dt:
                 # the same float ops, into in_deriv (which may alias out_deriv: dz is
                 # not read after the subtraction)
                 zterm = z * var_deriv_mod
-                np.subtract(dz, mean_deriv, out=in_deriv)
+                xp.subtract(dz, mean_deriv, out=in_deriv)
                 in_deriv *= scale
                 in_deriv += zterm
                 return

@@ -60,7 +60,10 @@ The contract (what component math may use)
       plain forward or backward path.
 * Scalars: Python floats. NumPy >= 2 converts a Python float to the array's dtype
   (NEP 50), which gives the same floats as ``x.dtype.type(v)``; round with
-  :func:`f32` where Kaldi rounds a constant to float32 first.
+  :func:`f32` where Kaldi rounds a constant to float32 first. Where constants are
+  combined with each other in the array's precision (``dt.type(a) * dt.type(b)``),
+  do it on the host: ``ft = xp.scalar_type(x); c = float(ft(a) * ft(b))`` (NumPy
+  scalar types for both namespaces; never mix NumPy scalars into torch math).
 * Gradients (``grad[name]``) are arrays of the same backend: add into them with
   ``+=`` or ``xp.gemm_acc``.
 * Avoid on the propagate/backprop path anything that makes the host wait for a
@@ -82,7 +85,7 @@ NAMES = (
     "exp", "log", "log1p", "tanh", "sqrt", "abs", "square", "sign", "negative",
     "reciprocal", "maximum", "minimum", "add", "subtract", "multiply", "divide", "clip",
     "where", "sum", "amax", "amin", "mean", "cumsum", "prod", "any", "all", "tile",
-    "add_reduceat", "matmul", "einsum", "gemm_acc",
+    "add_reduceat", "scalar_type", "matmul", "einsum", "gemm_acc",
     "concatenate", "stack", "take", "add_at", "may_share_memory", "shares_memory", "copy",
     "astype",
     "zeros", "empty", "full", "zeros_like", "empty_like", "ones_like",

@@ -86,6 +86,12 @@ def add_at(dst: np.ndarray, rows: np.ndarray, src) -> None:
     np.add.at(dst, rows, src)
 
 
+def scalar_type(x: np.ndarray):
+    """The NumPy scalar type of ``x``'s dtype: ``float(scalar_type(x)(v))`` is ``v``
+    rounded as ``x.dtype.type(v)`` rounds it, as a Python float (exact)."""
+    return x.dtype.type
+
+
 def add_reduceat(x: np.ndarray, starts: np.ndarray, axis: int = 1) -> np.ndarray:
     """Sums of the groups of consecutive columns starting at ``starts`` (NumPy's
     ``np.add.reduceat``; ``starts`` increasing, groups non-empty)."""

@@ -170,6 +170,15 @@ def tile(x, reps):
         else x.repeat(*reps)
 
 
+_SCALAR_TYPES = {torch.float32: np.float32, torch.float64: np.float64,
+                 torch.float16: np.float16}
+
+
+def scalar_type(x):
+    """The NumPy scalar type of ``x``'s dtype (host arithmetic in its precision)."""
+    return _SCALAR_TYPES[x.dtype]
+
+
 def add_reduceat(x, starts, axis=1):
     """Sums of the groups of consecutive entries along ``axis`` starting at
     ``starts`` (NumPy's ``np.add.reduceat`` for increasing starts)."""
