@@ -105,7 +105,9 @@ def _decode_looped(info, feats, log_priors, acoustic_scale: float, kwargs) -> np
     return out
 
 
-def cmd_compute(args) -> int:
+def cmd_compute(args, stats: dict | None = None) -> int:
+    """Run ``compute`` (``args`` from its parser); the exit status. ``stats`` receives
+    the counts (:func:`pynnet3.cli.jobs.run_table_job`)."""
     from ..cache import CachingCompiler
     from ..io.ark import random_access_table
     from ..runtime.simple import DecodableNnetSimple, fixed_frames_per_chunk
@@ -114,6 +116,12 @@ def cmd_compute(args) -> int:
         raise PynnetError("give --ivectors or --online-ivectors, not both")
     if args.batch_size < 1:
         raise PynnetError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.jobs < 1:
+        raise PynnetError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.jobs > 1 or args.ray_address:
+        from .scaleout import run_scaled
+
+        return run_scaled(args)
     if args.use_gpu != "no":
         _say("note", f"--use-gpu={args.use_gpu} is accepted for Kaldi scripts and ignored: "
                      "pynnet3 compute runs on the CPU")
@@ -168,7 +176,7 @@ def cmd_compute(args) -> int:
         _say("note", "--batch-size is not used with --looped=true (one utterance at a time)")
     return run_table_job("compute", args.features, args.output, process,
                          lambda: 1 if looped is not None else compiler.info()["misses"],
-                         batcher=batcher)
+                         batcher=batcher, stats=stats)
 
 
 class _Batcher:
@@ -301,4 +309,21 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
                         "from several utterances, as the sequences of one computation; "
                         "outputs equal to --batch-size=1 up to float rounding; not used "
                         "with --looped=true (default: 1)")
+    s.add_argument("--jobs", type=int, default=1, metavar="INT",
+                   help="split the scp of FEATS-RSPECIFIER as split_scp.pl does and run "
+                        "this many workers on a local Ray cluster (127.0.0.1, stopped at "
+                        "the end), one thread each; worker k writes the shard OUT.k.ark / "
+                        "OUT.k.scp; then ark,scp:OUT.ark,OUT.scp gets an OUT.scp listing "
+                        "every utterance in input order (pointing into the shards), and "
+                        "ark:OUT.ark the shards concatenated; outputs equal a "
+                        "single-process run's; needs pip install 'pynnet3[ray]' "
+                        "(default: 1)")
+    s.add_argument("--ray-address", dest="ray_address", default="", metavar="ADDRESS",
+                   help="run the --jobs workers on this existing Ray cluster (its workers "
+                        "must see the same files); --jobs=1 means one per CPU of the "
+                        "cluster (default: none)")
+    s.add_argument("--resume", type=kaldi_bool, default=False, metavar="true|false",
+                   help="with --jobs / --ray-address: skip the shards that a previous run "
+                        "with the same model, options and utterances finished "
+                        "(default: false)")
     s.set_defaults(fn=cmd_compute)

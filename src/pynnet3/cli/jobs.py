@@ -88,7 +88,8 @@ class OneByOne:
 
 def run_table_job(command: str, features: str, output: str,
                   process: Callable[[str, np.ndarray], np.ndarray] | None,
-                  compiled: Callable[[], int], batcher=None) -> int:
+                  compiled: Callable[[], int], batcher=None, stats: dict | None = None
+                  ) -> int:
     """Read the feature table ``features``, write ``process(key, feats)`` per
     utterance to the wspecifier ``output`` (atomically), and return the exit status.
 
@@ -102,7 +103,8 @@ def run_table_job(command: str, features: str, output: str,
     warned about and counted, the others go on; the run fails (1) when nothing
     succeeded -- then nothing is written -- or when the table broke off; SIGTERM /
     Ctrl-C remove the output temporaries (143 / 130). A summary line ends the run
-    (``compiled()``: computations compiled)."""
+    (``compiled()``: computations compiled). ``stats``, when given, receives the
+    counts (done, failed, frames, seconds, broken)."""
     from ..io.ark import TableEntryError, TableWriter, read_table
 
     if batcher is None:
@@ -164,6 +166,8 @@ def run_table_job(command: str, features: str, output: str,
         if old_handler is not None:
             signal.signal(signal.SIGTERM, old_handler)
     seconds = time.perf_counter() - start
+    if stats is not None:
+        stats.update(done=done, failed=failed, frames=frames, seconds=seconds, broken=broken)
     rate = frames / seconds if seconds > 0 else 0.0
     say(command, "summary", f"done {done} utterances, failed {failed}; {frames} frames in "
                             f"{seconds:.2f}s ({rate:.0f} frames/s); compiled {compiled()} "
