@@ -31,6 +31,7 @@ from .base import (
     require,
 )
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
+from .xp import namespace
 
 
 def _check_proportion(r, name: str, value: float, pos: int) -> None:
@@ -144,16 +145,19 @@ class DropoutComponent(RandomComponent, SameDimComponent):
         w.write_token(f"</{self.type_name}>")
 
     def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray) -> None:
-        dtype = in_value.dtype.type
+        xp = namespace(in_value)
         p = self.dropout_proportion
         if self.test_mode:
-            np.multiply(in_value, dtype(1.0 - p), out=out_value)
+            xp.multiply(in_value, 1.0 - p, out=out_value)  # (rounded to the dtype: NEP 50)
             return None
+        # The mask is drawn on the host from the component's generator: every
+        # backend draws the same numbers.
+        ft = xp.scalar_type(in_value)
         if self.dropout_per_frame:
-            keep = self._uniform((in_value.shape[0], 1), in_value.dtype) > p
+            keep = self._uniform((in_value.shape[0], 1), ft) > p
         else:
-            keep = self._uniform(in_value.shape, in_value.dtype) > p
-        np.multiply(in_value, keep.astype(in_value.dtype), out=out_value)
+            keep = self._uniform(in_value.shape, ft) > p
+        xp.multiply(in_value, xp.asarray(keep, like=in_value), out=out_value)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
@@ -161,10 +165,10 @@ class DropoutComponent(RandomComponent, SameDimComponent):
             return
         # The kept fraction out/in is 0, 1 or the test-mode scale; where the input is
         # exactly 0 Kaldi passes the derivative through unscaled.
+        xp = namespace(out_deriv)
         nonzero = in_value != 0
-        ratio = np.ones_like(out_deriv)
-        np.divide(out_value, in_value, out=ratio, where=nonzero)
-        np.multiply(out_deriv, ratio, out=in_deriv)
+        ratio = xp.where(nonzero, out_value / xp.where(nonzero, in_value, 1.0), 1.0)
+        xp.multiply(out_deriv, ratio, out=in_deriv)
 
 
 # ----------------------------------------------------------------------------------
@@ -249,7 +253,10 @@ class DropoutMaskComponent(RandomComponent):
 
     def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray) -> None:
         p = self.dropout_proportion
-        dtype = out_value.dtype
+        xp = namespace(out_value)
+        # (masks drawn and made on the host, in the output's precision: every backend
+        # draws the same numbers)
+        dtype = np.dtype(xp.scalar_type(out_value))
         if p == 0.0:
             out_value[...] = 1.0
             return None
@@ -258,17 +265,19 @@ class DropoutMaskComponent(RandomComponent):
                 out_value[...] = 1.0
             else:
                 u = self._uniform(out_value.shape, dtype)
-                out_value[...] = u * dtype.type(p * 4.0) + dtype.type(1.0 - 2.0 * p)
+                out_value[...] = xp.asarray(u * dtype.type(p * 4.0) + dtype.type(1.0 - 2.0 * p),
+                                            like=out_value)
             return None
         if self.test_mode:
-            out_value[...] = dtype.type(1.0 - p)
+            out_value[...] = float(dtype.type(1.0 - p))
             return None
-        out_value[...] = self._uniform(out_value.shape, dtype) > p
+        mask = (self._uniform(out_value.shape, dtype) > p).astype(dtype)
         if out_value.shape[1] in (2, 3):
             # LSTM special case: never drop both of the first two gates of a row.
             u = self._uniform(out_value.shape[0], dtype)
-            out_value[:, 0] = u > p
-            out_value[:, 1] = u < 1.0 - p
+            mask[:, 0] = u > p
+            mask[:, 1] = u < 1.0 - p
+        out_value[...] = xp.asarray(mask, like=out_value)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
@@ -418,24 +427,26 @@ def _apply_row_mask(gather, src: np.ndarray, mask: np.ndarray, dst: np.ndarray,
                     forward: bool) -> None:
     """dst = src * mask with rows matched through ``gather`` (output-row order of the
     mask). Safe when ``dst`` is ``src`` (in place) and gather is None."""
+    xp = namespace(src)
     if gather is None:
-        np.multiply(src, mask, out=dst)
+        xp.multiply(src, mask, out=dst)
     elif forward:
-        dst[...] = src[gather] * mask
+        dst[...] = xp.take(src, xp.index(gather, src)) * mask
     else:
         tmp = src * mask
-        dst[gather] = tmp
+        dst[xp.index(gather, src)] = tmp
 
 
 def _copy_rows(gather, src: np.ndarray, dst: np.ndarray, forward: bool) -> None:
+    xp = namespace(src)
     if gather is None:
         if dst is not src:
             dst[...] = src
     elif forward:
-        dst[...] = src[gather]
+        dst[...] = xp.take(src, xp.index(gather, src))
     else:
-        tmp = np.array(src, copy=True)
-        dst[gather] = tmp
+        tmp = xp.copy(src)
+        dst[xp.index(gather, src)] = tmp
 
 
 @register
@@ -625,7 +636,10 @@ class GeneralDropoutComponent(RandomComponent, SameDimComponent):
             return None
         if indexes is None:
             raise ValueError(f"{self.type_name} needs precomputed indexes in training mode")
-        mask = self._row_mask(indexes, in_value.dtype)
+        xp = namespace(in_value)
+        # (drawn on the host from the component's generator: every backend draws the
+        # same numbers)
+        mask = xp.asarray(self._row_mask(indexes, xp.scalar_type(in_value)), like=in_value)
         _apply_row_mask(gather, in_value, mask, out_value, forward=True)
         return mask
 
@@ -744,7 +758,9 @@ class SpecAugmentTimeMaskComponent(RandomComponent, SameDimComponent):
             return None
         if indexes is None:
             raise ValueError(f"{self.type_name} needs precomputed indexes in training mode")
-        mask = self._make_mask(indexes, in_value.dtype)
+        xp = namespace(in_value)
+        # (drawn on the host from the component's generator, as GeneralDropout's)
+        mask = xp.asarray(self._make_mask(indexes, xp.scalar_type(in_value)), like=in_value)
         _apply_row_mask(gather, in_value, mask, out_value, forward=True)
         return mask
 
