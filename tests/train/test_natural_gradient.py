@@ -1,0 +1,232 @@
+"""OnlineNaturalGradient on its own: against the paper's math written out with
+explicit D x D matrices in float64 (an independent formulation of the update
+that Kaldi's code computes through the R x R matrices J, K, L, Z), and its
+invariants (scale, Fisher-inverse form, orthonormality, trace, update period)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pynnet3.train import OnlineNaturalGradient
+from pynnet3.train.natural_gradient import orthonormal_special
+
+
+class PaperNaturalGradient:
+    """arXiv 1410.7455 / natural-gradient-online.h, in float64 with explicit matrices:
+    F = R^T diag(d) R + rho I; X_hat = X - X R^T E R X with e = d / (d + beta);
+    update: T = eta/N X^T X + (1-eta) F, Y = R T, Y Y^T = U C U^T,
+    R' = C^-1/2 U^T Y, rho' keeps the trace, d' = sqrt(c) - rho' (floored)."""
+
+    def __init__(self, rank, dim, alpha=4.0, num_samples_history=2000.0, update_period=1):
+        self.rank, self.dim, self.alpha = rank, dim, alpha
+        self.nsh, self.period = num_samples_history, update_period
+        eps = 1e-10
+        # Kaldi's start: the special orthonormal pattern, built here from its description
+        r = np.zeros((rank, dim))
+        for i in range(rank):
+            cols = list(range(i, dim, rank))
+            r[i, cols] = [1.1] + [1.0] * (len(cols) - 1)
+            r[i] /= np.linalg.norm(r[i])
+        self.R, self.d, self.rho, self.t = r, np.full(rank, eps), eps, 0
+
+    def beta(self):
+        return self.rho * (1 + self.alpha) + self.alpha * self.d.sum() / self.dim
+
+    def precondition_only(self, x):
+        e = self.d / (self.d + self.beta())
+        w = np.sqrt(e)[:, None] * self.R
+        return x - x @ w.T @ w
+
+    def update(self, x):
+        n, dim, rank = x.shape[0], self.dim, self.rank
+        eta = min(0.9, 1 - math.exp(-n / self.nsh))
+        f = self.R.T @ np.diag(self.d) @ self.R + self.rho * np.eye(dim)
+        t = eta / n * x.T @ x + (1 - eta) * f
+        y = self.R @ t
+        c, u = np.linalg.eigh(y @ y.T)
+        c, u = c[::-1], u[:, ::-1]
+        c = np.maximum(c, (self.rho * (1 - eta)) ** 2)
+        r1 = (u.T @ y) / np.sqrt(c)[:, None]
+        rho1 = (eta / n * np.sum(x * x) + (1 - eta) * (dim * self.rho + self.d.sum())
+                - np.sqrt(c).sum()) / (dim - rank)
+        floor = max(1e-10, 5e-4 * np.sqrt(c).max())
+        self.d = np.maximum(np.sqrt(c) - rho1, floor)
+        self.rho = max(rho1, floor)
+        self.R = r1
+
+    def precondition(self, x):
+        """One Kaldi call: initialize on the first (3 updates, or 1 if N <= rank), then
+        precondition with the current estimate, then update when it is time."""
+        if self.t == 0:
+            for _ in range(1 if x.shape[0] <= self.rank else 3):
+                self.update(x)
+        x_hat = self.precondition_only(x)
+        if self.t <= 10 or (self.t - 10) % self.period == 0:
+            self.update(x)
+        self.t += 1
+        return x_hat * math.sqrt(np.sum(x * x) / np.sum(x_hat * x_hat))
+
+
+def _data(rng, n, dim, strong=5):
+    """Rows with a few strong directions (the same ones for every call with this dim
+    and number) plus isotropic noise: a Fisher matrix worth estimating."""
+    basis = np.linalg.qr(np.random.default_rng(dim * 1000 + strong).standard_normal(
+        (dim, strong)))[0].T
+    scales = np.linspace(10.0, 3.0, strong)
+    return (rng.standard_normal((n, strong)) * scales) @ basis + rng.standard_normal((n, dim))
+
+
+@pytest.mark.parametrize("n,dim,rank,period", [(128, 41, 20, 4), (128, 300, 80, 1),
+                                               (30, 25, 10, 3)])
+def test_matches_paper_math_over_many_calls(n, dim, rank, period):
+    rng = np.random.default_rng(n + dim)
+    ours = OnlineNaturalGradient(rank, update_period=period)
+    ref = PaperNaturalGradient(rank, dim, update_period=period)
+    for step in range(25):
+        x = _data(rng, n, dim).astype(np.float32)
+        x_hat, scale = ours.precondition(x)
+        expected = ref.precondition(x.astype(np.float64))
+        got = x_hat.astype(np.float64) * scale
+        err = np.linalg.norm(got - expected) / np.linalg.norm(expected)
+        assert err < 2e-4, f"call {step}: relative difference {err:.2e}"
+    r, d, rho = ours.fisher_terms()
+    np.testing.assert_allclose(d, ref.d, rtol=1e-3)
+    assert rho == pytest.approx(ref.rho, rel=1e-3)
+    # same subspace (rows of R may differ in sign only)
+    np.testing.assert_allclose(np.abs(np.sum(r * ref.R, axis=1)), 1.0, atol=1e-3)
+
+
+def test_scale_restores_the_frobenius_norm():
+    rng = np.random.default_rng(1)
+    ng = OnlineNaturalGradient(10, update_period=2)
+    for _ in range(15):
+        x = _data(rng, 50, 30).astype(np.float32)
+        x_hat, scale = ng.precondition(x)
+        assert np.linalg.norm(scale * x_hat.astype(np.float64)) == pytest.approx(
+            np.linalg.norm(x.astype(np.float64)), rel=1e-5)
+        assert scale > 1.0  # strong directions are damped, so X_hat is smaller
+
+
+def test_preconditioning_is_beta_times_inverse_of_g():
+    """X_hat = beta_t X G_t^{-1} with G_t = F_t + alpha/D tr(F_t) I, from the state
+    before the call (the update in a call affects only later calls)."""
+    rng = np.random.default_rng(2)
+    dim, alpha = 40, 4.0
+    ng = OnlineNaturalGradient(12, update_period=1, alpha=alpha)
+    ng.precondition(_data(rng, 100, dim).astype(np.float32))
+    for _ in range(5):
+        r, d, rho = ng.fisher_terms()
+        f = r.T @ np.diag(d) @ r + rho * np.eye(dim)
+        g = f + alpha / dim * np.trace(f) * np.eye(dim)
+        beta = rho * (1 + alpha) + alpha * d.sum() / dim
+        x = _data(rng, 100, dim).astype(np.float32)
+        x_hat, _ = ng.precondition(x)
+        expected = beta * x.astype(np.float64) @ np.linalg.inv(g)
+        np.testing.assert_allclose(x_hat, expected, rtol=0, atol=2e-4 * np.abs(expected).max())
+
+
+def test_update_keeps_the_trace_and_orthonormality():
+    """tr F_{t+1} = eta/N tr(X^T X) + (1 - eta) tr F_t (rho's definition, when no
+    floor is hit: as many strong directions as the rank), and E^{-1/2} W W^T E^{-1/2} = I
+    after every update."""
+    rng = np.random.default_rng(3)
+    n, dim = 64, 50
+    ng = OnlineNaturalGradient(15, update_period=1, num_samples_history=500.0)
+    ng.precondition(_data(rng, n, dim, strong=15).astype(np.float32))
+    eta = 1 - math.exp(-n / 500.0)
+    for _ in range(20):
+        r, d, rho = ng.fisher_terms()
+        trace_f = dim * rho + d.sum()
+        x = _data(rng, n, dim, strong=15).astype(np.float32)
+        ng.precondition(x)
+        r1, d1, rho1 = ng.fisher_terms()
+        expected = eta / n * np.sum(x.astype(np.float64) ** 2) + (1 - eta) * trace_f
+        assert dim * rho1 + d1.sum() == pytest.approx(expected, rel=1e-4)
+        assert ng.check_invariants() < 1e-3
+
+
+def test_learns_the_strong_subspace():
+    """After many minibatches, R_t spans the data's strong directions, d + rho
+    approach their variances and rho the noise variance, or its floor
+    delta * max sqrt(c) (5e-4 * 64 here, above the noise's 0.01)."""
+    rng = np.random.default_rng(4)
+    dim, k = 60, 4
+    basis = np.linalg.qr(rng.standard_normal((dim, k)))[0].T
+    scales = np.array([8.0, 6.0, 4.0, 3.0])
+    ng = OnlineNaturalGradient(k, update_period=1, num_samples_history=1000.0)
+    for _ in range(200):
+        x = (rng.standard_normal((100, k)) * scales) @ basis + 0.1 * rng.standard_normal(
+            (100, dim))
+        ng.precondition(x.astype(np.float32))
+    r, d, rho = ng.fisher_terms()
+    # principal angles between span(R) and span(basis): all cosines near 1
+    cosines = np.linalg.svd(r @ basis.T, compute_uv=False)
+    assert cosines.min() > 0.99
+    np.testing.assert_allclose(np.sort(d + rho)[::-1], scales ** 2 + 0.01, rtol=0.2)
+    assert rho == pytest.approx(5e-4 * (d + rho).max(), rel=1e-3)
+    assert d.min() >= rho
+
+
+def test_update_period_and_freeze():
+    """The estimate changes on calls t <= 10 and then every update_period-th call
+    (t - 10 divisible by it); frozen, it never changes; t counts every call."""
+    rng = np.random.default_rng(5)
+    ng = OnlineNaturalGradient(6, update_period=3)
+    changed = []
+    for _ in range(22):
+        w = None if ng.W is None else ng.W.copy()
+        ng.precondition(_data(rng, 40, 20).astype(np.float32))
+        changed.append(w is None or not np.array_equal(w, ng.W))
+    expected = [t <= 10 or (t - 10) % 3 == 0 for t in range(22)]
+    assert changed == expected
+    assert ng.t == 22
+    ng.freeze(True)
+    w = ng.W.copy()
+    for _ in range(6):
+        ng.precondition(_data(rng, 40, 20).astype(np.float32))
+    assert np.array_equal(w, ng.W) and ng.t == 28
+
+
+def test_first_call_from_few_rows_and_edge_dims():
+    rng = np.random.default_rng(6)
+    # N <= rank: one initialization iteration; the result is finite and orthonormal
+    ng = OnlineNaturalGradient(20)
+    x = rng.standard_normal((8, 50)).astype(np.float32)
+    x_hat, scale = ng.precondition(x)
+    assert np.isfinite(x_hat).all() and math.isfinite(scale)
+    assert ng.check_invariants() < 1e-3
+    # rank >= dim is lowered to dim - 1, as Kaldi does
+    ng = OnlineNaturalGradient(80)
+    ng.precondition(rng.standard_normal((100, 30)).astype(np.float32))
+    assert ng.rank == 29 and ng.W.shape == (29, 30)
+    # a one-dimensional space: identity
+    ng = OnlineNaturalGradient(5)
+    x = rng.standard_normal((10, 1)).astype(np.float32)
+    x_hat, scale = ng.precondition(x)
+    assert scale == 1.0 and np.array_equal(x_hat, x)
+    # an all-zero minibatch: scale 1, nothing NaN
+    ng = OnlineNaturalGradient(5)
+    ng.precondition(rng.standard_normal((20, 12)).astype(np.float32))
+    x_hat, scale = ng.precondition(np.zeros((20, 12), np.float32))
+    assert scale == 1.0 and not x_hat.any() and ng.check_invariants() < 1e-3
+
+
+def test_orthonormal_special_pattern():
+    m = orthonormal_special(3, 8).astype(np.float64)
+    np.testing.assert_allclose(m @ m.T, np.eye(3), atol=1e-6)
+    assert (m != 0).sum(axis=0).tolist() == [1] * 8  # every column used once
+    assert m[0, 0] / m[0, 3] == pytest.approx(1.1)
+
+
+def test_bad_settings_are_refused():
+    for kwargs in ({"rank": 0}, {"rank": 4, "update_period": 0},
+                   {"rank": 4, "num_samples_history": 0.0}, {"rank": 4, "alpha": -1.0}):
+        with pytest.raises(ValueError):
+            OnlineNaturalGradient(**kwargs)
+    ng = OnlineNaturalGradient(4)
+    ng.precondition(np.ones((10, 8), np.float32) + np.eye(10, 8, dtype=np.float32))
+    with pytest.raises(ValueError, match="dimension changed"):
+        ng.precondition(np.ones((10, 9), np.float32))
