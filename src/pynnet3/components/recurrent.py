@@ -36,11 +36,12 @@ import math
 import numpy as np
 
 from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
+from .xp import namespace
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def _sigmoid(x):
     # tanh form: no overflow warnings for large |x|, same value as 1/(1+exp(-x)).
-    return 0.5 * np.tanh(0.5 * x) + 0.5
+    return 0.5 * namespace(x).tanh(0.5 * x) + 0.5
 
 
 def _read_checked_matrix(r, tag: str, name: str) -> np.ndarray:
@@ -213,39 +214,49 @@ class LstmNonlinearityComponent(UpdatableComponent):
 
     def propagate(self, indexes, in_value, out_value):
         c = self.cell_dim
-        w = self.params_.astype(in_value.dtype, copy=False)
+        xp = namespace(in_value)
+        w = xp.param(self.params_, like=in_value)
         (i_part, f_part, c_part, o_part, c_prev), (i_s, f_s, o_s) = self._split(in_value)
         i_t = _sigmoid(i_part + w[0] * c_prev)
         f_t = _sigmoid(f_part + w[1] * c_prev)
-        c_t = f_t * f_s * c_prev + i_t * i_s * np.tanh(c_part)
+        c_t = f_t * f_s * c_prev + i_t * i_s * xp.tanh(c_part)
         o_t = _sigmoid(o_part + w[2] * c_t)
-        m_t = o_t * o_s * np.tanh(c_t)
+        m_t = o_t * o_s * xp.tanh(c_t)
         out_value[:, :c] = c_t
         out_value[:, c:] = m_t
         return None
 
-    def _self_repair_scales(self, dtype) -> np.ndarray:
+    def _self_repair_scales(self, like):
         """[5, C] extra-term scales: the configured scale where the average
-        derivative (sum / (1 + count), as Kaldi computes it) is below threshold."""
+        derivative (sum / (1 + count), as Kaldi computes it) is below threshold;
+        in ``like``'s dtype and device.
+
+        Computed on the host from the statistics; the array handed to ``xp.param``
+        is kept while its values stay the same, so a device keeps one copy of it
+        (no upload, hence no wait for the device, per backprop)."""
         count = np.float32(1.0 + self.count)
         deriv_sum = self.deriv_avg.astype(np.float64) * self.count
         thr = self.self_repair_config[:5].astype(np.float64)[:, None]
         active = deriv_sum / np.float64(count) < thr
         scales = self.self_repair_config[5:].astype(np.float64)[:, None]
-        return np.where(active, scales, 0.0).astype(dtype)
+        sr = np.where(active, scales, 0.0)
+        kept = self.__dict__.get("_sr_host")
+        if kept is None or kept.shape != sr.shape or not np.array_equal(kept, sr):
+            kept = self.__dict__["_sr_host"] = sr
+        return namespace(like).param(kept, like=like)
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         c = self.cell_dim
-        dt = in_value.dtype
-        w = self.params_.astype(dt, copy=False)
+        xp = namespace(in_value)
+        w = xp.param(self.params_, like=in_value)
         (i_part, f_part, c_part, o_part, c_prev), (i_s, f_s, o_s) = self._split(in_value)
-        sr = self._self_repair_scales(dt)  # rows: i_t, f_t, c_part, o_t, c_t
+        sr = self._self_repair_scales(in_value)  # rows: i_t, f_t, c_part, o_t, c_t
         i_t = _sigmoid(i_part + w[0] * c_prev)
         f_t = _sigmoid(f_part + w[1] * c_prev)
-        tanh_c_part = np.tanh(c_part)
+        tanh_c_part = xp.tanh(c_part)
         c_t = f_t * f_s * c_prev + i_t * i_s * tanh_c_part
         o_t = _sigmoid(o_part + w[2] * c_t)
-        tanh_c_t = np.tanh(c_t)
+        tanh_c_t = xp.tanh(c_t)
 
         dc_t_out = out_deriv[:, :c]
         dm_t = out_deriv[:, c:]
@@ -262,9 +273,9 @@ class LstmNonlinearityComponent(UpdatableComponent):
 
         if grad is not None:
             g = grad["params"]
-            g[0] += np.sum(c_prev * di_t_input, axis=0).astype(g.dtype)
-            g[1] += np.sum(c_prev * df_t_input, axis=0).astype(g.dtype)
-            g[2] += np.sum(c_t * do_t_input, axis=0).astype(g.dtype)
+            g[0] += xp.astype(xp.sum(c_prev * di_t_input, axis=0), g.dtype)
+            g[1] += xp.astype(xp.sum(c_prev * df_t_input, axis=0), g.dtype)
+            g[2] += xp.astype(xp.sum(c_t * do_t_input, axis=0), g.dtype)
 
         if in_deriv is not None:
             dc_prev = w[0] * di_t_input + w[1] * df_t_input + f_t * f_s * dc_t
@@ -454,16 +465,18 @@ class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
 
     def propagate(self, indexes, in_value, out_value):
         c = self.cell_dim
-        w_h = self.w_h.astype(in_value.dtype, copy=False)
+        xp = namespace(in_value)
+        w_h = xp.param(self.w_h, like=in_value)
         z_t, r_t, hpart_t, c_t1, s_t1 = self._split(in_value)
-        h_t = np.tanh(hpart_t + (r_t * s_t1) @ w_h.T)
+        h_t = xp.tanh(hpart_t + (r_t * s_t1) @ w_h.T)
         out_value[:, :c] = h_t
         out_value[:, c:] = h_t - z_t * h_t + z_t * c_t1
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         c = self.cell_dim
-        w_h = self.w_h.astype(in_value.dtype, copy=False)
+        xp = namespace(in_value)
+        w_h = xp.param(self.w_h, like=in_value)
         z_t, r_t, hpart_t, c_t1, s_t1 = self._split(in_value)
         h_t = out_value[:, :c]
         c_t_deriv = out_deriv[:, c:]
@@ -476,7 +489,7 @@ class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         h_t_deriv = h_t_deriv * (1 - h_t * h_t)  # derivative w.r.t. the tanh input
         if grad is not None:
             g = grad["w_h"]
-            g += (h_t_deriv.T @ (r_t * s_t1)).astype(g.dtype)
+            g += xp.astype(h_t_deriv.T @ (r_t * s_t1), g.dtype)
         if in_deriv is not None:
             hpart_d += h_t_deriv
             sdotr_deriv = h_t_deriv @ w_h
@@ -577,16 +590,18 @@ class OutputGruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
 
     def propagate(self, indexes, in_value, out_value):
         c = self.cell_dim
-        w_h = self.w_h.astype(in_value.dtype, copy=False)
+        xp = namespace(in_value)
+        w_h = xp.param(self.w_h, like=in_value)
         z_t, hpart_t, c_t1 = in_value[:, :c], in_value[:, c:2 * c], in_value[:, 2 * c:]
-        h_t = np.tanh(c_t1 * w_h + hpart_t)
+        h_t = xp.tanh(c_t1 * w_h + hpart_t)
         out_value[:, :c] = h_t
         out_value[:, c:] = h_t - z_t * h_t + z_t * c_t1
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         c = self.cell_dim
-        w_h = self.w_h.astype(in_value.dtype, copy=False)
+        xp = namespace(in_value)
+        w_h = xp.param(self.w_h, like=in_value)
         z_t, c_t1 = in_value[:, :c], in_value[:, 2 * c:]
         h_t = out_value[:, :c]
         c_t_deriv = out_deriv[:, c:]
@@ -597,7 +612,7 @@ class OutputGruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         h_t_deriv = h_t_deriv * (1 - h_t * h_t)
         if grad is not None:
             g = grad["w_h"]
-            g += np.sum(h_t_deriv * c_t1, axis=0).astype(g.dtype)
+            g += xp.astype(xp.sum(h_t_deriv * c_t1, axis=0), g.dtype)
         if in_deriv is not None:
             in_deriv[:, c:2 * c] += h_t_deriv
             in_deriv[:, 2 * c:] += h_t_deriv * w_h
