@@ -32,7 +32,8 @@ The contract (what component math may use)
   reciprocal maximum minimum add subtract multiply divide clip`` (all take ``out=``,
   which may be one of the inputs, and Python scalars where NumPy does),
   ``where(cond, a, b)``, reductions ``sum amax amin mean prod cumsum any all``
-  (``axis``, ``keepdims``; ``sum``/``cumsum`` take ``dtype``), ``tile(x, reps)``,
+  (``axis``, ``keepdims``; ``sum``/``cumsum`` take ``dtype``, ``cumsum`` ``out``),
+  ``tile(x, reps)``,
   ``add_reduceat(x, starts, axis)`` (NumPy's ``np.add.reduceat``), ``matmul(a, b, out=None)``,
   ``einsum``, ``gemm_acc(c, a, b, alpha=1.0)`` (``c += alpha * a @ b`` in place, no
   temporary), ``concatenate stack`` (``axis``), ``take(src, rows, out=None)``

@@ -205,9 +205,11 @@ def _group_ids(starts: np.ndarray, sizes: np.ndarray, device):
 _GROUPS: dict = {}
 
 
-def cumsum(x, axis=None, dtype=None):
+def cumsum(x, axis=None, dtype=None, out=None):
     if axis is None:
         x, axis = x.reshape(-1), 0
+    if out is not None:
+        return torch.cumsum(x, dim=axis, dtype=dtype_of(dtype), out=out)
     return torch.cumsum(x, dim=axis, dtype=dtype_of(dtype))
 
 
