@@ -99,6 +99,7 @@ def to_torch(nnet, frames: int, *, output_times: str = "auto", ivector_rows: str
     module.left_context, module.right_context = shape.left, shape.right
     module.input_frames = shape.input_frames
     module.output_frames = shape.output_frames
+    module.ivector_times = list(shape.ivector_times)  # (usually [0])
     module.input_dims = {n: nnet.input_dim(n) for n in nnet.input_names()}
     module.output_dims = {n: nnet.output_dim(n) for n in nnet.output_names()}
     return module

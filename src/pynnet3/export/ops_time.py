@@ -115,3 +115,59 @@ def _stats_pooling(g, name, comp, pre, x, rows_out):
         log_count = _call(g, torch.log, counts)
         stats = g.cat([log_count] * nlc + [stats], 2)
     return stats
+
+
+@register("DistributeComponent")
+def _distribute(g, name, comp, pre, x, rows_out):
+    """Output row o = block ``offsets[o] / output_dim`` of input row ``rows[o]``: the
+    blocks laid out as rows, then one gather."""
+    od = comp.output_dim
+    k = comp.input_dim // od
+    blocks = _call(g, torch.flatten, _call(g, torch.unflatten, x, -1, (k, od)), 1, 2)
+    table = np.asarray(pre.rows, np.int64) * k + np.asarray(pre.offsets, np.int64) // od
+    return g.rows(blocks, table, pre.num_input_rows * k)
+
+
+@register("RestrictedAttentionComponent")
+def _attention(g, name, comp, pre, x, rows_out):
+    """Per head: softmax over the context of scale * q.k + the query's context part,
+    the values weighted by it (and, with output-context, the weights)."""
+    h, dh = comp.num_heads, comp.input_dim_per_head
+    kd, vd, ctx = comp.key_dim, comp.value_dim, comp.context_dim
+    rows = np.asarray(pre.context_rows, np.int64)  # num_input_rows = a zero row
+    padded = g.cat([x, g.zeros(1, comp.input_dim)], 1)
+    gathered = _call(g, torch.index_select, padded, 1, g.const(rows.reshape(-1), hint="att"))
+    heads = _call(g, torch.reshape, gathered, (-1, len(rows), ctx, h, dh))  # [N, O, C, H, Dh]
+    k_ctx = _call(g, operator.getitem, heads, (Ellipsis, slice(0, kd)))
+    v_ctx = _call(g, operator.getitem, heads, (Ellipsis, slice(kd, kd + vd)))
+    query = g.rows(x, rows[:, comp.num_left_inputs], pre.num_input_rows)
+    query = _call(g, torch.reshape, query, (-1, len(rows), h, dh))  # [N, O, H, Dh]
+    q_key = _call(g, operator.getitem, query, (Ellipsis, slice(kd + vd, 2 * kd + vd)))
+    q_ctx = _call(g, operator.getitem, query, (Ellipsis, slice(2 * kd + vd, None)))
+    b = _call(g, operator.add, g.scale(_call(g, torch.einsum, "nohk,nojhk->nohj", q_key,
+                                             k_ctx), comp.key_scale), q_ctx)
+    c = _call(g, torch.softmax, b, -1)  # [N, O, H, C]
+    out = _call(g, torch.einsum, "nohj,nojhv->nohv", c, v_ctx)
+    if comp.output_context:
+        out = _call(g, torch.cat, [out, c], -1)
+    return _call(g, torch.flatten, out, -2)
+
+
+@register("ConvolutionComponent")
+def _convolution(g, name, comp, pre, x, rows_out):
+    """Kaldi's (older) ConvolutionComponent: the patch columns gathered, then one
+    linear map per patch."""
+    column_map, _ = comp._patch_map()  # noqa: SLF001
+    patches = _call(g, torch.index_select, x, -1, g.const(column_map, hint="patch"))
+    patches = _call(g, torch.unflatten, patches, -1, (-1, comp.filter_dim))
+    w = g.param(name, "filter_params", comp.filter_params)
+    b = g.param(name, "bias_params", comp.bias_params)
+    return _call(g, torch.flatten, _call(g, F.linear, patches, w, b), -2)
+
+
+@register("MaxpoolingComponent")
+def _maxpooling(g, name, comp, pre, x, rows_out):
+    column_map, _ = comp._patch_map()  # noqa: SLF001
+    patches = _call(g, torch.index_select, x, -1, g.const(column_map, hint="pool"))
+    patches = _call(g, torch.unflatten, patches, -1, (comp.pool_size, -1))
+    return _call(g, torch.clamp_min, _call(g, torch.amax, patches, -2), -1e20)

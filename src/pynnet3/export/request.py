@@ -35,7 +35,11 @@ class ExportShape:
     left: int
     right: int
     output_first_only: bool
-    ivector_rows: int = 1  # rows of the ivector input (1: t = 0 only)
+    ivector_times: tuple[int, ...] = (0,)  # the times the one iVector is given at
+
+    @property
+    def ivector_rows(self) -> int:
+        return len(self.ivector_times)
 
     @property
     def input_frames(self) -> int:
@@ -141,7 +145,7 @@ def export_request(nnet, frames: int, output_times: str = "auto",
         except ComputeError as e:
             error = e
             continue
-        shape.ivector_rows = len(iv_times)
+        shape.ivector_times = tuple(int(t) for t in iv_times)
         return req, shape
     last = shape.frames + shape.right - 1
     raise ExportError(f"the network's outputs at t = 0..{shape.output_frames - 1} are not "
