@@ -23,6 +23,7 @@ from .egs import add_egs_commands
 from .export import add_export_command
 from .files import STDIO, read_bytes, read_config, read_model, write_model
 from .network import add_network_flags, cmd_optimize_network
+from .train import add_train_command
 from .xvector import add_xvector_command
 
 
@@ -283,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_xvector_command(sub, _command, kaldi_bool)
     add_export_command(sub, _command, kaldi_bool)
     add_egs_commands(sub, _command, kaldi_bool)
+    add_train_command(sub, _command, kaldi_bool)
 
     s = _command(sub, "demo", "compile and run the bundled TDNN-F example",
                  "Build the bundled TDNN-F network (examples/tdnnf.config in the package),\n"

@@ -1,0 +1,171 @@
+"""``pynnet3 train``: Kaldi's nnet3-train (one model trained on an examples table).
+
+``pynnet3 train [flags] MODEL EGS-RSPECIFIER OUT`` reads the model, trains it on
+every example of the table in order (each example is one minibatch: merge them
+with ``pynnet3 merge-egs`` first, as Kaldi's recipes pipe nnet3-merge-egs into
+nnet3-train) with one :class:`pynnet3.train.Trainer` (natural-gradient state and
+the momentum delta carry over), logs what Kaldi's trainer logs (the average
+objective every ``--print-interval`` minibatches, max-change activity, the overall
+objective), and writes the model atomically. Flags are nnet3-train's.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from .jobs import USE_GPU_CHOICES, on_sigterm
+
+# nnet3-train flags that go to TrainerOptions (as given on the command line).
+_TRAINER_FLAGS = ("momentum", "max-param-change", "l2-regularize-factor",
+                  "batchnorm-stats-scale", "backstitch-training-scale",
+                  "backstitch-training-interval", "store-component-stats",
+                  "zero-component-stats", "srand", "print-interval")
+
+
+def _log(message: str, kind: str = "LOG") -> None:
+    print(f"{kind} (pynnet3 train) {message}", file=sys.stderr)
+
+
+class _Progress:
+    """Minibatches done and the running objective, on stderr when it is a terminal."""
+
+    def __init__(self):
+        self.active = sys.stderr.isatty()
+        self.count = 0
+
+    def update(self, key: str, objective_per_frame: float) -> None:
+        self.count += 1
+        if self.active:
+            sys.stderr.write(f"\r{self.count} minibatches ({key}), objective "
+                             f"{objective_per_frame:.6g}\x1b[K")
+            sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.active and self.count:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def trainer_flags(args) -> dict:
+    """The TrainerOptions flags given on the command line (the rest keep Kaldi's
+    defaults)."""
+    return {flag: getattr(args, flag.replace("-", "_")) for flag in _TRAINER_FLAGS
+            if getattr(args, flag.replace("-", "_")) is not None}
+
+
+def _cmd_train(args) -> int:
+    from ..io.egs import read_examples
+    from ..train import Trainer, TrainerOptions
+    from ..train.examples import example_minibatch
+    from .files import read_model, write_model
+
+    if args.use_gpu in ("yes", "wait"):
+        _log(f"--use-gpu={args.use_gpu}: training runs on the CPU (NumPy backend)", "WARNING")
+    for flag in ("read_cache", "write_cache"):
+        if getattr(args, flag):
+            _log(f"--{flag.replace('_', '-')} is accepted and ignored (pynnet3 compiles in "
+                 "memory; equal minibatch shapes compile once per run)", "WARNING")
+    options = TrainerOptions.from_flags(trainer_flags(args))
+    nnet = read_model(args.model)
+    trainer = Trainer(nnet, options)
+    progress = _Progress()
+    try:
+        old = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # (not the main thread)
+        old = None
+    total_weight = 0.0
+    try:
+        for key, eg in read_examples(args.egs_rspecifier):
+            mb = example_minibatch(nnet, eg, need_model_derivative=True,
+                                   store_component_stats=options.store_component_stats)
+            stats = trainer.train_step(mb.request, inputs=mb.inputs,
+                                       supervision=mb.supervision)
+            total_weight += stats.weight
+            progress.clear()
+            for line in stats.log_lines:
+                _log(line)
+            if args.verbose >= 1:
+                _log(f"minibatch {trainer.num_minibatches_processed - 1} ({key}): objective "
+                     f"{stats.objective_per_frame:.6g} over {stats.weight:.6g} frames",
+                     "VLOG[1]")
+            progress.update(key, stats.objective_per_frame)
+    finally:
+        progress.clear()
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    for line in trainer.total_stats_lines():
+        _log(line)
+    write_model(nnet, args.out, args.binary)
+    _log(f"Wrote model to {args.out}")
+    return 0 if total_weight != 0.0 else 1
+
+
+def add_train_command(sub, command, kaldi_bool) -> None:
+    """Add ``train`` to the subparsers ``sub`` (``command`` makes one, as main.py's
+    ``_command``)."""
+    s = command(sub, "train", "train a model on examples (like nnet3-train)",
+                "Train a model's parameters with backprop and stochastic gradient descent\n"
+                "as Kaldi's nnet3-train does: every example of EGS-RSPECIFIER is one\n"
+                "minibatch (merge them first with 'pynnet3 merge-egs'); natural gradient\n"
+                "for the components that have it, momentum, max-change, L2, BatchNorm\n"
+                "stats scaling and backstitch as NnetTrainer; the learning rates are the\n"
+                "model's. The log says the average objective every --print-interval\n"
+                "minibatches and overall. Exit status 1 when no frame had supervision\n"
+                "(the model is written anyway, as Kaldi does).")
+    s.add_argument("model", metavar="MODEL",
+                   help="model to train: Kaldi nnet3 raw model, text or binary (detected), "
+                        "gzipped or not; '-' reads stdin")
+    s.add_argument("egs_rspecifier", metavar="EGS-RSPECIFIER",
+                   help="training examples: ark:egs.ark, scp:egs.scp, ark:- or "
+                        "'ark:pynnet3 merge-egs ark:egs.ark ark:- |'")
+    s.add_argument("out", metavar="OUT", help="where to write the trained model ('-': stdout)")
+    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
+                   help="write the model in binary (true) or text (false) (default: true)")
+    s.add_argument("--use-gpu", dest="use_gpu", choices=USE_GPU_CHOICES, default="yes",
+                   help="accepted for compatibility; training runs on the CPU (default: yes)")
+    s.add_argument("--verbose", type=int, default=0, metavar="INT",
+                   help="1 or more: also one line per minibatch (default: 0)")
+    g = s.add_argument_group("trainer options (Kaldi's NnetTrainerOptions)")
+    g.add_argument("--momentum", type=float, default=None, metavar="FLOAT",
+                   help="momentum constant (the update is scaled by 1 - momentum so the "
+                        "effective learning rate stays the same) (default: 0)")
+    g.add_argument("--max-param-change", dest="max_param_change", type=float, default=None,
+                   metavar="FLOAT",
+                   help="the most the whole parameter vector may change in one minibatch "
+                        "(2-norm), with per-component max-change applied first; 0: no limit "
+                        "(default: 2)")
+    g.add_argument("--l2-regularize-factor", dest="l2_regularize_factor", type=float,
+                   default=None, metavar="FLOAT",
+                   help="factor on the components' l2-regularize values (default: 1)")
+    g.add_argument("--batchnorm-stats-scale", dest="batchnorm_stats_scale", type=float,
+                   default=None, metavar="FLOAT",
+                   help="BatchNorm stats are scaled by this after each minibatch "
+                        "(default: 0.8)")
+    g.add_argument("--backstitch-training-scale", dest="backstitch_training_scale",
+                   type=float, default=None, metavar="FLOAT",
+                   help="backstitch training scale (0: off) (default: 0)")
+    g.add_argument("--backstitch-training-interval", dest="backstitch_training_interval",
+                   type=int, default=None, metavar="INT",
+                   help="backstitch every this many minibatches (default: 1)")
+    g.add_argument("--store-component-stats", dest="store_component_stats", type=kaldi_bool,
+                   default=None, metavar="true|false",
+                   help="store component statistics (nonlinearity stats, ReLU self-repair) "
+                        "during training (default: true)")
+    g.add_argument("--zero-component-stats", dest="zero_component_stats", type=kaldi_bool,
+                   default=None, metavar="true|false",
+                   help="zero the component statistics before training (default: true)")
+    g.add_argument("--srand", type=int, default=None, metavar="INT",
+                   help="seed of the trainer's random choices (orthonormal constraint, "
+                        "backstitch phase) (default: 0)")
+    g.add_argument("--print-interval", dest="print_interval", type=int, default=None,
+                   metavar="INT",
+                   help="log the average objective every this many minibatches "
+                        "(default: 100)")
+    g.add_argument("--read-cache", dest="read_cache", default="", metavar="FILE",
+                   help="accepted and ignored (Kaldi's compiled-computation cache)")
+    g.add_argument("--write-cache", dest="write_cache", default="", metavar="FILE",
+                   help="accepted and ignored (Kaldi's compiled-computation cache)")
+    g.add_argument("--binary-write-cache", dest="binary_write_cache", type=kaldi_bool,
+                   default=True, metavar="true|false", help="accepted and ignored")
+    s.set_defaults(fn=_cmd_train)

@@ -1,0 +1,174 @@
+"""pynnet3 train (nnet3-train) on Kaldi's examples archives: the models the real
+nnet3-train wrote in kaldi-reference/train-cli reproduced (parameter change of every
+updatable component within 1e-3 relative of Kaldi's change), BatchNorm counts scaled
+by 0.8 per minibatch with stats unchanged, and the log lines (objective per
+minibatch and overall, max-change activity) as Kaldi logged them."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from pynnet3.cli.files import read_model
+from pynnet3.cli.main import main
+from tests.reference import REF, ref_params
+
+_NG_DRIFT = (
+    "pynnet3.train's OnlineNaturalGradient drifts from Kaldi's here: Kaldi logged "
+    "'Cholesky out of expected range, reorthogonalizing with Gram-Schmidt' in this run "
+    "({warnings}x); {detail}")
+RUNS = [
+    ("tdnn_relu_bn", "merged", None),
+    ("tdnn_relu_bn_lr0.01", "merged", None),
+    ("tdnn_relu_bn", "unmerged", _NG_DRIFT.format(
+        warnings=7, detail="objectives match Kaldi's for minibatches 0-2 (6 digits), then "
+        "differ from minibatch 3 on (-5.92614 vs -5.9262) and the change ends ~100% off "
+        "after 32 one-sequence minibatches")),
+    ("tdnn_relu_bn_lr0.01", "unmerged", _NG_DRIFT.format(
+        warnings=7, detail="minibatch 1's max-change factor is 0.289371 vs Kaldi's 0.289377 "
+        "and the difference grows (0.2493 vs 0.2720 at minibatch 4); ~100% off after 32")),
+    ("xvector", "merged", _NG_DRIFT.format(
+        warnings=6, detail="tdnn1-5 and the objectives match (<= 7e-4 relative change error) "
+        "but tdnn6/tdnn7/output (after statistics pooling, BatchNorm on 8 rows) are 1e-2 to "
+        "5e-2 off")),
+]
+
+
+def _params(run):
+    case, kind, xfail = run
+    marks = [pytest.mark.xfail(strict=True, reason=xfail)] if xfail else []
+    return pytest.param(case, kind, marks=marks, id=f"{case}-{kind}")
+
+
+def _kaldi_log_numbers(text: str):
+    per_mb = [(int(a), float(v), float(f)) for a, v, f in re.findall(
+        r"for minibatches (\d+)-\d+ is (\S+) over (\S+) frames", text)]
+    overall = float(re.search(r"Overall average objective function for 'output' is (\S+)",
+                              text).group(1))
+    active = re.findall(r"Per-component max-change active on (\d+) / (\d+)", text)
+    smallest = [float(x) for x in re.findall(r"Smallest factor=(\S+) on", text)]
+    return per_mb, overall, active, smallest
+
+
+@pytest.mark.parametrize("case, kind", ref_params([_params(r) for r in RUNS],
+                                                  "train-cli runs", 2))
+def test_train_reproduces_kaldi_nnet3_train(case, kind, tmp_path, capsys):
+    folder = REF / "train-cli" / case
+    egs_folder = REF / "train-cli" / "tdnn_relu_bn" if case.endswith("lr0.01") else folder
+    archive = egs_folder / ("merged.ark" if kind == "merged" else "egs.ark")
+    options = json.loads((folder / "options.json").read_text())
+    flags = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}"
+             for k, v in options.items()]
+    out = tmp_path / "model_after.txt"
+    model_in = folder / "model_in.txt.gz"
+    assert main(["train", *flags, str(model_in), f"ark:{archive}", str(out)]) == 0
+    err = capsys.readouterr().err
+
+    before = read_model(str(model_in))
+    ours = read_model(str(out))
+    kaldi = read_model(str(folder / ("model_after.txt.gz" if kind == "merged"
+                                     else "model_after_unmerged.txt.gz")))
+    num_minibatches = 4 if kind == "merged" else 32
+    checked = 0
+    for name, comp in before.components.items():
+        if comp.is_updatable():
+            for key, p0 in comp.params().items():
+                kaldi_change = kaldi.components[name].params()[key] - p0
+                our_change = ours.components[name].params()[key] - p0
+                rel = (np.linalg.norm(our_change - kaldi_change)
+                       / np.linalg.norm(kaldi_change))
+                assert rel <= 1e-3, (name, key, rel)
+                checked += 1
+        elif comp.type_name == "BatchNormComponent":
+            mine, theirs = ours.components[name], kaldi.components[name]
+            np.testing.assert_allclose(mine.count, comp.count * 0.8 ** num_minibatches,
+                                       rtol=1e-6)
+            np.testing.assert_allclose(mine.count, theirs.count, rtol=1e-6)
+            np.testing.assert_allclose(mine.stats_sum / mine.count,
+                                       comp.stats_sum / comp.count, rtol=1e-6, atol=1e-7)
+    assert checked >= 14
+
+    log = (folder / f"log_nnet3-train_{kind}.txt").read_text()
+    k_mb, k_overall, k_active, k_smallest = _kaldi_log_numbers(log)
+    o_mb, o_overall, o_active, o_smallest = _kaldi_log_numbers(err)
+    assert [(i, f) for i, _, f in o_mb] == [(i, f) for i, _, f in k_mb]
+    np.testing.assert_allclose([v for _, v, _ in o_mb], [v for _, v, _ in k_mb], rtol=3e-6)
+    assert o_overall == pytest.approx(k_overall, rel=3e-6)
+    assert o_active == k_active
+    np.testing.assert_allclose(o_smallest, k_smallest, rtol=1e-4)
+    assert f"Wrote model to {out}" in err
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A small network and a merged archive with a learnable mapping."""
+    from pynnet3 import Nnet
+    from pynnet3.io.egs import ExampleWriter, NnetExample, NnetIo
+    from pynnet3.io.egs_merge import merge_examples
+
+    folder = tmp_path_factory.mktemp("tiny")
+    config = "\n".join([
+        "input-node name=input dim=4",
+        "component name=affine type=NaturalGradientAffineComponent input-dim=8 output-dim=3 "
+        "learning-rate=0.05",
+        "component-node name=affine component=affine input=Append(Offset(input, -1), input)",
+        "component name=sm type=LogSoftmaxComponent dim=3",
+        "component-node name=sm component=sm input=affine",
+        "output-node name=output input=sm objective=linear"])
+    nnet = Nnet.from_config(config, seed=1)
+    nnet.write(folder / "in.mdl", binary=True)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3))
+    with ExampleWriter(f"ark:{folder / 'egs.ark'}") as writer:
+        for b in range(6):
+            egs = []
+            for _ in range(8):
+                feats = rng.standard_normal((6, 4)).astype(np.float32)
+                labels = (feats[1:] @ w).argmax(1)
+                egs.append(NnetExample([NnetIo.from_matrix("input", -1, feats),
+                                        NnetIo.from_labels("output", 3, 0, labels)]))
+            writer.write(f"mb{b}", merge_examples(egs))
+    return folder
+
+
+def test_training_improves_a_learnable_task(tiny, tmp_path, capsys):
+    out = tmp_path / "out.mdl"
+    assert main(["train", "--print-interval=2", "--srand=0", str(tiny / "in.mdl"),
+                 f"ark:{tiny / 'egs.ark'}", str(out)]) == 0
+    err = capsys.readouterr().err
+    phases = [float(v) for v in re.findall(r"minibatches \d+-\d+ is (\S+) over 80 frames", err)]
+    assert len(phases) == 2  # phases 0-1 and 2-3 printed; 4-5 only in the overall figure
+    assert "log-prob-per-frame=" in err and "WARNING" in err  # --use-gpu=yes by default
+    assert read_model(str(out)).components["affine"].params()["linear_params"].shape == (3, 8)
+    # A second pass from the trained model does better than the first did.
+    assert main(["train", "--print-interval=2", str(out), f"ark:{tiny / 'egs.ark'}",
+                 str(tmp_path / "out2.mdl")]) == 0
+    again = [float(v) for v in re.findall(r"minibatches \d+-\d+ is (\S+) over 80 frames",
+                                          capsys.readouterr().err)]
+    assert again[0] > phases[0] + 0.05
+
+
+def test_train_bad_example_names_the_node(tiny, tmp_path, capsys):
+    from pynnet3.io.egs import ExampleWriter, NnetExample, NnetIo
+
+    bad = tmp_path / "bad.ark"
+    with ExampleWriter(f"ark:{bad}") as w:
+        w.write("k", NnetExample([NnetIo.from_matrix("feats", 0, np.zeros((3, 4), np.float32)),
+                                  NnetIo.from_labels("output", 3, 0, [0])]))
+    out = tmp_path / "o.mdl"
+    assert main(["train", "--use-gpu=no", str(tiny / "in.mdl"), f"ark:{bad}", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "'feats'" in err[-1] and "no such input or output node" in err[-1]
+    assert not out.exists()
+
+
+def test_trainer_flags_only_what_was_given():
+    from pynnet3.cli.main import build_parser
+    from pynnet3.cli.train import trainer_flags
+
+    args = build_parser().parse_args(["train", "--momentum=0.5", "--srand=3",
+                                      "--store-component-stats=false", "m", "ark:e", "o"])
+    assert trainer_flags(args) == {"momentum": 0.5, "srand": 3, "store-component-stats": False}
