@@ -27,6 +27,7 @@ from ..errors import ComputeError
 from ..index import describe, pack
 from .base import Component, Flags, InputDeps, check_table_rows, register, require
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
+from .xp import namespace
 
 _DIRECT_MAX_WINDOWS = 512  # more windows than this: one prefix-sum pass beats a loop
 _SHORT_WINDOW = 16  # windows at most this long are summed by gathering their j-th rows
@@ -50,6 +51,11 @@ class RangeIndexes:
     @property
     def counts(self) -> np.ndarray:
         return self.hi - self.lo
+
+    @property
+    def counts_table(self) -> np.ndarray:
+        """:attr:`counts`, made once (a host table with one device copy, xp.param)."""
+        return self._derived("_counts", lambda: self.hi - self.lo)
 
     # -- plain data (pynnet3.components.precomputed) -----------------------------------
     def to_data(self) -> dict:
@@ -83,41 +89,75 @@ class RangeIndexes:
         sums of every row in float64 would cost several times that; many short
         windows (extraction with a small output period) add their rows gathered
         position by position."""
-        lo, hi = self.lo, self.hi
+        xp = namespace(values)
         if self._spread_plan().owner_is_identity:  # output row i is input row i
-            return values.astype(np.float64)
-        if len(lo) and int((hi - lo).sum()) <= 2 * len(self.perm):
-            if int((hi - lo).max()) <= _SHORT_WINDOW:
-                return self._short_sums(values)
-            if len(lo) <= _DIRECT_MAX_WINDOWS:
-                return self._direct_sums(values)
-        csum = np.zeros((len(self.perm) + 1, values.shape[1]), dtype=np.float64)
-        np.cumsum(values[self.perm], axis=0, dtype=np.float64, out=csum[1:])
-        return csum[self.hi] - csum[self.lo]
+            return _float64_copy(xp, values)
+        strategy = self._sum_strategy()
+        if strategy == "short":
+            return self._short_sums(values)
+        if strategy == "direct":
+            return self._direct_sums(values)
+        csum = xp.zeros((len(self.perm) + 1, values.shape[1]), like=values, dtype=xp.float64)
+        xp.cumsum(xp.take(values, xp.index(self.perm, like=values)), axis=0, dtype=xp.float64,
+                  out=csum[1:])
+        return (xp.take(csum, xp.index(self.hi, like=values))
+                - xp.take(csum, xp.index(self.lo, like=values)))
 
-    def _short_sums(self, values: np.ndarray) -> np.ndarray:
+    def _derived(self, name: str, make):
+        """A value that depends on the indexes only, made once (host tables handed to
+        ``xp.index`` must be the same arrays on every call: one device copy each)."""
+        value = self.__dict__.get(name)
+        if value is None:  # (racing threads compute equal values)
+            value = self.__dict__[name] = make()
+        return value
+
+    def _sum_strategy(self) -> str:
+        """How :meth:`window_sums` sums: "short", "direct" or "prefix" (see there)."""
+        def make():
+            lo, hi = self.lo, self.hi
+            if len(lo) and int((hi - lo).sum()) <= 2 * len(self.perm):
+                if int((hi - lo).max()) <= _SHORT_WINDOW:
+                    return "short"
+                if len(lo) <= _DIRECT_MAX_WINDOWS:
+                    return "direct"
+            return "prefix"
+        return self._derived("_strategy", make)
+
+    def _short_sums(self, values):
         """Many short windows (extraction with a small output period): the j-th rows
         of all windows gathered and added at once, j = 0 .. the longest window."""
-        lens = self.hi - self.lo
-        out = np.zeros((len(self.lo), values.shape[1]), dtype=np.float64)
-        for j in range(int(lens.max())):
-            sel = np.flatnonzero(lens > j)
-            rows = self.perm[self.lo[sel] + j]
-            if len(sel) == len(out):
-                out += values[rows]
+        xp = namespace(values)
+
+        def make():  # per j: (the windows at least j + 1 long or None for all, their rows)
+            lens = self.hi - self.lo
+            steps = []
+            for j in range(int(lens.max())):
+                sel = np.flatnonzero(lens > j)
+                steps.append((None if len(sel) == len(lens) else sel,
+                              self.perm[self.lo[sel] + j]))
+            return steps
+
+        out = xp.zeros((len(self.lo), values.shape[1]), like=values, dtype=xp.float64)
+        for sel, rows in self._derived("_short_steps", make):
+            gathered = xp.take(values, xp.index(rows, like=values))
+            if sel is None:
+                out += gathered
             else:
-                out[sel] += values[rows]
+                out[xp.index(sel, like=values)] += gathered
         return out
 
-    def _direct_sums(self, values: np.ndarray) -> np.ndarray:
-        out = np.zeros((len(self.lo), values.shape[1]), dtype=np.float64)
-        identity = self._perm_is_identity()
-        for o in np.flatnonzero(self.hi > self.lo).tolist():
-            a, b = int(self.lo[o]), int(self.hi[o])
-            block = values[a:b] if identity else values[self.perm[a:b]]
+    def _direct_sums(self, values):
+        xp = namespace(values)
+        out = xp.zeros((len(self.lo), values.shape[1]), like=values, dtype=xp.float64)
+        if not self._perm_is_identity():  # the rows in window order, gathered once
+            values = xp.take(values, xp.index(self.perm, like=values))
+        windows = self._derived("_direct_windows", lambda: [
+            (o, int(self.lo[o]), int(self.hi[o]))
+            for o in np.flatnonzero(self.hi > self.lo).tolist()])
+        for o, a, b in windows:
             # (a float64 copy, then numpy's row-wise sum: several times faster than a
             # float64-accumulating reduce over a float32 block)
-            out[o] = block.astype(np.float64).sum(axis=0)
+            out[o] = xp.sum(xp.astype(values[a:b], xp.float64), axis=0)
         return out
 
     def _perm_is_identity(self) -> bool:
@@ -136,7 +176,7 @@ class RangeIndexes:
         plan = self._spread_plan()
         return plan.owner_is_identity and plan.rows is None
 
-    def spread(self, deriv: np.ndarray, dtype=np.float64) -> np.ndarray:
+    def spread(self, deriv, dtype=None):
         """The transpose of :meth:`window_sums`: input row ``i`` gets the sum of
         ``deriv[o]`` over the outputs whose window holds ``i`` (a new array,
         ``[num_input_rows, cols]``; rows in no window get an exact 0), summed in
@@ -146,30 +186,39 @@ class RangeIndexes:
         Disjoint windows (x-vector extraction and pooling): each row is in at most
         one window and gets that output's row, gathered (no arithmetic). Overlapping
         windows: a float64 cumulative sum of a difference array whose entries sum
-        the rows of the outputs that start (+) or end (-) a window there."""
+        the rows of the outputs that start (+) or end (-) a window there.
+
+        ``dtype``: float64 when None; else an array's dtype (or a NumPy dtype with
+        NumPy arrays)."""
+        xp = namespace(deriv)
+        if dtype is None:
+            dtype = xp.float64
         plan = self._spread_plan()
         if plan.owner is not None:
             if plan.rows is None and plan.owner_is_identity:  # input row i = output row i
-                return deriv.astype(dtype)  # (a copy)
+                return xp.copy(deriv) if deriv.dtype == dtype else xp.astype(deriv, dtype)
             if deriv.dtype != dtype:  # the (fewer) output rows, before the gather
-                deriv = deriv.astype(dtype)
+                deriv = xp.astype(deriv, dtype)
+            owner = xp.index(plan.owner, like=deriv)
             if plan.rows is None:  # every input row in exactly one window, in order
-                return deriv[plan.owner]
-            out = np.zeros((self.num_input_rows, deriv.shape[1]), dtype=dtype)
-            out[plan.rows] = deriv[plan.owner]
+                return xp.take(deriv, owner)
+            out = xp.zeros((self.num_input_rows, deriv.shape[1]), like=deriv)
+            out[xp.index(plan.rows, like=deriv)] = xp.take(deriv, owner)
             return out
-        signed = np.empty((2 * len(deriv), deriv.shape[1]), dtype=np.float64)
-        signed[:len(deriv)] = deriv
-        np.negative(signed[:len(deriv)], out=signed[len(deriv):])
-        diff = np.zeros((len(self.perm) + 1, deriv.shape[1]), dtype=np.float64)
+        n = len(deriv)
+        signed = xp.empty((2 * n, deriv.shape[1]), like=deriv, dtype=xp.float64)
+        signed[:n] = deriv
+        xp.negative(signed[:n], out=signed[n:])
+        diff = xp.zeros((len(self.perm) + 1, deriv.shape[1]), like=deriv, dtype=xp.float64)
         if len(plan.events):
-            diff[plan.targets] = np.add.reduceat(signed[plan.events], plan.group_starts,
-                                                 axis=0)
-        per_sorted = np.cumsum(diff[:-1], axis=0)
-        per_sorted[plan.uncovered] = 0.0
-        out = np.zeros((self.num_input_rows, deriv.shape[1]), dtype=np.float64)
-        out[self.perm] = per_sorted
-        return out if out.dtype == dtype else out.astype(dtype)
+            diff[xp.index(plan.targets, like=deriv)] = xp.add_reduceat(
+                xp.take(signed, xp.index(plan.events, like=deriv)), plan.group_starts, axis=0)
+        per_sorted = xp.cumsum(diff[:-1], axis=0)
+        if len(plan.uncovered_rows):
+            per_sorted[xp.index(plan.uncovered_rows, like=deriv)] = 0.0
+        out = xp.zeros((self.num_input_rows, deriv.shape[1]), like=deriv, dtype=xp.float64)
+        out[xp.index(self.perm, like=deriv)] = per_sorted
+        return out if out.dtype == dtype else xp.astype(out, dtype)
 
     def _spread_plan(self) -> _SpreadPlan:
         plan = self.__dict__.get("_spread")
@@ -187,7 +236,8 @@ class _SpreadPlan:
     input row i is output row i's window). Otherwise: ``events`` are rows of
     ``[deriv; -deriv]`` (a window's start, its end), sorted stably by their place
     in the difference array; runs of equal place begin at ``group_starts`` and sum
-    into ``targets``; ``uncovered`` marks the sorted positions in no window."""
+    into ``targets``; ``uncovered`` marks the sorted positions in no window (their
+    numbers: ``uncovered_rows``)."""
 
     owner: np.ndarray | None = None
     rows: np.ndarray | None = None
@@ -196,6 +246,7 @@ class _SpreadPlan:
     group_starts: np.ndarray | None = None
     targets: np.ndarray | None = None
     uncovered: np.ndarray | None = None
+    uncovered_rows: np.ndarray | None = None
 
     @classmethod
     def make(cls, r: RangeIndexes) -> _SpreadPlan:
@@ -220,8 +271,14 @@ class _SpreadPlan:
         place = place[events]
         group_starts = np.flatnonzero(np.r_[True, place[1:] != place[:-1]])
         events = np.concatenate([live, live + len(lo)])[events]
+        uncovered = np.cumsum(cover[:-1]) == 0
         return cls(events=events, group_starts=group_starts, targets=place[group_starts],
-                   uncovered=np.cumsum(cover[:-1]) == 0)
+                   uncovered=uncovered, uncovered_rows=np.flatnonzero(uncovered))
+
+
+def _float64_copy(xp, x):
+    """``x`` as a new float64 array (NumPy's ``astype(np.float64)``, which copies)."""
+    return xp.copy(x) if x.dtype == xp.float64 else xp.astype(x, xp.float64)
 
 
 def stretch_range_indexes(mini: RangeIndexes, stretch_rows) -> RangeIndexes | None:
@@ -490,16 +547,18 @@ class StatisticsExtractionComponent(Component):
     # -- math ------------------------------------------------------------------------
     def propagate(self, indexes: RangeIndexes, in_value, out_value):
         d = self._input_dim
-        dtype = out_value.dtype
-        out_value[:, 0] = indexes.counts.astype(dtype)
-        if indexes.is_identity and in_value.dtype == dtype:  # one row per window: copies
+        xp = namespace(in_value)
+        # (a host table kept with the indexes: one device copy of it)
+        out_value[:, 0] = xp.param(indexes.counts_table, like=out_value)
+        if indexes.is_identity and in_value.dtype == out_value.dtype:  # one row per window
             out_value[:, 1:1 + d] = in_value
             if self.include_variance:
-                np.square(in_value, out=out_value[:, 1 + d:])
+                xp.square(in_value, out=out_value[:, 1 + d:])
             return None
-        out_value[:, 1:1 + d] = indexes.window_sums(in_value).astype(dtype)
+        # (assigning the float64 sums rounds them to the output's dtype)
+        out_value[:, 1:1 + d] = indexes.window_sums(in_value)
         if self.include_variance:
-            out_value[:, 1 + d:] = indexes.window_sums(np.square(in_value)).astype(dtype)
+            out_value[:, 1 + d:] = indexes.window_sums(xp.square(in_value))
         return None
 
     def backprop(self, indexes: RangeIndexes, in_value, out_value, out_deriv, memo, grad,
@@ -509,11 +568,13 @@ class StatisticsExtractionComponent(Component):
         d = self._input_dim
         # The count column has no derivative; the sums pass the derivative back
         # unchanged and the sums of squares as 2 x.
+        xp = namespace(out_deriv)
         if indexes.is_identity:  # one row per window: dsum + 2 dsq x, in float64
             if not self.include_variance:
                 in_deriv[...] = out_deriv[:, 1:1 + d]
                 return
-            acc = np.multiply(out_deriv[:, 1 + d:], in_value, dtype=np.float64)  # exact
+            acc = _float64_copy(xp, out_deriv[:, 1 + d:])
+            acc *= in_value  # (exact: a product of two floats fits a double)
             acc *= 2.0
             acc += out_deriv[:, 1:1 + d]
             in_deriv[...] = acc
@@ -692,21 +753,23 @@ class StatisticsPoolingComponent(Component):
     # -- math ------------------------------------------------------------------------
     def propagate(self, indexes: RangeIndexes, in_value, out_value):
         nlc = self.num_log_count_features
-        dtype = out_value.dtype
+        xp = namespace(in_value)
         # Sums are exact-ish (float64); the rest runs in the data's dtype like
         # Kaldi, so that E[x^2] - mean^2 cancels the way Kaldi's float32 does
         # when the variance is small next to mean^2.
-        sums = indexes.window_sums(in_value).astype(dtype)
+        sums = xp.astype(indexes.window_sums(in_value), out_value.dtype)
         counts = sums[:, 0]
         stats = sums[:, 1:] / counts[:, None]
         if self.output_stddevs:
             f = self.feature_dim
             mean = stats[:, :f]
-            var = np.maximum(stats[:, f:] - mean * mean, dtype.type(self.variance_floor))
-            stats[:, f:] = np.sqrt(var)
+            # (the floor rounded to the data's precision, as dtype.type(floor) did)
+            floor = float(xp.scalar_type(out_value)(self.variance_floor))
+            var = xp.maximum(stats[:, f:] - mean * mean, floor)
+            stats[:, f:] = xp.sqrt(var)
         out_value[:, nlc:] = stats
         if nlc:
-            out_value[:, :nlc] = np.log(counts)[:, None]
+            out_value[:, :nlc] = xp.log(counts)[:, None]
         return None
 
     def backprop(self, indexes: RangeIndexes, in_value, out_value, out_deriv, memo, grad,
@@ -714,18 +777,19 @@ class StatisticsPoolingComponent(Component):
         if in_deriv is None:
             return
         nlc = self.num_log_count_features
-        deriv = out_deriv[:, nlc:].astype(np.float64)
+        xp = namespace(out_deriv)
+        deriv = _float64_copy(xp, out_deriv[:, nlc:])
         if self.output_stddevs:
             # d stddev / d E[x^2] = 0.5 / stddev; and E[x^2] - mean^2 adds
             # -2 mean dF/dvar to the mean's derivative. The variance floor is
             # ignored here, exactly as in Kaldi.
             f = self.feature_dim
-            mean = out_value[:, nlc:nlc + f].astype(np.float64)
-            stddev = out_value[:, nlc + f:].astype(np.float64)
+            mean = xp.astype(out_value[:, nlc:nlc + f], xp.float64)
+            stddev = xp.astype(out_value[:, nlc + f:], xp.float64)
             deriv[:, f:] *= 0.5 / stddev
             deriv[:, :f] -= 2.0 * mean * deriv[:, f:]
         if nlc:
-            counts = np.exp(out_value[:, 0].astype(np.float64))
+            counts = xp.exp(xp.astype(out_value[:, 0], xp.float64))
         else:
             counts = indexes.window_sums(in_value[:, :1])[:, 0]
         deriv /= counts[:, None]
