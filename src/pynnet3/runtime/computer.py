@@ -445,7 +445,7 @@ def run(nnet, computation, inputs: dict, output_derivs: dict | None = None,
         device=None) -> RunResult:
     """Run a compiled computation; see :class:`RunResult`. ``computation`` may also
     be a ComputationRequest: it is then compiled through the network's cache
-    (``nnet.cache``), so repeated runs of equal shapes compile once. Component
+    (``pynnet3.cache.cache_for(nnet)``), so repeated runs of equal shapes compile once. Component
     statistics (when the request stores them) accumulate in ``nnet``'s
     components, in place.
 
@@ -458,16 +458,16 @@ def run(nnet, computation, inputs: dict, output_derivs: dict | None = None,
     only): compile and run a network-optimized copy of ``nnet``, kept with the
     network's caches (then statistics accumulate in that copy)."""
     if not isinstance(computation, NnetComputation):
-        if network_optimize is not None and network_optimize is not False:
-            from ..cache import cache_for
+        from ..cache import cache_for
 
+        if network_optimize is not None and network_optimize is not False:
             cc = cache_for(nnet, network_optimize)
             computation = cc.compile(computation, dtype=dtype, backend=backend,
                                      device=device)
             nnet = cc.compiled_nnet
         else:
-            computation = nnet.cache.compile(computation, dtype=dtype, backend=backend,
-                                             device=device)
+            computation = cache_for(nnet).compile(computation, dtype=dtype, backend=backend,
+                                                  device=device)
     elif network_optimize:
         raise RuntimeInputError("network_optimize applies when run() compiles a request; "
                                 "a computation is run on the network it was compiled for")
