@@ -17,7 +17,7 @@ from pynnet3.optimize import OptimizeOptions
 
 _COMMANDS = ["info", "init", "copy", "optimize-network", "show-computation", "demo",
              "am-info", "am-copy", "compute", "xvector-compute",
-             "draw", "export", "merge-egs", "train"]
+             "draw", "export", "merge-egs", "train", "average"]
 _MARKUP = re.compile(r"`|:(class|func|mod|meth|attr):|\*\*")
 
 

@@ -17,6 +17,7 @@ from dataclasses import fields
 from ..errors import PynnetError
 from ..runtime.allocator import tune_malloc
 from .am import add_am_commands
+from .average import add_average_command
 from .compute import add_compute_command
 from .draw import add_draw_command, add_memory_plot_flags, write_memory_plot, write_report_plot
 from .egs import add_egs_commands
@@ -285,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_command(sub, _command, kaldi_bool)
     add_egs_commands(sub, _command, kaldi_bool)
     add_train_command(sub, _command, kaldi_bool)
+    add_average_command(sub, _command, kaldi_bool)
 
     s = _command(sub, "demo", "compile and run the bundled TDNN-F example",
                  "Build the bundled TDNN-F network (examples/tdnnf.config in the package),\n"

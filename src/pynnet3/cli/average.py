@@ -1,0 +1,50 @@
+"""``pynnet3 average``: Kaldi's nnet3-average (the weighted average of several models'
+parameters and statistics, e.g. of the models independent training jobs wrote)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def _cmd_average(args) -> int:
+    from ..train.average import average_nnets, kaldi_weights
+    from .files import read_model, write_model
+    from .main import UsageError
+
+    if len(args.models) < 2:
+        raise UsageError("pynnet3 average: error: give at least one model to read and the "
+                         "model to write (see pynnet3 average --help)")
+    inputs, out = args.models[:-1], args.models[-1]
+    _, total = kaldi_weights(args.weights, len(inputs))
+    if total is not None:
+        print(f"WARNING (pynnet3 average) Normalizing weights to sum to one, sum was "
+              f"{total:.6g}", file=sys.stderr)
+    nnets = [read_model(path) for path in inputs]
+    write_model(average_nnets(nnets, args.weights), out, args.binary)
+    print(f"LOG (pynnet3 average) Averaged parameters of {len(inputs)} neural nets, and wrote "
+          f"to {out}", file=sys.stderr)
+    return 0
+
+
+def add_average_command(sub, command, kaldi_bool) -> None:
+    """Add ``average`` to the subparsers ``sub`` (``command`` makes one, as main.py's
+    ``_command``)."""
+    s = command(sub, "average", "average the parameters of several models (like "
+                "nnet3-average)",
+                "Average the parameters of several models with the same structure, as\n"
+                "Kaldi's nnet3-average does: updatable parameters and component\n"
+                "statistics (nonlinearity stats, BatchNorm counts and sums, so its mean and\n"
+                "variance are count-weighted averages) are summed with the weights;\n"
+                "options and learning rates are the first model's. The last argument is\n"
+                "the output, written atomically.",
+                usage="pynnet3 average [-h] [--binary=true|false] [--weights=W1:W2:...] "
+                      "MODEL1 [MODEL2 ...] OUT")
+    s.add_argument("models", nargs="+", metavar="MODEL",
+                   help="models to average (Kaldi nnet3, text or binary, gzipped or not), "
+                        "then the model to write ('-': stdout)")
+    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
+                   help="write the model in binary (true) or text (false) (default: true)")
+    s.add_argument("--weights", default="", metavar="W1:W2:...",
+                   help="colon-separated weights, one per input model, normalized to sum "
+                        "to one (default: equal weights)")
+    s.set_defaults(fn=_cmd_average)
