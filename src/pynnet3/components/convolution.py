@@ -29,6 +29,7 @@ from .base import (
     register,
     require,
 )
+from .xp import namespace
 
 YZX, ZYX = 0, 1  # Kaldi's TensorVectorizationType values (written as ints)
 _ORDER_NAMES = {"yzx": YZX, "zyx": ZYX}
@@ -55,9 +56,10 @@ class _ColumnScatter:
             self.layers.append((dst_sorted[sel], order[sel]))
         self.num_cols = num_cols
 
-    def add_to(self, dst: np.ndarray, src: np.ndarray) -> None:
+    def add_to(self, dst, src) -> None:
+        xp = namespace(dst)
         for cols, idx in self.layers:
-            dst[:, cols] += src[:, idx]
+            dst[:, xp.index(cols, like=dst)] += src[:, xp.index(idx, like=src)]
 
 
 def _read_dim(r, tag: str, minimum: int = 1) -> int:
@@ -282,31 +284,33 @@ class ConvolutionComponent(UpdatableComponent):
         return {"filter_params": self.filter_params, "bias_params": self.bias_params}
 
     # -- math ------------------------------------------------------------------------
-    def _patches(self, in_value: np.ndarray) -> np.ndarray:
-        """[rows, num_patches, filter_dim] view of the gathered input."""
+    def _patches(self, in_value):
+        """[rows, num_patches, filter_dim]: the gathered input."""
         column_map, _ = self._patch_map()
-        return in_value[:, column_map].reshape(in_value.shape[0], -1, self.filter_dim)
+        cols = namespace(in_value).index(column_map, like=in_value)
+        return in_value[:, cols].reshape(in_value.shape[0], -1, self.filter_dim)
 
-    def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray) -> None:
-        dtype = in_value.dtype
-        w = self.filter_params.astype(dtype, copy=False)
-        b = self.bias_params.astype(dtype, copy=False)
+    def propagate(self, indexes, in_value, out_value) -> None:
+        xp = namespace(in_value)
+        w = xp.param(self.filter_params, like=in_value)
+        b = xp.param(self.bias_params, like=in_value)
         y = self._patches(in_value) @ w.T + b  # [rows, patches, filters]
         out_value += y.reshape(in_value.shape[0], -1)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        xp = namespace(out_deriv)
         rows = out_deriv.shape[0]
         dy = out_deriv.reshape(rows, -1, self.num_filters)  # [rows, patches, filters]
         if in_deriv is not None:
-            w = self.filter_params.astype(out_deriv.dtype, copy=False)
+            w = xp.param(self.filter_params, like=out_deriv)
             patch_deriv = (dy @ w).reshape(rows, -1)
             _, scatter = self._patch_map()
             scatter.add_to(in_deriv, patch_deriv)
         if grad is not None:
             patches = self._patches(in_value)
-            grad["filter_params"] += np.einsum("rpk,rpf->kf", dy, patches)
-            grad["bias_params"] += dy.sum(axis=(0, 1))
+            grad["filter_params"] += xp.einsum("rpk,rpf->kf", dy, patches)
+            grad["bias_params"] += xp.sum(dy, axis=(0, 1))
 
 
 # ----------------------------------------------------------------------------------
@@ -427,14 +431,16 @@ class MaxpoolingComponent(Component):
             w.write_tagged(tag, "int", getattr(self, name))
         w.write_token(f"</{self.type_name}>")
 
-    def _patches(self, in_value: np.ndarray) -> np.ndarray:
+    def _patches(self, in_value):
         column_map, _ = self._patch_map()
-        return in_value[:, column_map].reshape(in_value.shape[0], self.pool_size, -1)
+        cols = namespace(in_value).index(column_map, like=in_value)
+        return in_value[:, cols].reshape(in_value.shape[0], self.pool_size, -1)
 
-    def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray) -> None:
-        # Kaldi starts from -1e20, so that is the floor of the output.
-        np.maximum(self._patches(in_value).max(axis=1), in_value.dtype.type(-1e20),
-                   out=out_value)
+    def propagate(self, indexes, in_value, out_value) -> None:
+        # Kaldi starts from -1e20, so that is the floor of the output (a Python float
+        # takes the data's dtype, NEP 50).
+        xp = namespace(in_value)
+        xp.maximum(xp.amax(self._patches(in_value), axis=1), -1e20, out=out_value)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
