@@ -24,7 +24,7 @@ import numpy as np
 
 from ..io.kaldi_stream import make_reader
 from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
-from .preconditioning import precondition_product
+from .preconditioning import precondition_matrix, precondition_product, preconditioners
 from .xp import namespace
 
 # -- helpers shared by the updatable families ------------------------------------------
@@ -705,6 +705,11 @@ class RepeatedAffineComponent(UpdatableComponent):
             in_deriv += dx.reshape(in_deriv.shape)
         if grad is not None:
             x = self._blocks(in_value, self.linear_params.shape[1])
+            if preconditioners(grad) is not None:  # a trainer's natural gradient: Kaldi
+                # preconditions the [linear | bias] derivative's rows
+                precondition_matrix(grad, ("linear_params", "bias_params"),
+                                    np.hstack([dy.T @ x, dy.sum(axis=0)[:, None]]))
+                return
             _add_grad(grad, "linear_params", dy.T @ x)
             _add_grad(grad, "bias_params", namespace(dy).sum(dy, axis=0))
 

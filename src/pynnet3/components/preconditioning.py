@@ -73,18 +73,43 @@ def precondition_rows(grad, key: str, per_frame: np.ndarray, slot: str = "params
     return True
 
 
-def precondition_matrix(grad, key: str, deriv: np.ndarray, slot: str = "in") -> bool:
+def precondition_matrix(grad, keys, deriv: np.ndarray, slot: str = "in") -> bool:
     """Kaldi's update that preconditions a parameter-shaped derivative ``deriv``
-    itself (its rows are the directions, e.g. NaturalGradientRepeatedAffine):
-    ``grad[key] += scale * deriv_hat``. False without that preconditioner."""
+    itself (its rows are the directions, e.g. NaturalGradientRepeatedAffine's
+    ``[linear | bias]``): ``deriv_hat * scale`` is added to ``grad[keys]``, or with
+    two keys its leading columns to the matrix ``grad[keys[0]]`` and its last
+    column to the vector ``grad[keys[1]]``. False without that preconditioner."""
     pre = preconditioners(grad)
     if pre is None or slot not in pre:
         return False
     d_hat, scale = pre[slot].precondition(deriv)
-    g = grad[key]
-    g += (np.float32(scale) * d_hat).reshape(g.shape).astype(g.dtype, copy=False)
+    d_hat = np.float32(scale) * d_hat
+    if isinstance(keys, str):
+        g = grad[keys]
+        g += d_hat.reshape(g.shape).astype(g.dtype, copy=False)
+        return True
+    g, gb = grad[keys[0]], grad[keys[1]]
+    g += d_hat[:, :g.shape[1]].astype(g.dtype, copy=False)
+    gb += d_hat[:, g.shape[1]].astype(gb.dtype, copy=False)
+    return True
+
+
+def precondition_two_sided(grad, keys, deriv: np.ndarray) -> bool:
+    """Kaldi's TimeHeightConvolution update: the ``[linear | bias]`` derivative's rows
+    go through slot ``"in"``, then its columns (rows of the transpose) through
+    ``"out"``; ``grad[keys[0]]`` / ``grad[keys[1]]`` get the leading columns / the last
+    column times both scales. False without preconditioners."""
+    pre = preconditioners(grad)
+    if pre is None:
+        return False
+    d_hat, scale_in = pre["in"].precondition(deriv)
+    d_hat_t, scale_out = pre["out"].precondition(d_hat.T)
+    d_hat = np.float32(scale_in * scale_out) * d_hat_t.T
+    g, gb = grad[keys[0]], grad[keys[1]]
+    g += d_hat[:, :g.shape[1]].astype(g.dtype, copy=False)
+    gb += d_hat[:, g.shape[1]].astype(gb.dtype, copy=False)
     return True
 
 
 __all__ = ["preconditioners", "precondition_product", "precondition_rows",
-           "precondition_matrix"]
+           "precondition_matrix", "precondition_two_sided"]

@@ -36,6 +36,7 @@ import math
 import numpy as np
 
 from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
+from .preconditioning import precondition_matrix, preconditioners
 from .xp import namespace
 
 
@@ -271,7 +272,12 @@ class LstmNonlinearityComponent(UpdatableComponent):
         di_t = dc_t * i_s * tanh_c_part
         di_t_input = di_t * i_t * (1 - i_t) - (2 * i_t - 1) * sr[0]
 
-        if grad is not None:
+        if grad is not None and preconditioners(grad) is not None:
+            # a trainer's natural gradient: Kaldi preconditions the 3 x C derivative
+            precondition_matrix(grad, "params", np.stack([
+                np.sum(c_prev * di_t_input, axis=0), np.sum(c_prev * df_t_input, axis=0),
+                np.sum(c_t * do_t_input, axis=0)]), "params")
+        elif grad is not None:
             g = grad["params"]
             g[0] += xp.astype(xp.sum(c_prev * di_t_input, axis=0), g.dtype)
             g[1] += xp.astype(xp.sum(c_prev * df_t_input, axis=0), g.dtype)

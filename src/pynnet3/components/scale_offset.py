@@ -33,6 +33,7 @@ from .base import (
     register,
     require,
 )
+from .preconditioning import precondition_rows, preconditioners
 from .xp import namespace
 
 
@@ -246,7 +247,11 @@ class PerElementScaleComponent(UpdatableComponent):
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         # The gradient first: in_deriv may alias out_deriv.
-        _add_grad(grad, "scales", namespace(out_deriv).einsum("ij,ij->j", out_deriv, in_value))
+        if preconditioners(grad) is not None:  # a trainer's natural gradient
+            precondition_rows(grad, "scales", in_value * out_deriv)
+        else:
+            _add_grad(grad, "scales",
+                      namespace(out_deriv).einsum("ij,ij->j", out_deriv, in_value))
         if in_deriv is not None:
             xp = namespace(out_deriv)
             xp.multiply(out_deriv, xp.param(self.scales, out_deriv), out=in_deriv)
@@ -375,8 +380,9 @@ class PerElementOffsetComponent(UpdatableComponent):
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
-        _add_grad(grad, "offsets", namespace(out_deriv).sum(
-            _blocks(out_deriv, self.offsets.shape[0]), axis=0))
+        if not precondition_rows(grad, "offsets", _blocks(out_deriv, self.offsets.shape[0])):
+            _add_grad(grad, "offsets", namespace(out_deriv).sum(
+                _blocks(out_deriv, self.offsets.shape[0]), axis=0))
         if in_deriv is not None and in_deriv is not out_deriv:
             in_deriv[...] = out_deriv
 
@@ -484,11 +490,15 @@ class ScaleAndOffsetComponent(UpdatableComponent):
         xp, block = namespace(out_deriv), self.scales.shape[0]
         dy = _blocks(out_deriv, block)
         if grad is not None:
-            _add_grad(grad, "offsets", xp.sum(dy, axis=0))
+            if not precondition_rows(grad, "offsets", dy, "offset"):  # (trainer's NG)
+                _add_grad(grad, "offsets", xp.sum(dy, axis=0))
             # Kaldi reconstructs the input from the output: x = (y - o) * (1/s).
             inv = xp.asarray(1 / self._nonzero_scales(), like=out_deriv)
             x = (_blocks(out_value, block) - xp.param(self.offsets, out_deriv)) * inv
-            _add_grad(grad, "scales", xp.einsum("ij,ij->j", x, dy))
+            if preconditioners(grad) is not None:
+                precondition_rows(grad, "scales", x * dy, "scale")
+            else:
+                _add_grad(grad, "scales", xp.einsum("ij,ij->j", x, dy))
         if in_deriv is not None:
             dx = dy * xp.param(self.scales, out_deriv)
             in_deriv[...] = dx.reshape(in_deriv.shape)
@@ -542,7 +552,8 @@ class _ConstantBase(UpdatableComponent):
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         # The output does not depend on the input: its derivative is zero, and
         # with BACKPROP_ADDS (ConstantFunction) nothing needs to be written.
-        _add_grad(grad, "output", namespace(out_deriv).sum(out_deriv, axis=0))
+        if not precondition_rows(grad, "output", out_deriv):  # (a trainer's NG)
+            _add_grad(grad, "output", namespace(out_deriv).sum(out_deriv, axis=0))
 
 
 @register

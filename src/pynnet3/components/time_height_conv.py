@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import ComputeError
 from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closing, register
+from .preconditioning import precondition_two_sided, preconditioners
 from .tdnn import (
     OffsetGather,
     stretch_offset_gather,
@@ -401,7 +402,10 @@ class TimeHeightConvolutionComponent(UpdatableComponent):
         xp = namespace(out_deriv)
         num_out = len(out_deriv)
         dout = out_deriv.reshape(num_out * m.height_out, m.num_filters_out)
-        if grad is not None:
+        if grad is not None and preconditioners(grad) is not None:  # a trainer's NG
+            precondition_two_sided(grad, ("linear_params", "bias_params"), np.hstack([
+                dout.T @ self._patches(indexes, in_value), np.sum(dout, axis=0)[:, None]]))
+        elif grad is not None:
             g = grad["linear_params"]
             g += xp.astype(dout.T @ self._patches(indexes, in_value), g.dtype)
             gb = grad["bias_params"]

@@ -15,7 +15,8 @@ Not here: chain (LF-MMI) objectives (nnet3-chain-train) and the
 from .natural_gradient import OnlineNaturalGradient
 from .objective import compute_objective
 from .options import TrainerOptions
-from .trainer import OutputObjective, Trainer, TrainStats, make_preconditioners
+from .preconditioners import make_preconditioners
+from .trainer import OutputObjective, Trainer, TrainStats
 
 __all__ = ["OnlineNaturalGradient", "OutputObjective", "TrainStats", "Trainer",
            "TrainerOptions", "compute_objective", "make_preconditioners"]

@@ -22,9 +22,9 @@ import numpy as np
 from ..cache import CachingCompiler
 from ..errors import RuntimeInputError
 from ..runtime.computer import NnetComputer
-from .natural_gradient import OnlineNaturalGradient
 from .objective import compute_objective
 from .options import TrainerOptions
+from .preconditioners import make_preconditioners
 from .progress import MaxChangeCounts, ObjectiveInfo
 from .update import (
     apply_l2_regularization,
@@ -83,22 +83,6 @@ class _UpdateTarget(dict):
     component's natural-gradient preconditioners (components/preconditioning.py)."""
 
     preconditioners: dict | None = None
-
-
-def make_preconditioners(comp) -> dict | None:
-    """The natural-gradient preconditioners Kaldi's type keeps, configured from the
-    component's options (``rank-in``, ``rank-out``, ``update-period``,
-    ``num-samples-history``, ``alpha``), or None when it trains with the plain
-    gradient (plain types, ``use-natural-gradient=false``)."""
-    name = comp.type_name
-    if name in ("NaturalGradientAffineComponent",) or (
-            name in ("LinearComponent", "TdnnComponent")
-            and getattr(comp, "use_natural_gradient", False)):
-        common = dict(update_period=comp.update_period,
-                      num_samples_history=comp.num_samples_history, alpha=comp.alpha)
-        return {"in": OnlineNaturalGradient(comp.rank_in, **common),
-                "out": OnlineNaturalGradient(comp.rank_out, **common)}
-    return None
 
 
 class Trainer:

@@ -1,0 +1,178 @@
+"""Each natural-gradient component type's update in a training step, against the
+update written out by hand: the rows Kaldi's Update preconditions (the input with a
+ones column, the output derivative, per-frame derivatives, ...) are built here from
+the inputs and the supervision, passed through fresh preconditioners configured as
+Kaldi configures that type, and combined with the learning rate and scales. Types
+that precondition a whole parameter-shaped derivative are checked by the
+invariant that natural gradient keeps its Frobenius norm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pynnet3 import ComputationRequest, Nnet
+from pynnet3.train import OnlineNaturalGradient, Trainer, TrainerOptions
+
+LR = 0.01
+# no max-change, no BatchNorm, the objective's derivative is the supervision itself
+OPTIONS = {"max-param-change": 0.0, "momentum": 0.0, "zero-component-stats": False,
+           "store-component-stats": False}
+
+
+def _net(component_line: str, dim_in: int, extra: str = "") -> Nnet:
+    text = (f"input-node name=input dim={dim_in}\n"
+            f"component name=comp {component_line} learning-rate={LR}\n"
+            f"component-node name=comp component=comp input={extra or 'input'}\n"
+            "output-node name=output input=comp objective=linear\n")
+    return Nnet.from_config(text, seed=3)
+
+
+def _minibatch(nnet: Nnet, seqs: int = 4, frames: int = 16, seed: int = 0):
+    lc, rc = nnet.left_context, nnet.right_context
+    req = ComputationRequest.from_frames(range(-lc, frames + rc), range(frames), seqs)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((seqs * (frames + lc + rc), nnet.input_dim("input")))
+    y = rng.standard_normal((seqs * frames, nnet.output_dim("output")))
+    return req, x.astype(np.float32), y.astype(np.float32)
+
+
+def _step(nnet: Nnet, req, x, y, natural_gradient: bool = True, trainer=None):
+    trainer = trainer or Trainer(nnet, TrainerOptions.from_flags(OPTIONS))
+    if not natural_gradient:
+        trainer.preconditioners["comp"] = None  # plain SGD for this component
+    before = {k: v.copy() for k, v in nnet.components["comp"].params().items()}
+    trainer.train_step(req, inputs={"input": x}, supervision={"output": y})
+    after = nnet.components["comp"].params()
+    return {k: after[k].astype(np.float64) - before[k] for k in before}, trainer
+
+
+def _rows(x, frames, seqs, lc, rc, offset):
+    """Input rows at output time t + offset, output rows in (n, t) order."""
+    per = frames + lc + rc
+    idx = np.array([n * per + lc + t + offset for n in range(seqs) for t in range(frames)])
+    return x[idx]
+
+
+def _product_update(x_rows, dy, rank_in, rank_out, bias=True, period=4):
+    x = x_rows.astype(np.float32)
+    if bias:
+        x = np.hstack([x, np.ones((len(x), 1), np.float32)])
+    x_hat, s_in = OnlineNaturalGradient(rank_in, period).precondition(x)
+    dy_hat, s_out = OnlineNaturalGradient(rank_out, period).precondition(dy)
+    return LR * s_in * s_out * (dy_hat.T.astype(np.float64) @ x_hat)
+
+
+@pytest.mark.parametrize("line,bias", [
+    ("type=NaturalGradientAffineComponent input-dim=12 output-dim=10", True),
+    ("type=LinearComponent input-dim=12 output-dim=10", False),
+    # Kaldi's LinearComponent::Backprop preconditions whatever use-natural-gradient says
+    ("type=LinearComponent input-dim=12 output-dim=10 use-natural-gradient=false", False),
+])
+def test_affine_and_linear(line, bias):
+    nnet = _net(line, 12)
+    req, x, y = _minibatch(nnet)
+    delta, _ = _step(nnet, req, x, y)
+    comp = nnet.components["comp"]
+    expected = _product_update(x, y, comp.rank_in, comp.rank_out, bias)
+    got = delta["linear_params"] if bias else delta["params"]
+    np.testing.assert_allclose(got, expected[:, :12], rtol=0, atol=1e-5 * np.abs(expected).max())
+    if bias:
+        np.testing.assert_allclose(delta["bias_params"], expected[:, 12], rtol=0,
+                                   atol=1e-5 * np.abs(expected).max())
+
+
+def test_tdnn_preconditions_the_spliced_input():
+    nnet = _net("type=TdnnComponent input-dim=6 output-dim=5 time-offsets=-1,0,2", 6)
+    req, x, y = _minibatch(nnet)
+    delta, _ = _step(nnet, req, x, y)
+    spliced = np.hstack([_rows(x, 16, 4, 1, 2, o) for o in (-1, 0, 2)])
+    comp = nnet.components["comp"]
+    expected = _product_update(spliced, y, comp.rank_in, comp.rank_out)
+    np.testing.assert_allclose(delta["linear_params"], expected[:, :18], rtol=0,
+                               atol=1e-5 * np.abs(expected).max())
+    np.testing.assert_allclose(delta["bias_params"], expected[:, 18], rtol=0,
+                               atol=1e-5 * np.abs(expected).max())
+    # use-natural-gradient=false: the plain update
+    nnet = _net("type=TdnnComponent input-dim=6 output-dim=5 time-offsets=-1,0,2 "
+                "use-natural-gradient=false", 6)
+    delta, _ = _step(nnet, req, x, y)
+    np.testing.assert_allclose(delta["linear_params"], LR * y.T.astype(np.float64) @ spliced,
+                               rtol=1e-4, atol=1e-7)
+
+
+def _row_sum_update(rows, pre):
+    rows_hat, s = pre.precondition(rows.astype(np.float32))
+    return LR * s * rows_hat.astype(np.float64).sum(axis=0)
+
+
+def test_per_element_scale_offset_and_constant():
+    # NaturalGradientPerElementScale: per-frame derivatives x * dy
+    nnet = _net("type=NaturalGradientPerElementScaleComponent dim=8 rank=3 update-period=2", 8)
+    req, x, y = _minibatch(nnet)
+    delta, _ = _step(nnet, req, x, y)
+    np.testing.assert_allclose(delta["scales"], _row_sum_update(
+        x * y, OnlineNaturalGradient(3, 2)), rtol=1e-4, atol=1e-7)
+    # PerElementOffset with block-dim: the derivative's blocks are the rows (rank 20 -> 3)
+    nnet = _net("type=PerElementOffsetComponent dim=8 block-dim=4", 8)
+    delta, _ = _step(nnet, req, x, y)
+    np.testing.assert_allclose(delta["offsets"], _row_sum_update(
+        y.reshape(-1, 4), OnlineNaturalGradient(20, 4)), rtol=1e-4, atol=1e-7)
+    # ScaleAndOffset: offsets from dy, scales from x * dy (x rebuilt from the output)
+    nnet = _net("type=ScaleAndOffsetComponent dim=8 rank=5", 8)
+    delta, _ = _step(nnet, req, x, y)
+    np.testing.assert_allclose(delta["offsets"], _row_sum_update(
+        y, OnlineNaturalGradient(5, 4)), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(delta["scales"], _row_sum_update(
+        x * y, OnlineNaturalGradient(5, 4)), rtol=1e-3, atol=1e-6)
+    # ConstantFunction: the output derivative's rows, Kaldi's default preconditioner
+    nnet = _net("type=ConstantFunctionComponent input-dim=8 output-dim=6 is-updatable=true", 8)
+    req, x, y = _minibatch(nnet)
+    delta, _ = _step(nnet, req, x, y)
+    np.testing.assert_allclose(delta["output"], _row_sum_update(
+        y, OnlineNaturalGradient()), rtol=1e-4, atol=1e-7)
+    # use-natural-gradient=false: plain sums
+    nnet = _net("type=PerElementOffsetComponent dim=8 use-natural-gradient=false", 8)
+    delta, _ = _step(nnet, req, x[:, :8], y[:, :6].repeat(2, axis=1)[:, :8])
+    np.testing.assert_allclose(delta["offsets"], LR * y[:, :6].repeat(2, axis=1)[:, :8].sum(0),
+                               rtol=1e-4)
+
+
+@pytest.mark.parametrize("line,dim_in", [
+    ("type=NaturalGradientRepeatedAffineComponent input-dim=12 output-dim=8 num-repeats=4", 12),
+    ("type=LstmNonlinearityComponent cell-dim=6 self-repair-scale=0", 30),
+    ("type=TimeHeightConvolutionComponent num-filters-in=2 height-in=6 num-filters-out=3 "
+     "height-out=6 height-offsets=-1,0,1 time-offsets=-1,0,1", 12),
+])
+def test_whole_derivative_types_keep_the_norm(line, dim_in):
+    """Types that precondition the parameter derivative itself: the natural-gradient
+    step has exactly the plain step's size, and a different direction."""
+    nnet = _net(line, dim_in)
+    req, x, y = _minibatch(nnet)
+    y = y / 10  # keep the LSTM's gates away from saturation
+    plain, _ = _step(nnet.copy(), req, x, y, natural_gradient=False)
+    ng, trainer = _step(nnet, req, x, y)
+    flat_plain = np.concatenate([v.ravel() for v in plain.values()])
+    flat_ng = np.concatenate([v.ravel() for v in ng.values()])
+    assert np.linalg.norm(flat_ng) == pytest.approx(np.linalg.norm(flat_plain), rel=1e-4)
+    assert np.linalg.norm(flat_ng - flat_plain) > 1e-3 * np.linalg.norm(flat_plain)
+    assert all(p.t >= 1 for p in trainer.preconditioners["comp"].values())
+
+
+def test_state_persists_across_steps():
+    """The preconditioners live on the trainer: the second step continues them
+    (equal to one pair of preconditioners fed both minibatches in order)."""
+    nnet = _net("type=NaturalGradientAffineComponent input-dim=12 output-dim=10", 12)
+    comp = nnet.components["comp"]
+    pre_in = OnlineNaturalGradient(comp.rank_in, 4)
+    pre_out = OnlineNaturalGradient(comp.rank_out, 4)
+    trainer = None
+    for seed in range(3):
+        req, x, y = _minibatch(nnet, seed=seed)
+        delta, trainer = _step(nnet, req, x, y, trainer=trainer)
+        xh, s_in = pre_in.precondition(np.hstack([x, np.ones((len(x), 1), np.float32)]))
+        yh, s_out = pre_out.precondition(y)
+        expected = LR * s_in * s_out * (yh.T.astype(np.float64) @ xh)
+        np.testing.assert_allclose(delta["linear_params"], expected[:, :12], rtol=0,
+                                   atol=1e-5 * np.abs(expected).max())
+    assert trainer.preconditioners["comp"]["in"].t == 3
