@@ -119,3 +119,37 @@ def test_decode_batched_uses_the_shortcut_and_one_request_per_shape(model):  # n
     assert info["shortcut"] == 1
     with pytest.raises(pynnet3.errors.RuntimeInputError, match="batch size"):
         decode_batched(ds, 0)
+
+
+def test_the_bundled_example_batched_equals_the_whole_utterances(tmp_path, capsys):
+    """The README's first command's data (the bundled TDNN-F network, its features and
+    iVectors), unbatched and with --batch-size=8, against each utterance computed in
+    one piece with edges repeated (a TDNN: chunking must not change the output)."""
+    from importlib import resources
+
+    examples = resources.files("pynnet3").joinpath("examples")
+    model_path = examples.joinpath("tdnnf.raw")
+    nnet = pynnet3.read_nnet(model_path)
+    feats = dict(kaldiio.load_ark(str(examples.joinpath("feats.ark"))))
+    ivecs = dict(kaldiio.load_ark(str(examples.joinpath("ivectors.ark"))))
+    assert len(feats) == 6 and sum(map(len, feats.values())) == 1520
+    results = {}
+    for batch in (1, 8):
+        out = tmp_path / f"b{batch}.ark"
+        assert main(["compute", f"--batch-size={batch}",
+                     f"--ivectors=ark:{examples.joinpath('ivectors.ark')}", str(model_path),
+                     f"ark:{examples.joinpath('feats.ark')}", f"ark:{out}"]) == 0
+        assert "done 6 utterances, failed 0; 1520 frames" in capsys.readouterr().err
+        results[batch] = read_ark(out)
+    nnet.set_test_mode(True)
+    left, right = nnet.context()
+    for key, f in feats.items():
+        req = pynnet3.ComputationRequest.from_frames(range(-left, len(f) + right),
+                                                     range(len(f)), ivector=True)
+        rows = np.clip(np.arange(-left, len(f) + right), 0, len(f) - 1)
+        want = pynnet3.run(nnet, pynnet3.compile(nnet, req),
+                           {"input": f[rows], "ivector": ivecs[key][None, :]}
+                           ).outputs["output"]
+        scale = np.abs(want).max()
+        assert np.abs(results[1][key] - want).max() <= 1e-4 * scale
+        assert np.abs(results[8][key] - results[1][key]).max() <= 1e-5 * scale
