@@ -21,6 +21,7 @@ import numpy as np
 
 from .affine import read_lenient_header
 from .base import Component, Flags, UpdatableComponent, read_closing, register, require
+from .xp import namespace
 
 
 def sub_component_name(component_name: str, i: int) -> str:
@@ -183,8 +184,11 @@ class CompositeComponent(UpdatableComponent):
         return [slice(a, min(a + step, num_rows)) for a in range(0, num_rows, step)]
 
     @staticmethod
-    def _buffer(rows: int, dim: int, dtype, zero: bool) -> np.ndarray:
-        return np.zeros((rows, dim), dtype) if zero else np.empty((rows, dim), dtype)
+    def _buffer(rows: int, dim: int, like, zero: bool):
+        """A [rows, dim] matrix of ``like``'s backend, dtype and device (zeroed when
+        the sub-component adds into it)."""
+        xp = namespace(like)
+        return xp.zeros((rows, dim), like=like) if zero else xp.empty((rows, dim), like=like)
 
     def _forward(self, in_value: np.ndarray, out_last: np.ndarray | None):
         """Run every sub-component; returns (values, memos) with values[i] the input of
@@ -194,7 +198,7 @@ class CompositeComponent(UpdatableComponent):
         for i, c in enumerate(self.components):
             last = i + 1 == len(self.components)
             out = out_last if last and out_last is not None else self._buffer(
-                len(in_value), c.output_dim, in_value.dtype,
+                len(in_value), c.output_dim, in_value,
                 bool(c.properties() & Flags.PROPAGATE_ADDS))
             memos.append(c.propagate(None, values[-1], out))
             values.append(out)
@@ -221,7 +225,7 @@ class CompositeComponent(UpdatableComponent):
             c = self.components[i]
             sub_grad = self._sub_grad(grad, i) if c.is_updatable() else None
             if i > 0:
-                d_in = self._buffer(len(in_value), c.input_dim, out_deriv.dtype,
+                d_in = self._buffer(len(in_value), c.input_dim, out_deriv,
                                     bool(c.properties() & Flags.BACKPROP_ADDS))
             else:
                 d_in = in_deriv

@@ -22,6 +22,7 @@ from .base import (
     require,
 )
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
+from .xp import namespace
 
 
 @plain_indexes("DistributeComponent")
@@ -52,6 +53,17 @@ class DistributeIndexes:
         if len(self.offsets) and (self.offsets.max() > component.input_dim - out_dim
                                   or (self.offsets % out_dim).any()):
             raise ValueError("DistributeIndexes: a column offset is not a block of the input")
+
+    def places(self, output_dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows [rows_out, 1], columns [rows_out, output_dim])``: the input element
+        of every output element, as a 2-D index pair. Host tables made once per
+        object and output dim (``xp.index`` keeps one device copy of each)."""
+        cache = self.__dict__.setdefault("_places", {})
+        made = cache.get(output_dim)
+        if made is None:  # (racing threads compute equal values)
+            made = cache[output_dim] = (np.ascontiguousarray(self.rows[:, None]),
+                                        self.offsets[:, None] + np.arange(output_dim))
+        return made
 
 
 @register
@@ -131,11 +143,13 @@ class DistributeComponent(InOutComponent):
         return DistributeIndexes(rows, block * self._output_dim, len(inp))
 
     # -- math ------------------------------------------------------------------------
-    def _columns(self, indexes: DistributeIndexes) -> np.ndarray:
-        return indexes.offsets[:, None] + np.arange(self._output_dim)
+    def _places(self, indexes: DistributeIndexes, like):
+        xp = namespace(like)
+        rows, cols = indexes.places(self._output_dim)
+        return xp.index(rows, like=like), xp.index(cols, like=like)
 
     def propagate(self, indexes: DistributeIndexes, in_value, out_value):
-        out_value[...] = in_value[indexes.rows[:, None], self._columns(indexes)]
+        out_value[...] = in_value[self._places(indexes, in_value)]
         return None
 
     def backprop(self, indexes: DistributeIndexes, in_value, out_value, out_deriv, memo,
@@ -147,7 +161,7 @@ class DistributeComponent(InOutComponent):
         # input derivative when there are such gaps).
         if len(out_deriv) != in_deriv.shape[0] * self.num_blocks:
             in_deriv[...] = 0
-        in_deriv[indexes.rows[:, None], self._columns(indexes)] = out_deriv
+        in_deriv[self._places(indexes, in_deriv)] = out_deriv
 
 
 __all__ = ["DistributeComponent", "DistributeIndexes"]
