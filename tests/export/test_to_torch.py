@@ -13,7 +13,7 @@ import pynnet3  # noqa: E402
 from pynnet3.errors import ExportError  # noqa: E402
 from pynnet3.export import ops, to_torch  # noqa: E402
 from pynnet3.testing import case_for_seed  # noqa: E402
-from tests.reference import REF, ref_params  # noqa: E402
+from tests.reference import REF, component_cases, ref_params  # noqa: E402
 
 from .common import (  # noqa: E402
     example_nnet,
@@ -171,3 +171,17 @@ def test_component_without_op_is_an_error(monkeypatch):
 def test_bad_frames():
     with pytest.raises(ExportError, match="frames"):
         to_torch(example_nnet(), frames=0)
+
+
+@pytest.mark.parametrize("case", ref_params(component_cases(), "component cases"))
+def test_every_component_type_float64(case):
+    """Kaldi's one-component reference networks (every component type): the export
+    equals pynnet3.run in float64 to rounding."""
+    nnet = pynnet3.read_nnet(case / "model.txt")
+    nnet.set_test_mode(True)
+    module = to_torch(nnet, frames=6).double()
+    inputs = random_inputs(module, 2, dtype=np.float64)
+    got = run_module(module, inputs)
+    want = reference_outputs(nnet, module, inputs, dtype=np.float64)
+    for out in module.output_names:
+        assert max_rel(got[out], want[out]) < 1e-9, out

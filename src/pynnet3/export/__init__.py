@@ -151,9 +151,32 @@ def to_onnx(nnet, path: str | os.PathLike, frames: int, *, output_times: str = "
                               opset_version=ONNX_OPSET, input_names=module.input_names,
                               output_names=module.output_names, dynamic_axes=dynamic,
                               do_constant_folding=True)
-    data = buf.getvalue()
-    onnx.checker.check_model(onnx.load_from_string(data), full_check=True)
-    atomic_write(path, data)
+    model = _keep_unused_inputs(onnx.load_from_string(buf.getvalue()), module)
+    onnx.checker.check_model(model, full_check=True)
+    atomic_write(path, model.SerializeToString())
+
+
+def _keep_unused_inputs(model, module):
+    """The exporter drops inputs the outputs do not depend on (an iVector that a
+    Failover makes optional): put them back, so every exported model has one input
+    per network input node, in ``module.input_names`` order."""
+    import onnx
+
+    have = {i.name: i for i in model.graph.input}
+    if list(have) == module.input_names:
+        return model
+    inputs = []
+    for name in module.input_names:
+        if name in have:
+            inputs.append(have[name])
+            continue
+        dims = ["N", module.input_dims[name]] if name == IVECTOR else \
+            ["N", module.input_frames, module.input_dims[name]]
+        inputs.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, dims))
+    extra = [i for i in model.graph.input if i.name not in module.input_names]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs + extra)
+    return model
 
 
 def save_torch(module, path: str | os.PathLike) -> None:
