@@ -27,6 +27,7 @@ from ..errors import ComputeError
 from ..index import KeySet, describe, pack
 from .base import Component, Flags, InputDeps, check_finite, check_table_rows, register, require
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
+from .xp import namespace
 
 # Kaldi's kNoTime: the t of the padding rows that reorder_indexes() adds.
 NO_TIME = int(np.iinfo(np.int32).min)
@@ -60,6 +61,16 @@ class AttentionIndexes:
                              f"the component's is {component.context_dim}")
         if len(self.context_rows) and self.num_input_rows == 0:
             raise ValueError("AttentionIndexes: outputs without input rows")
+
+    def tables(self, num_left: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(query rows, context rows flattened)``: host tables made once per object
+        (``xp.index`` keeps one device copy of each)."""
+        made = self.__dict__.get("_tables")
+        if made is None or made[0] != num_left:  # (racing threads compute equal values)
+            made = self.__dict__["_tables"] = (
+                num_left, np.ascontiguousarray(self.context_rows[:, num_left]),
+                np.ascontiguousarray(self.context_rows).reshape(-1))
+        return made[1], made[2]
 
 
 def _read_double_array(r, matrix: bool) -> np.ndarray:
@@ -361,32 +372,42 @@ class RestrictedAttentionComponent(Component):
         return layout(start_in, last_in, inp), layout(start_out, last_out, out)
 
     # -- math ------------------------------------------------------------------------
-    def _split(self, values: np.ndarray):
+    def _split(self, values):
         """[rows, input_dim] -> views (keys, values, query key part, query context
         part), each [rows, heads, ...]."""
         x = values.reshape(len(values), self.num_heads, self.input_dim_per_head)
         kd, vd = self.key_dim, self.value_dim
         return x[..., :kd], x[..., kd:kd + vd], x[..., kd + vd:2 * kd + vd], x[..., 2 * kd + vd:]
 
-    def _padded(self, in_value: np.ndarray) -> np.ndarray:
+    def _padded(self, in_value):
         """The input with one zero row appended (for absent optional inputs)."""
-        return np.concatenate([in_value, np.zeros((1, in_value.shape[1]), in_value.dtype)])
+        xp = namespace(in_value)
+        return xp.concatenate([in_value, xp.zeros((1, in_value.shape[1]), like=in_value)])
+
+    def _context(self, indexes: AttentionIndexes, in_value):
+        """(query rows, flat context rows) as index arrays, and the keys and values of
+        every output's context, each [out, ctx, heads, dim]."""
+        xp = namespace(in_value)
+        qrows, flat = indexes.tables(self.num_left_inputs)
+        qrows, flat = xp.index(qrows, like=in_value), xp.index(flat, like=in_value)
+        ctx = xp.take(self._padded(in_value), flat)  # [out * ctx, input_dim]
+        keys, vals, _, _ = self._split(ctx)
+        shape = (len(indexes.context_rows), self.context_dim, self.num_heads)
+        return qrows, flat, keys.reshape(*shape, -1), vals.reshape(*shape, -1)
 
     def propagate(self, indexes: AttentionIndexes, in_value, out_value):
-        dtype = in_value.dtype
-        keys, vals, _, _ = self._split(self._padded(in_value))
-        rows = indexes.context_rows
-        _, _, q_key, q_ctx = self._split(in_value[rows[:, self.num_left_inputs]])
-        k_ctx = keys[rows]  # [out, ctx, heads, key_dim]
-        v_ctx = vals[rows]  # [out, ctx, heads, value_dim]
-        scale = dtype.type(self.key_scale)
-        b = scale * np.einsum("ohk,ojhk->ohj", q_key, k_ctx) + q_ctx
-        b -= b.max(axis=2, keepdims=True)
-        c = np.exp(b)
-        c /= c.sum(axis=2, keepdims=True)  # [out, heads, ctx]
+        xp = namespace(in_value)
+        qrows, _, k_ctx, v_ctx = self._context(indexes, in_value)
+        _, _, q_key, q_ctx = self._split(xp.take(in_value, qrows))
+        # (the scale rounded to the data's precision, as dtype.type(scale) did)
+        scale = float(xp.scalar_type(in_value)(self.key_scale))
+        b = scale * xp.einsum("ohk,ojhk->ohj", q_key, k_ctx) + q_ctx
+        b -= xp.amax(b, axis=2, keepdims=True)
+        c = xp.exp(b)
+        c /= xp.sum(c, axis=2, keepdims=True)  # [out, heads, ctx]
         out = out_value.reshape(len(out_value), self.num_heads, self.output_dim_per_head)
         # Kaldi adds the weighted values (PROPAGATE_ADDS) but copies c.
-        out[..., :self.value_dim] += np.einsum("ohj,ojhv->ohv", c, v_ctx)
+        out[..., :self.value_dim] += xp.einsum("ohj,ojhv->ohv", c, v_ctx)
         if self.output_context:
             out[..., self.value_dim:] = c
         return c
@@ -396,39 +417,42 @@ class RestrictedAttentionComponent(Component):
         if in_deriv is None:
             return
         c = memo  # [out, heads, ctx] softmax weights from propagate
-        dtype = in_value.dtype
-        rows = indexes.context_rows
-        qrows = rows[:, self.num_left_inputs]
-        keys, vals, _, _ = self._split(self._padded(in_value))
-        _, _, q_key, _ = self._split(in_value[qrows])
-        k_ctx, v_ctx = keys[rows], vals[rows]
+        xp = namespace(in_value)
+        qrows, flat, k_ctx, v_ctx = self._context(indexes, in_value)
+        _, _, q_key, _ = self._split(xp.take(in_value, qrows))
         dout = out_deriv.reshape(len(out_deriv), self.num_heads, self.output_dim_per_head)
         d_val_out = dout[..., :self.value_dim]
-        dc = np.einsum("ohv,ojhv->ohj", d_val_out, v_ctx)
+        dc = xp.einsum("ohv,ojhv->ohj", d_val_out, v_ctx)
         if self.output_context:
             dc = dc + dout[..., self.value_dim:]
-        db = c * (dc - np.sum(c * dc, axis=2, keepdims=True))  # through the softmax
-        scale = dtype.type(self.key_scale)
+        db = c * (dc - xp.sum(c * dc, axis=2, keepdims=True))  # through the softmax
+        scale = float(xp.scalar_type(in_value)(self.key_scale))
         # Everything is accumulated into a padded copy; the zero row's share is dropped.
-        acc = np.zeros((len(in_value) + 1, in_deriv.shape[1]), dtype=dtype)
+        acc = xp.zeros((len(in_value) + 1, in_deriv.shape[1]), like=in_value)
         d_keys, d_vals, d_qkey, d_qctx = self._split(acc)
-        np.add.at(d_qctx, qrows, db)
-        np.add.at(d_qkey, qrows, scale * np.einsum("ohj,ojhk->ohk", db, k_ctx))
-        np.add.at(d_keys, rows, scale * np.einsum("ohj,ohk->ojhk", db, q_key))
-        np.add.at(d_vals, rows, np.einsum("ohj,ohv->ojhv", c, d_val_out))
+        heads = self.num_heads
+        xp.add_at(d_qctx, qrows, db)
+        xp.add_at(d_qkey, qrows, scale * xp.einsum("ohj,ojhk->ohk", db, k_ctx))
+        xp.add_at(d_keys, flat, (scale * xp.einsum("ohj,ohk->ojhk", db, q_key)).reshape(
+            -1, heads, self.key_dim))
+        xp.add_at(d_vals, flat, xp.einsum("ohj,ohv->ojhv", c, d_val_out).reshape(
+            -1, heads, self.value_dim))
         in_deriv += acc[:-1]
 
     def store_stats(self, in_value, out_value, memo) -> None:
         """Accumulate per-head posterior sums and entropies of the attention
         weights. (Kaldi samples one minibatch in three at random to save time;
         we use every minibatch, which has the same expected averages.)"""
-        c = np.asarray(memo, dtype=np.float64)  # [out, heads, ctx]
+        xp = namespace(memo)
+        c = xp.astype(memo, xp.float64)  # [out, heads, ctx]
         if self.entropy_stats.shape != (self.num_heads,):
             self.entropy_stats = np.zeros(self.num_heads)
             self.posterior_stats = np.zeros((self.num_heads, self.context_dim))
             self.stats_count = 0.0
-        self.posterior_stats += c.sum(axis=0)
-        self.entropy_stats += -(c * np.log(np.maximum(c, 1e-20))).sum(axis=(0, 2))
+        # (summed on the arrays' device; only the per-head sums come to the host)
+        self.posterior_stats += xp.to_numpy(xp.sum(c, axis=0))
+        self.entropy_stats += -xp.to_numpy(xp.sum(c * xp.log(xp.maximum(c, 1e-20)),
+                                                  axis=(0, 2)))
         self.stats_count += len(c)
 
     def zero_stats(self) -> None:
