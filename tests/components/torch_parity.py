@@ -34,9 +34,19 @@ def rel_err(ours, ref) -> float:
     return float(np.linalg.norm(ours - ref) / max(np.linalg.norm(ref), 1e-6))
 
 
-def run_torch(nnet, comp, inputs, derivs, dtype):
-    """``pynnet3.run`` on the torch backend, CPU."""
-    return pynnet3.run(nnet, comp, dict(inputs), dict(derivs), backend="torch", dtype=dtype)
+def torch_devices() -> list[str]:
+    """The devices the parity checks run on: the CPU, and CUDA when there is one
+    (the CUDA checks then also prove that propagate/backprop never make the host wait
+    for the GPU)."""
+    import torch
+
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def run_torch(nnet, comp, inputs, derivs, dtype, device="cpu"):
+    """``pynnet3.run`` on the torch backend."""
+    return pynnet3.run(nnet, comp, dict(inputs), dict(derivs), backend="torch", dtype=dtype,
+                       device=device)
 
 
 def _as_numpy(value):
@@ -84,8 +94,9 @@ def check_network(config: str, inputs: dict, outputs: dict, *, seed: int = 0,
         x = N.random_inputs(nnet, req, rng, dtype)
         d = N.random_output_derivs(nnet, req, rng, dtype)
         ref = pynnet3.run(nnet, comp, dict(x), dict(d), dtype=dtype)
-        got = run_torch(nnet, comp, x, d, dtype)
-        compare_results(ref, got, dtype, f"{np.dtype(dtype).name}")
+        for device in torch_devices():
+            got = run_torch(nnet, comp, x, d, dtype, device)
+            compare_results(ref, got, dtype, f"{device} {np.dtype(dtype).name}")
 
 
 def reference_cases(*prefixes: str) -> list[Path]:
@@ -141,14 +152,38 @@ def reference_params(*prefixes: str) -> list:
     return cases
 
 
+def _call_component(comp, pre, arrays, to, strict: bool) -> dict:
+    """propagate + backprop on ``to``-converted copies of ``(y0, x, dy, dx0)``;
+    ``strict``: under torch's sync debug mode "error" (CUDA)."""
+    import torch
+
+    y0, x, dy, dx0 = arrays
+    y, xs, dys, dx = to(y0), to(x), to(dy), to(dx0)
+    grad = {k: to(np.zeros(v.shape, x.dtype)) for k, v in comp.params().items()}
+    if strict:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        memo = comp.propagate(pre, xs, y)
+        comp.backprop(pre, xs, y, dys, memo, grad if comp.is_updatable() else None, dx)
+    finally:
+        if strict:
+            torch.cuda.set_sync_debug_mode("default")
+    return {"output": _as_numpy(y), "input_deriv": _as_numpy(dx),
+            **{f"grad:{k}": _as_numpy(v) for k, v in grad.items()}}
+
+
 def check_component(comp, input_indexes, output_indexes, *, seed: int = 0,
                     dtypes=(np.float64, np.float32), need_backprop: bool = True,
                     in_value=None) -> None:
     """One component's propagate and backprop called directly with NumPy arrays and
-    with torch CPU tensors, on the same precomputed indexes (any row order, absent
-    inputs included): outputs, input derivatives and gradients agree. The output
-    and input-derivative matrices start with the same random values in both, so
-    "adds" and "assigns" must be the same too."""
+    with torch tensors (CPU; CUDA when present), on the same precomputed indexes (any
+    row order, absent inputs included): outputs, input derivatives and gradients
+    agree. The output and input-derivative matrices start with the same random
+    values in both, so "adds" and "assigns" must be the same too. On CUDA the second
+    call runs with torch's sync debug mode set to "error": a propagate or backprop
+    that makes the host wait for the GPU fails (the first call may upload the
+    component's tables and parameters)."""
     torch = pytest.importorskip("torch")
     input_indexes = np.asarray(input_indexes, dtype=np.int64)
     output_indexes = np.asarray(output_indexes, dtype=np.int64)
@@ -163,18 +198,17 @@ def check_component(comp, input_indexes, output_indexes, *, seed: int = 0,
         y0 = rng.standard_normal((len(output_indexes), comp.output_dim)).astype(dtype)
         dy = rng.standard_normal(y0.shape).astype(dtype)
         dx0 = rng.standard_normal(x.shape).astype(dtype)
-        results = []
-        for to in (lambda a: a.copy(), lambda a: torch.from_numpy(a.copy())):
-            y = to(y0)
-            memo = comp.propagate(pre, to(x), y)
-            grad = {k: to(np.zeros(v.shape, dtype)) for k, v in comp.params().items()}
-            dx = to(dx0)
-            comp.backprop(pre, to(x), y, to(dy), memo, grad if comp.is_updatable() else None,
-                          dx)
-            results.append({"output": _as_numpy(y), "input_deriv": _as_numpy(dx),
-                            **{f"grad:{k}": _as_numpy(v) for k, v in grad.items()}})
+        arrays = (y0, x, dy, dx0)
+        want_all = _call_component(comp, pre, arrays, lambda a: a.copy(), False)
         t_out, t_din, t_grad = TOL[np.dtype(dtype)]
-        for key, want in results[0].items():
-            tol = t_out if key == "output" else t_din if key == "input_deriv" else t_grad
-            err = rel_err(results[1][key], want)
-            assert err <= tol, f"{comp.type_name} {np.dtype(dtype).name} {key}: {err:.3g}"
+        for device in torch_devices():
+            def to(a, device=device):
+                return torch.from_numpy(a.copy()).to(device)
+            got_all = _call_component(comp, pre, arrays, to, False)
+            if device != "cpu":  # tables and parameters are on the device now
+                got_all = _call_component(comp, pre, arrays, to, True)
+            for key, want in want_all.items():
+                tol = t_out if key == "output" else t_din if key == "input_deriv" else t_grad
+                err = rel_err(got_all[key], want)
+                assert err <= tol, \
+                    f"{comp.type_name} {device} {np.dtype(dtype).name} {key}: {err:.3g}"
