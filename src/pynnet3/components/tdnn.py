@@ -176,7 +176,9 @@ class OffsetGather:
 
     @property
     def complete(self) -> bool:
-        return self.starts is not None or bool(np.all(self.src >= 0))
+        """Whether every output row has an input row for every offset (no -1)."""
+        return self.starts is not None or self._derived(
+            "_complete", lambda: bool(np.all(self.src >= 0)))
 
     # -- host tables derived from ``src``, made once per object (components hand them
     # to ``xp.index``, which keeps one device copy per table: they must be the same
