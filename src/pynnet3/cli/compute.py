@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import PynnetError
+from ..errors import FormatError, PynnetError
 from .jobs import USE_GPU_CHOICES, run_table_job, say
 
 
@@ -105,11 +105,31 @@ def _decode_looped(info, feats, log_priors, acoustic_scale: float, kwargs) -> np
     return out
 
 
+def _lookup_table(rspecifier: str, flag: str):
+    """(the table of ``rspecifier`` by key, or None when not given; a note to add to
+    "not available" errors). An scp is read lazily (a bad entry fails its utterance
+    only); an archive is read whole, and when it breaks off, the entries before the
+    break are kept: the utterances after it fail one by one, as a missing entry."""
+    from ..io.ark import parse_specifier, random_access_table, read_table
+
+    if not rspecifier:
+        return None, ""
+    if parse_specifier(rspecifier).kind == "scp":
+        return random_access_table(rspecifier), ""
+    table = {}
+    try:
+        for key, value in read_table(rspecifier):
+            table[key] = value
+    except FormatError as e:
+        _say("warning", f"{flag}: {e}; the entries after the break are missing")
+        return table, f" ({flag} broke off after {len(table)} entries)"
+    return table, ""
+
+
 def cmd_compute(args, stats: dict | None = None) -> int:
     """Run ``compute`` (``args`` from its parser); the exit status. ``stats`` receives
     the counts (:func:`pynnet3.cli.jobs.run_table_job`)."""
     from ..cache import CachingCompiler
-    from ..io.ark import random_access_table
     from ..runtime.simple import DecodableNnetSimple, fixed_frames_per_chunk
 
     if args.ivectors and args.online_ivectors:
@@ -138,8 +158,8 @@ def cmd_compute(args, stats: dict | None = None) -> int:
                      f"to make it a multiple of --frame-subsampling-factor="
                      f"{options.frame_subsampling_factor} and the network's modulus")
     compiler = CachingCompiler(nnet)
-    ivectors = random_access_table(args.ivectors) if args.ivectors else None
-    online = random_access_table(args.online_ivectors) if args.online_ivectors else None
+    ivectors, iv_broken = _lookup_table(args.ivectors, "--ivectors")
+    online, online_broken = _lookup_table(args.online_ivectors, "--online-ivectors")
 
     def inputs(key: str, feats: np.ndarray) -> dict:
         if len(feats) == 0:
@@ -147,11 +167,12 @@ def cmd_compute(args, stats: dict | None = None) -> int:
         kwargs = {}
         if ivectors is not None:
             if key not in ivectors:
-                raise PynnetError("no iVector available for this utterance")
+                raise PynnetError("no iVector available for this utterance" + iv_broken)
             kwargs["ivector"] = ivectors[key]
         if online is not None:
             if key not in online:
-                raise PynnetError("no online iVectors available for this utterance")
+                raise PynnetError("no online iVectors available for this utterance"
+                                  + online_broken)
             kwargs["online_ivectors"] = online[key]
             kwargs["online_ivector_period"] = args.online_ivector_period
         return kwargs
@@ -174,9 +195,12 @@ def cmd_compute(args, stats: dict | None = None) -> int:
         batcher = _Batcher(decodable, args.batch_size, args.apply_exp)
     elif args.batch_size > 1:
         _say("note", "--batch-size is not used with --looped=true (one utterance at a time)")
-    return run_table_job("compute", args.features, args.output, process,
-                         lambda: 1 if looped is not None else compiler.info()["misses"],
-                         batcher=batcher, stats=stats)
+    rc = run_table_job("compute", args.features, args.output, process,
+                       lambda: 1 if looped is not None else compiler.info()["misses"],
+                       batcher=batcher, stats=stats)
+    # a broken iVector archive fails the run as a broken feature archive does (the
+    # utterances that had their iVector are written)
+    return 1 if rc == 0 and (iv_broken or online_broken) else rc
 
 
 class _Batcher:

@@ -139,7 +139,8 @@ def run_shard(options: dict, cwd: str, lines: list[str], scp_options: str, ark: 
     finally:
         os.unlink(piece)
     if stats.get("broken") or (rc != 0 and stats.get("done")):
-        return {**stats, "error": "reading the features stopped"}
+        return {**stats, "error": "a feature or iVector archive broke off (see the job's "
+                                  "messages above)"}
     stats["fingerprint"] = fingerprint
     atomic_write(marker, json.dumps(stats).encode())
     return stats
