@@ -61,14 +61,18 @@ def to_torch(nnet, frames: int, *, output_times: str = "auto", ivector_rows: str
     torch = _torch()
     from torch import fx
 
-    from .. import compile as compile_computation
+    from ..compiler import compile_computation
+    from ..optimize import OptimizeOptions
+    from ..optimize import optimize as optimize_computation
     from .graph import GraphBuilder, attr_name
     from .translate import Translator
 
     nnet = nnet.copy()
     nnet.set_test_mode(True)
     request, shape = export_request(nnet, frames, output_times, ivector_rows)
-    computation = compile_computation(nnet, request, optimize=optimize)
+    computation = compile_computation(nnet, request)
+    if optimize:
+        computation = optimize_computation(computation, nnet, OptimizeOptions())
     g = GraphBuilder(torch.float32)
     placeholders = {}
     for name in nnet.input_names():
