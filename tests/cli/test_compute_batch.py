@@ -16,7 +16,7 @@ import pynnet3
 from pynnet3.cache import CachingCompiler
 from pynnet3.cli.main import main
 from pynnet3.io.ark import read_ark
-from pynnet3.runtime.simple import DecodableNnetSimple, SimpleOptions, decode_batched
+from pynnet3.runtime.simple import DecodableNnetSimple, SimpleOptions, decode_batched, frame_local
 from tests.cli.test_compute import _CASES, _cases, _data, _expected, _flags
 from tests.cli.test_compute import model as model  # noqa: F401 (the fixture)
 from tests.reference import ref_params
@@ -111,12 +111,20 @@ def test_decode_batched_uses_the_shortcut_and_one_request_per_shape(model):  # n
     for key, out in zip(feats, outs, strict=True):
         np.testing.assert_allclose(out, _expected(model, feats[key], ivecs[key]),
                                    rtol=1e-5, atol=1e-5)
-    # chunk shapes: 10-row chunks (4 + 4 + 4 + 1 = 13 sequences) and one 7-row chunk:
-    # the 13-sequence request built by the shortcut from a 2-sequence compile (itself
-    # an entry), and the 7-row chunk alone
+    # 10-row chunks (4 + 4 + 4 + 1) and one 7-row last chunk, padded to 10 rows (a
+    # frame-local network): one 14-sequence request, built by the shortcut from a
+    # 2-sequence compile (itself an entry)
+    assert frame_local(nnet)
     info = cc.info()
-    assert info["misses"] == 3 and info["entries"] == 3
+    assert info["misses"] == 2 and info["entries"] == 2
     assert info["shortcut"] == 1
+    # without padding the short chunk is a request of its own
+    cc2 = CachingCompiler(nnet)
+    ds2 = [DecodableNnetSimple(nnet, cc2, feats[k], options, ivector=ivecs[k]) for k in feats]
+    outs2 = decode_batched(ds2, 100, [d.plan(pad=False) for d in ds2])
+    assert cc2.info()["misses"] == 3
+    for a, b in zip(outs, outs2, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     with pytest.raises(pynnet3.errors.RuntimeInputError, match="batch size"):
         decode_batched(ds, 0)
 
@@ -153,3 +161,27 @@ def test_the_bundled_example_batched_equals_the_whole_utterances(tmp_path, capsy
         scale = np.abs(want).max()
         assert np.abs(results[1][key] - want).max() <= 1e-4 * scale
         assert np.abs(results[8][key] - results[1][key]).max() <= 1e-5 * scale
+
+
+def test_frame_local_networks():
+    tdnn = pynnet3.Nnet.from_config("""\
+input-node name=input dim=2
+component name=t type=TdnnComponent input-dim=2 output-dim=2 time-offsets=-1,0,2
+component-node name=t component=t input=input
+output-node name=output input=Sum(t, Offset(input, 1))
+""")
+    assert frame_local(tdnn)
+    optional = pynnet3.Nnet.from_config("""\
+input-node name=input dim=2
+component name=a type=AffineComponent input-dim=4 output-dim=2
+component-node name=a component=a input=Append(input, IfDefined(Offset(input, 3)))
+output-node name=output input=a
+""")
+    assert not frame_local(optional)  # (a short chunk lacks t+3 at its end: zeros)
+    pooling = pynnet3.Nnet.from_config("""\
+input-node name=input dim=2
+component name=s type=StatisticsExtractionComponent input-dim=2 input-period=1 output-period=1 include-variance=false
+component-node name=s component=s input=input
+output-node name=output input=s
+""")  # noqa: E501
+    assert not frame_local(pooling)

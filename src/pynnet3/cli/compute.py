@@ -192,7 +192,9 @@ def cmd_compute(args, stats: dict | None = None) -> int:
 
     batcher = None
     if args.batch_size > 1 and looped is None:
-        batcher = _Batcher(decodable, args.batch_size, args.apply_exp)
+        from ..runtime.simple import frame_local
+
+        batcher = _Batcher(decodable, args.batch_size, args.apply_exp, frame_local(nnet))
     elif args.batch_size > 1:
         _say("note", "--batch-size is not used with --looped=true (one utterance at a time)")
     rc = run_table_job("compute", args.features, args.output, process,
@@ -209,14 +211,15 @@ class _Batcher:
     N at a time as the sequences of one request
     (:func:`pynnet3.runtime.simple.decode_batched`)."""
 
-    def __init__(self, decodable, batch_size: int, apply_exp: bool):
+    def __init__(self, decodable, batch_size: int, apply_exp: bool, pad: bool):
         self.decodable, self.batch_size, self.apply_exp = decodable, batch_size, apply_exp
+        self.pad = pad  # (short last chunks computed full-size: runtime.simple.frame_local)
         self.pending: list = []  # (key, decodable, plan, frames)
         self.num_chunks = 0
 
     def add(self, key: str, feats: np.ndarray) -> None:
         d = self.decodable(key, feats)
-        plan = d.plan()  # (an utterance's bad input fails here, alone)
+        plan = d.plan(self.pad)  # (an utterance's bad input fails here, alone)
         self.pending.append((key, d, plan, len(feats)))
         self.num_chunks += len(plan)
 

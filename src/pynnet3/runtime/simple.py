@@ -93,10 +93,14 @@ class ChunkPlan:
     input_t_begin: int
     rows: np.ndarray
     ivector: np.ndarray | None
+    computed_rows: int = 0  # rows the request asks for (>= num_rows when padded)
+
+    def __post_init__(self):
+        self.computed_rows = max(self.computed_rows, self.num_rows)
 
     @property
     def shape(self) -> tuple[int, int, int, bool]:
-        return self.input_t_begin, len(self.rows), self.num_rows, self.ivector is not None
+        return self.input_t_begin, len(self.rows), self.computed_rows, self.ivector is not None
 
 
 class DecodableNnetSimple:
@@ -182,10 +186,14 @@ class DecodableNnetSimple:
             row = rows - 1
         return self.online_ivectors[row]
 
-    def plan_chunk(self, start: int) -> ChunkPlan:
-        """The chunk of output rows ``start ..`` (at most frames-per-chunk / f rows)."""
+    def plan_chunk(self, start: int, pad: bool = False) -> ChunkPlan:
+        """The chunk of output rows ``start ..`` (at most frames-per-chunk / f rows).
+        ``pad``: a short last chunk is computed as a full-size one (frames past the
+        end repeat the last frame) and cut back -- the same rows for a
+        :func:`frame_local` network, and every chunk then has one shape."""
         o, f = self.options, self.options.frame_subsampling_factor
         n = min(self.num_frames - start, self.frames_per_chunk // f)
+        computed = self.frames_per_chunk // f if pad else n
         last = start + n - 1
         first_out, last_out = start * f, last * f
         extra_left = o.extra_left_context
@@ -195,17 +203,18 @@ class DecodableNnetSimple:
         if last == self.num_frames - 1 and o.extra_right_context_final >= 0:
             extra_right = o.extra_right_context_final
         first_in = first_out - (self.left_context + extra_left)
-        last_in = last_out + self.right_context + extra_right
+        last_in = (start + computed - 1) * f + self.right_context + extra_right
         rows = np.clip(np.arange(first_in, last_in + 1), 0, len(self.features) - 1)
+        # (the iVector is the real chunk's, as Kaldi picks it)
         return ChunkPlan(start, n, first_in - first_out, rows,
-                         self._ivector_for(first_out, last_out))
+                         self._ivector_for(first_out, last_out), computed)
 
-    def plan(self) -> list[ChunkPlan]:
+    def plan(self, pad: bool = False) -> list[ChunkPlan]:
         """Every chunk of the utterance, in order (errors such as missing online
-        iVectors surface here, before anything runs)."""
+        iVectors surface here, before anything runs); ``pad``: as :meth:`plan_chunk`."""
         chunks, have = [], 0
         while have < self.num_frames:
-            chunks.append(self.plan_chunk(have))
+            chunks.append(self.plan_chunk(have, pad))
             have += chunks[-1].num_rows
         return chunks
 
@@ -238,7 +247,7 @@ def _run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
     and compiler (``features[i]``: the feature matrix chunk i reads, default ``d``'s);
     one output matrix per chunk, before priors and scale."""
     c0 = chunks[0]
-    request = chunk_request(c0.input_t_begin, len(c0.rows), c0.num_rows,
+    request = chunk_request(c0.input_t_begin, len(c0.rows), c0.computed_rows,
                             d.options.frame_subsampling_factor, c0.ivector is not None,
                             len(chunks))
     computation = d.compiler.compile(request)
@@ -253,7 +262,28 @@ def _run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
         inputs["ivector"] = np.stack([c.ivector for c in chunks])
     result = NnetComputer(d.nnet, computation, d.backend, d.dtype).run(inputs)
     out = result.outputs["output"]
-    return list(out.reshape(len(chunks), c0.num_rows, out.shape[1]))
+    out = out.reshape(len(chunks), c0.computed_rows, out.shape[1])
+    return [o[:c.num_rows] for o, c in zip(out, chunks, strict=True)]
+
+
+_OPTIONAL_INPUTS = ("IfDefined", "Failover", "Switch")
+
+
+def frame_local(nnet) -> bool:
+    """Whether each output frame of ``nnet`` depends on a fixed set of input frames
+    (its context), whatever else the chunk holds: no optional inputs (IfDefined,
+    Failover, Switch: recurrences need them) and only simple components or
+    TdnnComponents (all of whose time offsets are required). Then a chunk padded at
+    its end computes its real rows exactly as the short chunk does."""
+    for node in nnet.nodes:
+        if node.descriptor is not None and any(w in str(node.descriptor)
+                                               for w in _OPTIONAL_INPUTS):
+            return False
+        if node.kind == "component-node":
+            comp = nnet.components[node.component]
+            if not comp.is_simple() and comp.type_name != "TdnnComponent":
+                return False
+    return True
 
 
 def decode_batched(decodables: list[DecodableNnetSimple], batch_size: int,
@@ -264,11 +294,15 @@ def decode_batched(decodables: list[DecodableNnetSimple], batch_size: int,
     builds an N-sequence computation cheaply from the two-sequence one). The results
     equal the chunk-by-chunk ones up to float rounding, since no chunk sees another's
     rows. All ``decodables`` must share one network, compiler, options and backend;
-    ``plans``: their :meth:`DecodableNnetSimple.plan` when already made."""
+    ``plans``: their :meth:`DecodableNnetSimple.plan` when already made (with
+    ``pad=frame_local(nnet)``: short last chunks of a frame-local network padded to
+    full size, so they join the full chunks' requests instead of compiling a
+    request per length)."""
     if batch_size < 1:
         raise RuntimeInputError(f"batch size must be >= 1, got {batch_size}")
     if plans is None:
-        plans = [d.plan() for d in decodables]
+        pad = bool(decodables) and frame_local(decodables[0].nnet)
+        plans = [d.plan(pad) for d in decodables]
     groups: dict[tuple, list[tuple[int, int]]] = {}
     for i, plan in enumerate(plans):
         for j, chunk in enumerate(plan):
@@ -285,4 +319,4 @@ def decode_batched(decodables: list[DecodableNnetSimple], batch_size: int,
 
 
 __all__ = ["ChunkPlan", "DecodableNnetSimple", "SimpleOptions", "chunk_request", "decode_batched",
-           "fixed_frames_per_chunk"]
+           "fixed_frames_per_chunk", "frame_local"]
