@@ -14,6 +14,8 @@ from __future__ import annotations
 import signal
 import sys
 
+import numpy as np
+
 from .jobs import USE_GPU_CHOICES, on_sigterm
 
 # nnet3-train flags that go to TrainerOptions (as given on the command line).
@@ -68,20 +70,31 @@ def _cmd_train(args) -> int:
                  "memory; equal minibatch shapes compile once per run)", "WARNING")
     options = TrainerOptions.from_flags(trainer_flags(args))
     nnet = read_model(args.model)
-    trainer = Trainer(nnet, options)
-    progress = _Progress()
+    examples = read_examples(args.egs_rspecifier)
+    group = _Group.start(args) if args.distributed else None
+    if group is not None:
+        from ..train.distributed import DistributedTrainer, shard
+
+        trainer = DistributedTrainer(nnet, options, reduce=args.distributed_reduce)
+        examples = shard(examples, group.rank, group.world_size)
+    else:
+        trainer = Trainer(nnet, options)
+    speaks = group is None or group.rank == 0  # (one log and one model for all ranks)
+    progress = _Progress() if speaks else None
     try:
         old = signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # (not the main thread)
         old = None
     total_weight = 0.0
     try:
-        for key, eg in read_examples(args.egs_rspecifier):
+        for key, eg in examples if group is None else group.in_step(examples):
             mb = example_minibatch(nnet, eg, need_model_derivative=True,
                                    store_component_stats=options.store_component_stats)
             stats = trainer.train_step(mb.request, inputs=mb.inputs,
                                        supervision=mb.supervision)
             total_weight += stats.weight
+            if not speaks:
+                continue
             progress.clear()
             for line in stats.log_lines:
                 _log(line)
@@ -91,14 +104,74 @@ def _cmd_train(args) -> int:
                      "VLOG[1]")
             progress.update(key, stats.objective_per_frame)
     finally:
-        progress.clear()
+        if progress is not None:
+            progress.clear()
         if old is not None:
             signal.signal(signal.SIGTERM, old)
-    for line in trainer.total_stats_lines():
-        _log(line)
-    write_model(nnet, args.out, args.binary)
-    _log(f"Wrote model to {args.out}")
+        if group is not None:
+            group.finish()
+    if speaks:
+        for line in trainer.total_stats_lines():
+            _log(line)
+        write_model(nnet, args.out, args.binary)
+        _log(f"Wrote model to {args.out}")
     return 0 if total_weight != 0.0 else 1
+
+
+class _Group:
+    """The torch.distributed process group of ``--distributed=true`` (torchrun's
+    environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+
+    def __init__(self, dist, owned: bool):
+        self.dist, self.owned = dist, owned
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.dropped = 0
+
+    @classmethod
+    def start(cls, args) -> _Group:
+        import os
+
+        from ..errors import ConfigError
+
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            raise ConfigError("--distributed=true needs torch (pip install "
+                              "'pynnet3[torch]')") from None
+        if dist.is_initialized():
+            return cls(dist, owned=False)
+        missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+                   if v not in os.environ]
+        if missing:
+            raise ConfigError(f"--distributed=true: {', '.join(missing)} not set (start the "
+                              "ranks with torchrun, or set them)")
+        from datetime import timedelta
+
+        dist.init_process_group(args.distributed_backend, init_method="env://",
+                                timeout=timedelta(seconds=args.distributed_timeout))
+        return cls(dist, owned=True)
+
+    def in_step(self, examples):
+        """The rank's examples while every rank still has one (all ranks must take
+        the same number of steps); what is left over is counted, not trained on."""
+        from ..train.distributed import all_reduce_arrays
+
+        it = iter(examples)
+        while True:
+            item = next(it, None)
+            flag = np.array([0.0 if item is None else 1.0])
+            all_reduce_arrays([flag])
+            if flag[0] < self.world_size:
+                self.dropped = int(item is not None) + sum(1 for _ in it)
+                if self.dropped:
+                    _log(f"rank {self.rank}: {self.dropped} minibatch(es) left untrained "
+                         "(another rank ran out of examples first)", "WARNING")
+                return
+            yield item
+
+    def finish(self) -> None:
+        if self.owned and self.dist.is_initialized():
+            self.dist.destroy_process_group()
 
 
 def add_train_command(sub, command, kaldi_bool) -> None:
@@ -126,6 +199,24 @@ def add_train_command(sub, command, kaldi_bool) -> None:
                    help="accepted for compatibility; training runs on the CPU (default: yes)")
     s.add_argument("--verbose", type=int, default=0, metavar="INT",
                    help="1 or more: also one line per minibatch (default: 0)")
+    d = s.add_argument_group("data-parallel training (torch.distributed; start the ranks "
+                             "with torchrun)")
+    d.add_argument("--distributed", type=kaldi_bool, default=False, metavar="true|false",
+                   help="train on several processes: rank r takes minibatches r, r+W, ... of "
+                        "the table; each step's model change is combined over the ranks so "
+                        "all keep the same model; rank 0 logs and writes OUT; needs RANK, "
+                        "WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun sets them "
+                        "(default: false)")
+    d.add_argument("--distributed-reduce", dest="distributed_reduce", choices=("sum", "mean"),
+                   default="sum",
+                   help="sum: a step equals one step on the ranks' minibatches merged into "
+                        "one; mean: the average of the ranks' steps (default: sum)")
+    d.add_argument("--distributed-backend", dest="distributed_backend", default="gloo",
+                   choices=("gloo", "nccl", "mpi"),
+                   help="torch.distributed backend (default: gloo)")
+    d.add_argument("--distributed-timeout", dest="distributed_timeout", type=float,
+                   default=600.0, metavar="SECONDS",
+                   help="how long a rank waits for the others (default: 600)")
     g = s.add_argument_group("trainer options (Kaldi's NnetTrainerOptions)")
     g.add_argument("--momentum", type=float, default=None, metavar="FLOAT",
                    help="momentum constant (the update is scaled by 1 - momentum so the "
