@@ -180,3 +180,16 @@ def test_compressed_matrix_compress_then_decode_is_close():
         # CM: 1 byte per value within quartile bins; CM2: 16 bits over the range.
         tol = span / 40 if fmt == "CM" else span / 60000
         np.testing.assert_allclose(c.to_array(), m, atol=tol)
+
+
+@pytest.mark.parametrize("case", ref_params(CASES, "train-cli cases"))
+def test_compressing_kaldi_decoded_features_gives_kaldi_bytes(case):
+    """Kaldi's compression of its own decompressed values is a fixed point (the
+    percentile and range values decode exactly): ours must give the same bytes."""
+    egs = dict(read_examples(f"ark:{_folder(case) / 'egs.ark'}"))
+    compressed = [eg["input"].features for eg in egs.values()
+                  if isinstance(eg["input"].features, CompressedMatrix)]
+    assert len(compressed) == 16
+    for c in compressed:
+        again = CompressedMatrix.compress(c.to_array())
+        assert (again.fmt, again.payload) == (c.fmt, c.payload)
