@@ -109,6 +109,10 @@ class GraphBuilder:
         """Rows ``table`` (all >= 0) of ``x`` ``[N, num_rows, c]``: a slice when they
         are a contiguous run, else ``index_select`` with a constant index buffer."""
         table = np.asarray(table, dtype=np.int64)
+        if len(table) > 1 and (table == table[0]).all():  # one row repeated (an iVector)
+            r0 = int(table[0])
+            one = self.call(operator.getitem, x, (_FULL, slice(r0, r0 + 1)))
+            return self.method("expand", one, -1, len(table), -1)
         if len(table) and np.array_equal(table, np.arange(table[0], table[0] + len(table))):
             r0 = int(table[0])
             if (r0, r0 + len(table)) == (0, num_rows):
