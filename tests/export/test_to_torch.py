@@ -57,6 +57,8 @@ def test_final_mdl(name):
     nnet = pynnet3.read_nnet(REF / "am" / name / "final.mdl")
     nnet.set_test_mode(True)
     module = to_torch(nnet, frames=9)
+    assert to_torch(pynnet3.read_am(REF / "am" / name / "final.mdl"), frames=9).code \
+        == module.code  # an AcousticModel exports its network
     inputs = random_inputs(module, 3)
     got, want = run_module(module, inputs), reference_outputs(nnet, module, inputs)
     for out in module.output_names:

@@ -54,10 +54,11 @@ def to_torch(nnet, frames: int, *, output_times: str = "auto", ivector_rows: str
              optimize: bool = True):
     """The network as a ``torch.fx.GraphModule`` for blocks of ``frames`` output
     frames (module doc). ``nnet`` is a :class:`pynnet3.Nnet` (``read_nnet`` reads
-    text, binary and ``final.mdl`` models; ``optimize_network`` output works too);
-    it is not modified (a copy is put in test mode). ``output_times``: "auto",
-    "all" or "first"; ``optimize``: run the command-level optimizer on the
-    computation first (fewer, larger ops)."""
+    text, binary and ``final.mdl`` models; ``optimize_network`` output works too)
+    or a :class:`pynnet3.AcousticModel` (its network); it is not modified (a copy
+    is put in test mode). ``output_times``: "auto", "all" or "first";
+    ``optimize``: run the command-level optimizer on the computation first (fewer,
+    larger ops)."""
     torch = _torch()
     from torch import fx
 
@@ -67,6 +68,8 @@ def to_torch(nnet, frames: int, *, output_times: str = "auto", ivector_rows: str
     from .graph import GraphBuilder, attr_name
     from .translate import Translator
 
+    if not hasattr(nnet, "components") and hasattr(nnet, "nnet"):
+        nnet = nnet.nnet  # an AcousticModel (pynnet3.read_am): its network
     nnet = nnet.copy()
     nnet.set_test_mode(True)
     request, shape = export_request(nnet, frames, output_times, ivector_rows)
