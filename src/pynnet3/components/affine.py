@@ -148,7 +148,7 @@ def matmul_blocks_into(out: np.ndarray, blocks: list, w: np.ndarray, add: bool) 
         if j == 0 and not add:
             xp.matmul(blk, wj.T, out=out)
         else:
-            out += blk @ wj.T
+            out += xp.matmul(blk, wj.T)  # (np.matmul is @; torch CPU: NumPy's BLAS)
     return True
 
 

@@ -14,7 +14,10 @@ through NumPy); ``copy_out`` hands results back as tensors on the device.
 
 from __future__ import annotations
 
+import sys
+import threading
 import weakref
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -30,6 +33,94 @@ def torch_device(device) -> torch.device:
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
+
+
+def _storage_uses(t: torch.Tensor) -> int | None:
+    """How many tensors share ``t``'s storage (None where torch cannot say)."""
+    try:
+        return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _count_after_pop(matrices: dict, key) -> int:
+    """References to ``matrices[key]`` once popped into a local (the code shape of
+    :meth:`_CpuPool.release`: calibrates 'held by nobody else' on this interpreter)."""
+    t = matrices.pop(key, None)
+    return sys.getrefcount(t)
+
+
+_SOLE = _count_after_pop({0: torch.empty(2, 2)}, 0)
+_SOLE_STORAGE = _storage_uses(torch.empty(2, 2))
+
+
+class _CpuPool:
+    """Freed CPU matrices by ``(rows, cols, dtype)``, reused by later allocations,
+    at most ``limit_bytes`` (least recently released shapes evicted first).
+
+    Why: as for the NumPy backend (runtime/matrix_pool.py), a new large tensor is
+    fresh ``mmap`` pages that the kernel zeroes on first touch; a kept one costs a
+    memset. Only a matrix nobody else holds comes here: no other reference to the
+    tensor object and no other tensor (a view, a memo) on its storage. CUDA
+    tensors need none of this: torch's caching allocator keeps their memory."""
+
+    def __init__(self, limit_bytes: int = 256 << 20):
+        self.limit_bytes = limit_bytes
+        self._free: OrderedDict[tuple, list[torch.Tensor]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, rows: int, cols: int, dtype) -> torch.Tensor | None:
+        key = (rows, cols, dtype)
+        with self._lock:
+            bufs = self._free.get(key)
+            if not bufs:
+                return None
+            t = bufs.pop()
+            if not bufs:
+                del self._free[key]
+            self._bytes -= t.numel() * t.element_size()
+            return t
+
+    def release(self, matrices: dict, key) -> None:
+        t = matrices.pop(key, None)
+        if sys.getrefcount(t) != _SOLE or type(t) is not torch.Tensor:
+            return
+        if _SOLE_STORAGE is None or _storage_uses(t) != _SOLE_STORAGE or t.dim() != 2 \
+                or not t.is_contiguous() or t.storage_offset() != 0:
+            return
+        nbytes = t.numel() * t.element_size()
+        if nbytes == 0 or nbytes > self.limit_bytes:
+            return
+        with self._lock:
+            k = (t.shape[0], t.shape[1], t.dtype)
+            self._free.setdefault(k, []).append(t)
+            self._free.move_to_end(k)
+            self._bytes += nbytes
+            while self._bytes > self.limit_bytes:
+                old, bufs = next(iter(self._free.items()))
+                gone = bufs.pop(0)
+                self._bytes -= gone.numel() * gone.element_size()
+                if not bufs:
+                    del self._free[old]
+
+
+CPU_POOL = _CpuPool()
+
+
+_NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64,
+              torch.float16: np.float16}
+
+
+def _cpu_zeros(shape: tuple, dt: torch.dtype) -> torch.Tensor:
+    """Zeros on the CPU in memory NumPy allocates. Why: on the development host a
+    fresh multi-MB torch CPU tensor cost 10-20 ms of page faults where NumPy's
+    allocation (transparent huge pages, heap reuse) cost about 1 ms; the tensor is
+    an ordinary one (``torch.from_numpy`` shares the buffer)."""
+    np_dt = _NP_DTYPES.get(dt)
+    if np_dt is None:
+        return torch.zeros(shape, dtype=dt)
+    return torch.from_numpy(np.zeros(shape, dtype=np_dt))
 
 
 class _RowPlan:
@@ -123,14 +214,28 @@ class TorchBackend:
 
     # -- the Backend interface -----------------------------------------------------------
     def zeros(self, rows, cols, dtype):
-        return torch.zeros((rows, cols), dtype=xp_torch.dtype_of(dtype), device=self.device)
+        dt = xp_torch.dtype_of(dtype)
+        if self.device.type == "cpu":
+            t = CPU_POOL.take(rows, cols, dt)
+            if t is not None:
+                return t.zero_()
+            return _cpu_zeros((rows, cols), dt)
+        return torch.zeros((rows, cols), dtype=dt, device=self.device)
 
     def zeros_shaped(self, shape, dtype):
         """Zeros of any shape (gradient arrays shaped like parameters)."""
-        return torch.zeros(tuple(shape), dtype=xp_torch.dtype_of(dtype), device=self.device)
+        dt = xp_torch.dtype_of(dtype)
+        if self.device.type == "cpu":
+            return _cpu_zeros(tuple(shape), dt)
+        return torch.zeros(tuple(shape), dtype=dt, device=self.device)
 
     def release_matrix(self, matrices: dict, key) -> None:
-        matrices.pop(key, None)  # torch's caching allocator reuses the memory
+        """DEALLOC_MATRIX: on the CPU the buffer goes to a pool (see _CpuPool); on a
+        GPU torch's caching allocator reuses the memory."""
+        if self.device.type == "cpu":
+            CPU_POOL.release(matrices, key)
+        else:
+            matrices.pop(key, None)
 
     def from_numpy(self, array, dtype):
         """A new device tensor of ``dtype`` holding ``array`` (NumPy or torch; a
@@ -145,6 +250,8 @@ class TorchBackend:
 
     def copy_out(self, array):
         """A result handed to the user: a copy, a tensor on the device."""
+        if array.device.type == "cpu":  # (NumPy's allocation: see _cpu_zeros)
+            return torch.from_numpy(np.array(array.detach().numpy(), copy=True))
         return array.detach().clone()
 
     def new_run(self) -> None:
