@@ -187,3 +187,22 @@ def test_every_component_type_float64(case):
     want = reference_outputs(nnet, module, inputs, dtype=np.float64)
     for out in module.output_names:
         assert max_rel(got[out], want[out]) < 1e-9, out
+
+
+def test_names_that_sanitize_alike():
+    """Components 'a.b' and 'a_b' get distinct parameters; odd node names survive as
+    the module's input/output names."""
+    config = """input-node name=in.put dim=3
+component name=a.b type=AffineComponent input-dim=3 output-dim=4
+component-node name=a.b component=a.b input=in.put
+component name=a_b type=AffineComponent input-dim=4 output-dim=2
+component-node name=a_b component=a_b input=a.b
+output-node name=out-put input=a_b
+"""
+    nnet = pynnet3.Nnet.from_config(config, seed=2)
+    module = to_torch(nnet, frames=2)
+    assert module.input_names == ["in.put"] and module.output_names == ["out-put"]
+    assert len(set(module.param_names.values())) == 4
+    inputs = random_inputs(module, 2)
+    got = run_module(module, inputs)
+    assert max_rel(got["out-put"], reference_outputs(nnet, module, inputs)["out-put"]) < 1e-5

@@ -54,7 +54,10 @@ class GraphBuilder:
         key = (component, name)
         node = self._params.get(key)
         if node is None:
-            attr = attr_name("p", component, name)
+            attr = base = attr_name("p", component, name)
+            k = 1
+            while hasattr(self.root, attr):  # ("a.b" and "a_b" make the same identifier)
+                attr, k = f"{base}_{k}", k + 1
             t = torch.as_tensor(np.array(value, dtype=np.float32, copy=True), dtype=self.dtype)
             self.root.register_parameter(attr, torch.nn.Parameter(t))
             self.param_names[key] = attr
