@@ -99,6 +99,15 @@ def test_train_reproduces_kaldi_nnet3_train(case, kind, tmp_path, capsys):
     assert o_overall == pytest.approx(k_overall, rel=3e-6)
     assert o_active == k_active
     np.testing.assert_allclose(o_smallest, k_smallest, rtol=1e-4)
+    # --verbose=2: Kaldi's per-component lines (name, norm, max-change, factor).
+    too_big = r"Parameters in (\S+) change too big: (\S+) \* 1 > max-change \* " \
+              r"max-change-scale=(\S+) \* 1, scaling by (\S+)"
+    k_lines, o_lines = re.findall(too_big, log), re.findall(too_big, err)
+    assert [(n, m) for n, _, m, _ in o_lines] == [(n, m) for n, _, m, _ in k_lines]
+    if k_lines:
+        np.testing.assert_allclose(np.array([(a, f) for _, a, _, f in o_lines], float),
+                                   np.array([(a, f) for _, a, _, f in k_lines], float),
+                                   rtol=1e-4)
     assert f"Wrote model to {out}" in err
 
 
