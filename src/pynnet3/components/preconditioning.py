@@ -21,15 +21,27 @@ from __future__ import annotations
 
 import numpy as np
 
+from .blas import gemm_acc
+
 
 def preconditioners(grad) -> dict | None:
     """The preconditioners ``grad`` carries (None for a plain dict or no grad)."""
     return getattr(grad, "preconditioners", None) or None
 
 
-def _gather(in_value) -> np.ndarray:
-    return in_value if not isinstance(in_value, list) else (
-        in_value[0] if len(in_value) == 1 else np.hstack(in_value))
+def _augmented(in_value, bias: bool) -> np.ndarray:
+    """A new float32 matrix: the input (an array or a list of column blocks), with a
+    column of ones appended when ``bias`` (the preconditioner may overwrite it)."""
+    blocks = in_value if isinstance(in_value, list) else [in_value]
+    cols = sum(b.shape[1] for b in blocks)
+    out = np.empty((blocks[0].shape[0], cols + int(bias)), np.float32)
+    col = 0
+    for blk in blocks:
+        out[:, col:col + blk.shape[1]] = blk
+        col += blk.shape[1]
+    if bias:
+        out[:, cols] = 1.0
+    return out
 
 
 def precondition_product(grad, weight_key: str, bias_key: str | None, in_value,
@@ -43,15 +55,13 @@ def precondition_product(grad, weight_key: str, bias_key: str | None, in_value,
     pre = preconditioners(grad)
     if pre is None:
         return False
-    x = _gather(in_value)
-    if bias_key is not None:
-        x = np.hstack([x, np.ones((x.shape[0], 1), x.dtype)])
-    x_hat, in_scale = pre["in"].precondition(x)
+    x_hat, in_scale = pre["in"].precondition(_augmented(in_value, bias_key is not None),
+                                             overwrite=True)
     dy_hat, out_scale = pre["out"].precondition(out_deriv)
     scale = in_scale * out_scale
     g = grad[weight_key]
     cols = g.shape[1]
-    g += (np.float32(scale) * (dy_hat.T @ x_hat[:, :cols])).astype(g.dtype, copy=False)
+    gemm_acc(g, dy_hat.T, x_hat[:, :cols], scale)
     if bias_key is not None:
         gb = grad[bias_key]
         gb += (np.float32(scale) * (dy_hat.T @ x_hat[:, cols])).astype(gb.dtype, copy=False)

@@ -536,8 +536,11 @@ class TdnnComponent(UpdatableComponent):
         d = self.input_dim
         if grad is not None and preconditioners(grad) is not None:
             # a trainer's natural gradient (components/preconditioning.py)
+            n = indexes.num_out  # (the offsets' row blocks, spliced once into the copy)
+            x = [in_value[s:s + n] for s in indexes.starts] if indexes.starts is not None \
+                else self._spliced(indexes, in_value)
             precondition_product(grad, "linear_params", "bias_params" if self.use_bias else None,
-                                 self._spliced(indexes, in_value), out_deriv)
+                                 x, out_deriv)
         elif grad is not None:
             g = grad["linear_params"]
             if indexes.starts is not None:  # per offset into its columns: no spliced copy

@@ -39,6 +39,8 @@ import math
 
 import numpy as np
 
+from ..components.blas import gemm_acc
+
 _NUM_INITIAL_UPDATES = 10  # Kaldi: updates before update_period applies (> 3 init iters)
 _CONDITION_THRESHOLD = 1.0e6
 _REORTHOGONALIZE_THRESHOLD = 1.0e-3
@@ -77,11 +79,15 @@ class OnlineNaturalGradient:
         self.d: np.ndarray | None = None  # (R,) float64
 
     # -- public -----------------------------------------------------------------------
-    def precondition(self, x: np.ndarray) -> tuple[np.ndarray, float]:
-        """``(X_hat, scale)`` for the rows of ``x`` (not modified): the preconditioned
-        directions (float32) and the factor that restores ``||x||_F``. Counts as one
-        call (it may update the Fisher estimate)."""
-        x = np.array(x, dtype=np.float32, order="C", copy=True)
+    def precondition(self, x: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, float]:
+        """``(X_hat, scale)`` for the rows of ``x``: the preconditioned directions
+        (float32) and the factor that restores ``||x||_F``. ``x`` is not modified,
+        unless ``overwrite`` and it is a C-contiguous float32 matrix (then X_hat is
+        computed in it: the caller's temporary saves a copy). Counts as one call (it
+        may update the Fisher estimate)."""
+        if not (overwrite and isinstance(x, np.ndarray) and x.dtype == np.float32
+                and x.flags.c_contiguous and x.flags.writeable):
+            x = np.array(x, dtype=np.float32, order="C", copy=True)
         if x.ndim != 2:
             raise ValueError(f"precondition expects a matrix, got shape {x.shape}")
         if x.shape[1] == 1:
@@ -172,7 +178,7 @@ class OnlineNaturalGradient:
         w = self.W
         h = x @ w.T                                   # H_t = X_t W_t^T   (N x R)
         if not updating:
-            x -= h @ w                                # X_hat = X - H W
+            gemm_acc(x, h, w, -1.0)                   # X_hat = X - H W
             return x
         eta = self._eta(n)
         j = h.T @ x                                   # J_t = H^T X       (R x D)
@@ -201,7 +207,7 @@ class OnlineNaturalGradient:
             must_reorthogonalize = True
             c = np.maximum(c, c_floor)
 
-        x -= h @ w                                    # X_hat = X - H W (with the old W)
+        gemm_acc(x, h, w, -1.0)                       # X_hat = X - H W (with the old W)
 
         sqrt_c = np.sqrt(c)
         rho1 = (eta_n * tr_x_xt + eta1 * (dim * rho + float(d.sum())) - float(sqrt_c.sum())) \

@@ -1,0 +1,146 @@
+#!/usr/bin/env python
+"""Training speed: ``pynnet3.train.Trainer.train_step`` minibatches per second.
+
+For the four realistic networks at the train shape of ``scaling.json`` (N sequences
+of 20 output frames; x-vector: one output per sequence), networks in training mode
+(BatchNorm and dropout as Kaldi's training sees them), one BLAS thread, NumPy
+backend, prints per (network, N):
+
+* ``step``: one whole ``train_step`` (forward, objective, backward with natural
+  gradient, max-change, BatchNorm stats scaling, ConstrainOrthonormal) in ms, and
+  as minibatches/s;
+* ``plain``: the same with every preconditioner switched off (plain SGD);
+* ``ng share``: the part of ``step`` spent inside ``OnlineNaturalGradient.precondition``;
+* ``kaldi``: ``forward_backward_ms`` from ``scaling.json`` (forward + backward into
+  a gradient copy, without natural gradient or the update; another machine:
+  compare ratios, not milliseconds).
+
+Times are the mean of ``--reps`` steps (default 4: one natural-gradient update
+period) after ``--warmup`` steps (default 11: compiling, and the first 11 calls of
+each preconditioner, which always update its estimate; later calls update every
+4th time, as in a long training run). No assertions.
+
+    python benchmarks/train.py [--nets tdnnf_chain,xvector] [--ns 128] [--reps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+if importlib.util.find_spec("pynnet3") is None:
+    sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from realistic import NETS, print_table, reference_dir, scaling_request  # noqa: E402
+
+import pynnet3  # noqa: E402
+from pynnet3.train import OnlineNaturalGradient, Trainer, TrainerOptions  # noqa: E402
+
+FLAGS = {"max-param-change": 2.0, "momentum": 0.0, "store-component-stats": False,
+         "zero-component-stats": False}
+
+
+class _PreconditionTimer:
+    """Wraps OnlineNaturalGradient.precondition to add up the seconds spent in it."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._orig = OnlineNaturalGradient.precondition
+
+    def __enter__(self):
+        timer, orig = self, self._orig
+
+        def timed(obj, x, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return orig(obj, x, *args, **kwargs)
+            finally:
+                timer.seconds += time.perf_counter() - t0
+
+        OnlineNaturalGradient.precondition = timed
+        return self
+
+    def __exit__(self, *exc):
+        OnlineNaturalGradient.precondition = self._orig
+
+
+def _supervision(nnet, req, rng) -> dict:
+    """One-hot rows (a label per output frame) for every output node."""
+    sup = {}
+    for spec in req.outputs:
+        dim = nnet.output_dim(spec.name)
+        y = np.zeros((len(spec.indexes), dim), np.float32)
+        y[np.arange(len(y)), rng.integers(0, dim, len(y))] = 1.0
+        sup[spec.name] = y
+    return sup
+
+
+def _bench(nnet, req, inputs, sup, reps: int, warmup: int, natural_gradient: bool):
+    trainer = Trainer(nnet, TrainerOptions.from_flags(FLAGS))
+    if not natural_gradient:
+        trainer.preconditioners = {name: None for name in nnet.components}
+    for _ in range(warmup):  # compiles; natural gradient past its initial updates
+        trainer.train_step(req, inputs=inputs, supervision=sup)
+    with _PreconditionTimer() as timer:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            trainer.train_step(req, inputs=inputs, supervision=sup)
+        total = time.perf_counter() - t0
+    return total / reps * 1e3, timer.seconds / total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nets", default=",".join(NETS))
+    ap.add_argument("--ns", default="128")
+    ap.add_argument("--reps", type=int, default=4,
+                    help="timed steps (the mean; 4 = one natural-gradient update period)")
+    ap.add_argument("--warmup", type=int, default=11,
+                    help="untimed steps first (compile; the first 11 calls always update "
+                         "the natural-gradient estimate, later ones every 4th)")
+    args = ap.parse_args()
+    ref = reference_dir()
+    scaling = {(r["network"], r["N"]): r for r in json.loads(
+        (ref / "scaling.json").read_text()) if r["shape"] == "train"}
+    rows = []
+    for net in args.nets.split(","):
+        for n in (int(v) for v in args.ns.split(",")):
+            nnet = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")
+            nnet.set_batchnorm_test_mode(False)
+            nnet.set_dropout_test_mode(False)
+            req = scaling_request(nnet, net, "train", n)
+            rng = np.random.default_rng(0)
+            inputs = {s.name: rng.standard_normal((len(s.indexes), nnet.input_dim(s.name)))
+                      .astype(np.float32) for s in req.inputs}
+            sup = _supervision(nnet, req, rng)
+            step_ms, share = _bench(nnet.copy(), req, inputs, sup, args.reps, args.warmup, True)
+            plain_ms, _ = _bench(nnet.copy(), req, inputs, sup, args.reps, args.warmup, False)
+            kaldi = (scaling.get((net, n)) or {}).get("forward_backward_ms")
+            rows.append([net, str(n), f"{step_ms:.1f}", f"{1e3 / step_ms:.2f}",
+                         f"{plain_ms:.1f}", f"{100 * share:.0f}%",
+                         "-" if kaldi is None else f"{kaldi:.1f}",
+                         "-" if kaldi is None else f"{step_ms / kaldi:.2f}",
+                         "-" if kaldi is None else f"{plain_ms / kaldi:.2f}"])
+    print_table("train_step (NumPy backend, 1 BLAS thread; ms: mean of --reps steps after "
+                "--warmup)",
+                ["network", "N", "step ms", "mb/s", "plain ms", "ng share", "kaldi fb ms",
+                 "step/kaldi", "plain/kaldi"], rows,
+                ["kaldi fb ms: scaling.json forward_backward_ms (forward + backward into a "
+                 "gradient copy: no natural gradient, no update), another machine.",
+                 "plain: the same trainer with every preconditioner switched off."])
+
+
+if __name__ == "__main__":
+    main()
