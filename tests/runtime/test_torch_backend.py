@@ -228,7 +228,7 @@ def test_get_backend_options_and_errors():
 CONFIG = """
 input-node name=input dim=6
 component name=affine1 type=NaturalGradientAffineComponent input-dim=18 output-dim=10
-component-node name=affine1 component=affine1 input=Append(Offset(input, -1), input, Offset(input, 1))
+component-node name=affine1 component=affine1 input=Append(Offset(input,-1),input,Offset(input,1))
 component name=relu1 type=RectifiedLinearComponent dim=10 self-repair-scale=1e-05
 component-node name=relu1 component=relu1 input=affine1
 component name=bn1 type=BatchNormComponent dim=10 target-rms=1.0
@@ -365,3 +365,30 @@ def test_network_on_cuda_equals_numpy():
         for p, v in g.items():
             assert got.gradients[c][p].device.type == "cuda"
             assert rel_err(got.gradients[c][p], v) < 1e-10, f"{c}:{p}"
+
+
+def test_cpu_pool_reuses_only_matrices_nobody_holds():
+    from pynnet3.runtime.torch_backend import CPU_POOL
+
+    CPU_POOL._free.clear()
+    CPU_POOL._bytes = 0
+    be = TorchBackend("cpu")
+    m = {1: be.zeros(7, 3, np.float32)}
+    m[1].fill_(5.0)
+    be.release_matrix(m, 1)
+    assert 1 not in m and CPU_POOL._bytes == 7 * 3 * 4
+    again = be.zeros(7, 3, np.float32)  # the pooled buffer, cleared
+    assert CPU_POOL._bytes == 0 and torch.count_nonzero(again) == 0
+    # a matrix a view (e.g. a memo) still reads is dropped, never reused
+    m = {2: again}
+    view = again[2:]
+    del again
+    be.release_matrix(m, 2)
+    assert CPU_POOL._bytes == 0
+    fresh = be.zeros(7, 3, np.float32)
+    fresh.fill_(1.0)
+    assert torch.count_nonzero(view) == 0  # not the same memory
+    # a result handed out is a copy
+    out = be.copy_out(fresh)
+    fresh.fill_(2.0)
+    assert torch.all(out == 1.0)
