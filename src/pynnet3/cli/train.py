@@ -96,11 +96,17 @@ def _cmd_train(args) -> int:
             if not speaks:
                 continue
             progress.clear()
+            # Kaldi's order: the previous phase's objective (printed while this
+            # minibatch's outputs are processed), then this update's max-change lines.
+            phase = [x for x in stats.log_lines if x.startswith("Average objective")]
+            for line in phase:
+                _log(line)
             if args.verbose >= 2:
                 for line in max_change_lines(nnet, stats, options):
                     _log(line, "VLOG[2]")
             for line in stats.log_lines:
-                _log(line)
+                if line not in phase:
+                    _log(line)
             if args.verbose >= 1:
                 _log(f"minibatch {trainer.num_minibatches_processed - 1} ({key}): objective "
                      f"{stats.objective_per_frame:.6g} over {stats.weight:.6g} frames",
