@@ -185,19 +185,36 @@ def _concatenate(parts: list[str], target: str) -> None:
         raise
 
 
-def _connect(ray, args) -> bool:
-    """Start or join the cluster; True when this call must shut it down again (a
-    caller that already runs a Ray driver keeps its own connection)."""
+def _connect(ray, args, state: dict) -> None:
+    """Start or join the cluster; ``state["owns"]`` is set when this run must shut
+    it down again (a caller that already runs a Ray driver keeps its connection).
+    Ctrl-C / SIGTERM wait until the cluster is up (a start cut short leaves Ray's
+    processes half-made), then stop the run as usual."""
     import logging
 
     if ray.is_initialized():
-        return False
-    if args.ray_address:
-        ray.init(address=args.ray_address, logging_level=logging.WARNING)
-    else:
-        ray.init(address="local", num_cpus=args.jobs, include_dashboard=False,
-                 _node_ip_address="127.0.0.1", logging_level=logging.WARNING)
-    return True
+        return
+    caught: list[int] = []
+    # (handlers, not a blocked mask: Ray's processes must not inherit blocked signals)
+    try:
+        saved = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                 for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # (not the main thread)
+        saved = {}
+    try:
+        if args.ray_address:
+            ray.init(address=args.ray_address, logging_level=logging.WARNING)
+        else:
+            ray.init(address="local", num_cpus=args.jobs, include_dashboard=False,
+                     _node_ip_address="127.0.0.1", logging_level=logging.WARNING)
+        state["owns"] = True
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    if signal.SIGTERM in caught:
+        raise Terminated
+    if caught:
+        raise KeyboardInterrupt
 
 
 def run_scaled(args) -> int:
@@ -223,12 +240,12 @@ def run_scaled(args) -> int:
         old_handler = signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # (not the main thread)
         old_handler = None
-    owns = False
+    state = {"owns": False}
     results: dict[int, object] = {}
     try:
         jobs = args.jobs
         if jobs <= 1:  # (--ray-address alone: one job per CPU of the cluster)
-            owns = _connect(ray, args)
+            _connect(ray, args, state)
             jobs = max(1, int(ray.cluster_resources().get("CPU", 1)))
         pieces = split_scp(lines, jobs)
         shards, todo = [], []
@@ -244,7 +261,7 @@ def run_scaled(args) -> int:
                                  marker, fp)))
         resumed = len(pieces) - len(todo)
         if todo:  # (nothing left to do: no cluster started)
-            owns = _connect(ray, args) or owns
+            _connect(ray, args, state)
             task = ray.remote(num_cpus=1)(run_shard).options(
                 runtime_env={"env_vars": _ONE_THREAD})
             refs = {k: task.remote(*task_args) for k, task_args in todo}
@@ -259,7 +276,7 @@ def run_scaled(args) -> int:
                                 "kept for --resume=true)")
         return 143 if isinstance(e, Terminated) else 130
     finally:
-        if owns and ray.is_initialized():
+        if state["owns"] and ray.is_initialized():
             ray.shutdown()
         if old_handler is not None:
             signal.signal(signal.SIGTERM, old_handler)
