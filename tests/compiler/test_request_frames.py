@@ -83,3 +83,17 @@ def test_strict_json_still_rejects_output_for_outputs():
     with pytest.raises(ComputeError, match="output: unknown key"):
         ComputationRequest.from_json({"inputs": [], "output": [
             {"name": "output", "indexes": [[0, 0, 0]]}]})
+
+
+def test_the_docs_example_runs():
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "request-json.md").read_text()
+    code = re.findall(r"^```python\n(.*?)^```", doc[doc.index("## From frame ranges"):],
+                      re.M | re.S)[0]
+    ns = {"pynnet3": pynnet3}
+    exec(compile(code, "docs/request-json.md", "exec"), ns)
+    req = ns["req"]
+    assert len(req.input("input").indexes) == 8 * 76 and len(req.input("ivector").indexes) == 8
+    assert req.output("output").indexes[:3, 1].tolist() == [0, 3, 6]
