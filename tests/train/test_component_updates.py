@@ -176,3 +176,41 @@ def test_state_persists_across_steps():
         np.testing.assert_allclose(delta["linear_params"], expected[:, :12], rtol=0,
                                    atol=1e-5 * np.abs(expected).max())
     assert trainer.preconditioners["comp"]["in"].t == 3
+
+
+def test_composite_sub_components_have_their_own_preconditioners():
+    """A CompositeComponent [NaturalGradientAffine, ReLU, Linear] trains exactly as the
+    same three layers as separate nodes (max-rows-process large: one chunk)."""
+    sub1 = "type=NaturalGradientAffineComponent input-dim=6 output-dim=8 learning-rate=0.01"
+    sub3 = "type=LinearComponent input-dim=8 output-dim=4 learning-rate=0.02"
+    composite = Nnet.from_config(
+        "input-node name=input dim=6\n"
+        f"component name=comp type=CompositeComponent num-components=3 "
+        f"max-rows-process=4096 component1='{sub1}' "
+        f"component2='type=RectifiedLinearComponent dim=8' component3='{sub3}'\n"
+        "component-node name=comp component=comp input=input\n"
+        "output-node name=output input=comp\n", seed=1)
+    inner = composite.components["comp"].components
+    separate = Nnet.from_config(
+        "input-node name=input dim=6\n"
+        f"component name=a {sub1}\ncomponent name=r type=RectifiedLinearComponent dim=8\n"
+        f"component name=l {sub3}\n"
+        "component-node name=a component=a input=input\n"
+        "component-node name=r component=r input=a\n"
+        "component-node name=l component=l input=r\n"
+        "output-node name=output input=l\n", seed=1)
+    separate.components["a"].linear_params[...] = inner[0].linear_params
+    separate.components["a"].bias_params[...] = inner[0].bias_params
+    separate.components["l"].params_[...] = inner[2].params_
+    t1 = Trainer(composite, TrainerOptions.from_flags(OPTIONS))
+    t2 = Trainer(separate, TrainerOptions.from_flags(OPTIONS))
+    for seed in range(3):
+        req, x, y = _minibatch(composite, seed=seed)
+        for t in (t1, t2):
+            t.train_step(req, inputs={"input": x}, supervision={"output": y})
+    np.testing.assert_allclose(inner[0].linear_params, separate.components["a"].linear_params,
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(inner[2].params_, separate.components["l"].params_,
+                               rtol=1e-5, atol=1e-6)
+    assert set(t1.preconditioners["comp"]) == {0, 2}
+    assert t1.preconditioners["comp"][0]["in"].t == 3

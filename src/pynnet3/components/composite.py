@@ -21,6 +21,7 @@ import numpy as np
 
 from .affine import read_lenient_header
 from .base import Component, Flags, UpdatableComponent, read_closing, register, require
+from .preconditioning import PreconditionedGrad, preconditioners
 from .xp import namespace
 
 
@@ -158,7 +159,11 @@ class CompositeComponent(UpdatableComponent):
         if grad is None:
             return None
         prefix = f"{i}:"
-        return {k[len(prefix):]: v for k, v in grad.items() if k.startswith(prefix)}
+        sub = {k[len(prefix):]: v for k, v in grad.items() if k.startswith(prefix)}
+        pre = preconditioners(grad)  # a trainer's natural gradient: sub-component i's own
+        if pre is not None and pre.get(i) is not None:
+            sub = PreconditionedGrad(sub, pre[i])
+        return sub
 
     def sub_gradients(self, grad: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
         """``{i: sub-component i's exported gradient}`` for updatable sub-components."""

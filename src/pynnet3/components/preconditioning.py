@@ -24,6 +24,15 @@ import numpy as np
 from .blas import gemm_acc
 
 
+class PreconditionedGrad(dict):
+    """A gradient dict that carries preconditioners (what a trainer hands a
+    component's backprop; a CompositeComponent hands each sub-component its own)."""
+
+    def __init__(self, arrays=(), preconditioners: dict | None = None):
+        super().__init__(arrays)
+        self.preconditioners = preconditioners
+
+
 def preconditioners(grad) -> dict | None:
     """The preconditioners ``grad`` carries (None for a plain dict or no grad)."""
     return getattr(grad, "preconditioners", None) or None
@@ -121,5 +130,5 @@ def precondition_two_sided(grad, keys, deriv: np.ndarray) -> bool:
     return True
 
 
-__all__ = ["preconditioners", "precondition_product", "precondition_rows",
+__all__ = ["PreconditionedGrad", "preconditioners", "precondition_product", "precondition_rows",
            "precondition_matrix", "precondition_two_sided"]

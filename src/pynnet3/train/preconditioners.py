@@ -25,13 +25,17 @@ TimeHeightConvolution (use-natural-gradient)   in: rank-in, out: rank-out, alpha
                                                num-minibatches-history
 =============================================  ==========================================
 
-Not covered (plain gradient): GruNonlinearity, OutputGruNonlinearity and
-natural-gradient sub-components inside a CompositeComponent.
+A CompositeComponent gets ``{i: sub-component i's preconditioners}``. Not covered
+(plain gradient): GruNonlinearity and OutputGruNonlinearity.
 """
 
 from __future__ import annotations
 
 from .natural_gradient import OnlineNaturalGradient
+
+
+def kind_is_composite(comp) -> bool:
+    return comp.type_name == "CompositeComponent"
 
 
 def _pair(comp) -> dict:
@@ -45,6 +49,10 @@ def make_preconditioners(comp) -> dict | None:
     """Fresh preconditioners (slot -> :class:`OnlineNaturalGradient`) configured as
     Kaldi configures those of ``comp``'s type, or None when it trains with the plain
     gradient."""
+    if kind_is_composite(comp):  # each sub-component its own, by position
+        subs = {i: make_preconditioners(c) for i, c in enumerate(comp.components)
+                if c.is_updatable()}
+        return {i: p for i, p in subs.items() if p is not None} or None
     if getattr(comp, "is_gradient", False):
         return None  # Kaldi's Update on a gradient copy is the plain one
     kind = comp.type_name

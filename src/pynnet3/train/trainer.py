@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cache import CachingCompiler
+from ..components.preconditioning import PreconditionedGrad
 from ..errors import RuntimeInputError
 from ..runtime.computer import NnetComputer
 from .objective import compute_objective
@@ -76,13 +77,6 @@ class TrainStats:
     @property
     def objective_per_frame(self) -> float:
         return self.objective / self.weight if self.weight else 0.0
-
-
-class _UpdateTarget(dict):
-    """The gradient dict a component's backprop adds into, carrying the
-    component's natural-gradient preconditioners (components/preconditioning.py)."""
-
-    preconditioners: dict | None = None
 
 
 class Trainer:
@@ -214,9 +208,9 @@ class Trainer:
         computer = NnetComputer(nnet, computation, "numpy", np.float32)
         targets = {}
         for name, comp in updatable_components(nnet):
-            target = _UpdateTarget((k, np.zeros(v.shape, np.float32))
-                                   for k, v in comp.params().items())
-            target.preconditioners = self._preconditioners_for(name, comp)
+            target = PreconditionedGrad(((k, np.zeros(v.shape, np.float32))
+                                         for k, v in comp.params().items()),
+                                        self._preconditioners_for(name, comp))
             targets[name] = computer.grads[name] = target
         for spec in computation.request.inputs if computation.request else []:
             if spec.name not in inputs:
