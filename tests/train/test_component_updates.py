@@ -214,3 +214,39 @@ def test_composite_sub_components_have_their_own_preconditioners():
                                rtol=1e-5, atol=1e-6)
     assert set(t1.preconditioners["comp"]) == {0, 2}
     assert t1.preconditioners["comp"][0]["in"].t == 3
+
+
+def test_gru_nonlinearities():
+    """GruNonlinearity: w_h's update from (s_{t-1} * r_t) through "in" and h_t's
+    pre-tanh derivative through "out"; OutputGruNonlinearity: the per-frame
+    c_{t-1} * derivative rows through its one preconditioner."""
+    c = 6
+    nnet = _net(f"type=GruNonlinearityComponent cell-dim={c} self-repair-scale=0", 4 * c)
+    comp = nnet.components["comp"]
+    req, x, y = _minibatch(nnet)
+    x, y = x / 2, y / 10
+    w_h = comp.w_h.astype(np.float64).copy()
+    delta, _ = _step(nnet, req, x, y)
+    z, r, hpart, c1 = (x[:, i * c:(i + 1) * c].astype(np.float64) for i in range(4))
+    h = np.tanh(hpart + (c1 * r) @ w_h.T)
+    dh = (y[:, :c] + y[:, c:] - y[:, c:] * z) * (1 - h * h)
+    sr = (c1 * r).astype(np.float32)
+    xh, s_in = OnlineNaturalGradient(comp.rank_in, comp.update_period,
+                                     alpha=comp.alpha).precondition(sr)
+    yh, s_out = OnlineNaturalGradient(comp.rank_out, comp.update_period,
+                                      alpha=comp.alpha).precondition(dh.astype(np.float32))
+    expected = LR * s_in * s_out * (yh.T.astype(np.float64) @ xh)
+    np.testing.assert_allclose(delta["w_h"], expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+
+    nnet = _net(f"type=OutputGruNonlinearityComponent cell-dim={c} self-repair-scale=0", 3 * c)
+    comp = nnet.components["comp"]
+    req, x, y = _minibatch(nnet)
+    x, y = x / 2, y / 10
+    w_h = comp.w_h.astype(np.float64).copy()
+    delta, _ = _step(nnet, req, x, y)
+    z, hpart, c1 = (x[:, i * c:(i + 1) * c].astype(np.float64) for i in range(3))
+    h = np.tanh(hpart + w_h * c1)
+    dh = (y[:, :c] + y[:, c:] - y[:, c:] * z) * (1 - h * h)
+    expected = _row_sum_update(dh * c1, OnlineNaturalGradient(comp.rank, comp.update_period,
+                                                              alpha=comp.alpha))
+    np.testing.assert_allclose(delta["w_h"], expected, rtol=0, atol=1e-4 * np.abs(expected).max())

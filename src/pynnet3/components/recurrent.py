@@ -36,7 +36,12 @@ import math
 import numpy as np
 
 from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
-from .preconditioning import precondition_matrix, preconditioners
+from .preconditioning import (
+    precondition_matrix,
+    precondition_product,
+    precondition_rows,
+    preconditioners,
+)
 from .xp import namespace
 
 
@@ -493,7 +498,8 @@ class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
             z_d += c_t_deriv * c_t1 - c_t_deriv * h_t
             c_t1_d += c_t_deriv * z_t
         h_t_deriv = h_t_deriv * (1 - h_t * h_t)  # derivative w.r.t. the tanh input
-        if grad is not None:
+        if grad is not None and not precondition_product(grad, "w_h", None, r_t * s_t1,
+                                                         h_t_deriv):  # (a trainer's NG)
             g = grad["w_h"]
             g += xp.astype(h_t_deriv.T @ (r_t * s_t1), g.dtype)
         if in_deriv is not None:
@@ -616,7 +622,9 @@ class OutputGruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
             in_deriv[:, :c] += c_t_deriv * c_t1 - c_t_deriv * h_t
             in_deriv[:, 2 * c:] += c_t_deriv * z_t
         h_t_deriv = h_t_deriv * (1 - h_t * h_t)
-        if grad is not None:
+        if grad is not None and preconditioners(grad) is not None:  # a trainer's NG
+            precondition_rows(grad, "w_h", h_t_deriv * c_t1)
+        elif grad is not None:
             g = grad["w_h"]
             g += xp.astype(xp.sum(h_t_deriv * c_t1, axis=0), g.dtype)
         if in_deriv is not None:

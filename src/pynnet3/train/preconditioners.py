@@ -23,10 +23,13 @@ NaturalGradientRepeatedAffine                  in: min(40, in/2) (>= 1), 4
 LstmNonlinearity                               params: 20, 2, history 1000
 TimeHeightConvolution (use-natural-gradient)   in: rank-in, out: rank-out, alpha-in/out,
                                                num-minibatches-history
+GruNonlinearity                                in (s_{t-1} * r_t), out (h_t's derivative):
+                                               rank-in, rank-out, update-period, alpha
+OutputGruNonlinearity                          params (per-frame c_{t-1} * derivative):
+                                               rank, update-period, alpha
 =============================================  ==========================================
 
-A CompositeComponent gets ``{i: sub-component i's preconditioners}``. Not covered
-(plain gradient): GruNonlinearity and OutputGruNonlinearity.
+A CompositeComponent gets ``{i: sub-component i's preconditioners}``.
 """
 
 from __future__ import annotations
@@ -78,6 +81,13 @@ def make_preconditioners(comp) -> dict | None:
         return {"in": OnlineNaturalGradient(rank_in, 4)}
     if kind == "LstmNonlinearityComponent":
         return {"params": OnlineNaturalGradient(20, 2, 1000.0)}
+    if kind == "GruNonlinearityComponent":
+        common = dict(update_period=comp.update_period, alpha=comp.alpha)
+        return {"in": OnlineNaturalGradient(comp.rank_in, **common),
+                "out": OnlineNaturalGradient(comp.rank_out, **common)}
+    if kind == "OutputGruNonlinearityComponent":
+        return {"params": OnlineNaturalGradient(comp.rank, comp.update_period,
+                                                alpha=comp.alpha)}
     if kind == "TimeHeightConvolutionComponent" and ng:
         history = dict(num_minibatches_history=comp.num_minibatches_history)
         return {"in": OnlineNaturalGradient(comp.rank_in, alpha=comp.alpha_in, **history),
