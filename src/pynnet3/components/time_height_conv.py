@@ -312,9 +312,9 @@ class TimeHeightConvolutionComponent(UpdatableComponent):
 
     def export_gradient(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Kaldi's Vectorize: linear params row-major, then the bias."""
-        return {"params_vectorized": np.concatenate(
-            [np.asarray(grad["linear_params"]).reshape(-1),
-             np.asarray(grad["bias_params"]).reshape(-1)])}
+        xp = namespace(grad["linear_params"])  # (the backend's arrays, on its device)
+        return {"params_vectorized": xp.concatenate(
+            [grad["linear_params"].reshape(-1), grad["bias_params"].reshape(-1)])}
 
     # -- indexes ---------------------------------------------------------------------
     def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
