@@ -200,7 +200,7 @@ class LstmNonlinearityComponent(UpdatableComponent):
         return {"params": self.params_}
 
     def export_gradient(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {"params_vectorized": np.asarray(grad["params"]).reshape(-1)}
+        return {"params_vectorized": grad["params"].reshape(-1)}  # (the backend's array)
 
     def zero_stats(self) -> None:
         self.value_avg[:] = 0
@@ -463,7 +463,7 @@ class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         return {"w_h": self.w_h}
 
     def export_gradient(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {"params_vectorized": np.asarray(grad["w_h"]).reshape(-1)}
+        return {"params_vectorized": grad["w_h"].reshape(-1)}  # (the backend's array)
 
     def _split(self, x: np.ndarray):
         c, r = self.cell_dim, self.recurrent_dim
@@ -598,7 +598,7 @@ class OutputGruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         return {"w_h": self.w_h}
 
     def export_gradient(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {"params_vectorized": np.asarray(grad["w_h"]).reshape(-1)}
+        return {"params_vectorized": grad["w_h"].reshape(-1)}  # (the backend's array)
 
     def propagate(self, indexes, in_value, out_value):
         c = self.cell_dim
