@@ -113,3 +113,28 @@ def test_reference_case_torch_cpu(case: Path, tmp_path: Path):
                          ids=lambda c: str(c.relative_to(REF)))
 def test_reference_case_torch_cuda(case: Path, tmp_path: Path):
     _check_case(case, tmp_path, "cuda")
+
+
+@pytest.mark.parametrize("case", ref_params(CASES, "conformance cases"),
+                         ids=lambda c: str(c.relative_to(REF)))
+def test_reference_case_torch_float64_equals_numpy(case: Path, tmp_path: Path):
+    """In float64 the two backends run the same math to ~1e-10 (a different order of
+    additions only): every output, input derivative and gradient."""
+    nnet, request, arrays, inputs, derivs = _load(case, tmp_path)
+    comp = pynnet3.compile(nnet, request, optimize=True)
+    ref = pynnet3.run(nnet, comp, dict(inputs), dict(derivs), dtype=np.float64)
+    got = pynnet3.run(nnet, comp, dict(inputs), dict(derivs), dtype=np.float64,
+                      backend="torch")
+    pairs = [(f"output:{k}", v, got.outputs.get(k)) for k, v in ref.outputs.items()]
+    pairs += [(f"input_deriv:{k}", v, got.input_derivs.get(k))
+              for k, v in ref.input_derivs.items()]
+    pairs += [(f"grad:{c}:{p}", v, got.gradients.get(c, {}).get(p))
+              for c, g in ref.gradients.items() for p, v in g.items()]
+    assert pairs
+    failures = []
+    for key, want, have in pairs:
+        assert have is None or have.dtype == torch.float64, key
+        err = float("inf") if have is None else rel_err(_numpy(have), want)
+        if not err <= 1e-10:
+            failures.append(f"{key}: rel error {err:.3g}")
+    assert not failures, f"case {case.relative_to(REF)} float64: " + "; ".join(failures)
