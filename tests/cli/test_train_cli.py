@@ -181,3 +181,40 @@ def test_trainer_flags_only_what_was_given():
     args = build_parser().parse_args(["train", "--momentum=0.5", "--srand=3",
                                       "--store-component-stats=false", "m", "ark:e", "o"])
     assert trainer_flags(args) == {"momentum": 0.5, "srand": 3, "store-component-stats": False}
+
+
+@pytest.mark.parametrize("case", ref_params(["tdnn_relu_bn", "tdnn_relu_bn_lr0.01"],
+                                            "train-cli cases"))
+def test_unmerged_runs_start_as_kaldi(case, tmp_path, capsys):
+    """The part of the unmerged runs that is not yet lost to natural-gradient drift
+    (see the xfails above): the first two one-sequence minibatches' objectives and the
+    first update's max-change factors as Kaldi logged them."""
+    from pynnet3.io.egs import ExampleWriter, read_examples
+
+    folder = REF / "train-cli" / case
+    first = tmp_path / "first3.ark"
+    with ExampleWriter(f"ark:{first}") as w:
+        for i, (key, eg) in enumerate(read_examples(
+                f"ark:{REF / 'train-cli' / 'tdnn_relu_bn' / 'egs.ark'}")):
+            if i < 3:
+                w.write(key, eg)
+    options = json.loads((folder / "options.json").read_text())
+    flags = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}"
+             for k, v in options.items()]
+    assert main(["train", *flags, str(folder / "model_in.txt.gz"), f"ark:{first}",
+                 str(tmp_path / "out.txt")]) == 0
+    err = capsys.readouterr().err
+    log = (folder / "log_nnet3-train_unmerged.txt").read_text()
+    k_mb, _, _, k_smallest = _kaldi_log_numbers(log)
+    o_mb, _, _, o_smallest = _kaldi_log_numbers(err)
+    assert len(o_mb) == 2
+    np.testing.assert_allclose([v for _, v, _ in o_mb], [v for _, v, _ in k_mb[:2]], rtol=3e-6)
+    too_big = r"Parameters in (\S+) change too big: (\S+) \* 1 .*scaling by (\S+)"
+    first_update = err[:err.index("minibatches 0-0")]
+    k_first = log[:log.index("minibatches 0-0")]
+    ours, kaldis = re.findall(too_big, first_update), re.findall(too_big, k_first)
+    assert [n for n, _, _ in ours] == [n for n, _, _ in kaldis]
+    if kaldis:
+        np.testing.assert_allclose(np.array([x[1:] for x in ours], float),
+                                   np.array([x[1:] for x in kaldis], float), rtol=1e-5)
+        np.testing.assert_allclose(o_smallest[0], k_smallest[0], rtol=1e-5)
