@@ -40,6 +40,7 @@ def test_export_torch(tmp_path, capsys):
 
 
 def test_export_onnx_network_optimized(tmp_path, capsys):
+    pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     model, out = _model(tmp_path), tmp_path / "model.onnx"
     assert main(["export", "--frames=5", "--network-optimize=true", str(model),
