@@ -47,6 +47,7 @@ def propagate_op(g, node: str, name: str, comp, pre, x: fx.Node, rows_out: int) 
     if fn is None:
         raise ExportError(f"node {node!r}: component {name!r} of type {comp.type_name} has "
                           "no standard-op export")
+    # (to_torch puts its copy in test mode; this guards other users of the translator)
     if getattr(comp, "test_mode", True) is False and comp.type_name in _NEEDS_TEST_MODE:
         raise ExportError(f"node {node!r}: component {name!r} ({comp.type_name}) is in "
                           "training mode; export computes test mode (set it first)")
