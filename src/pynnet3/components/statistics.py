@@ -147,17 +147,28 @@ class RangeIndexes:
         return out
 
     def _direct_sums(self, values):
+        """Each window summed on its own (few long windows: x-vector pooling)."""
         xp = namespace(values)
-        out = xp.zeros((len(self.lo), values.shape[1]), like=values, dtype=xp.float64)
         if not self._perm_is_identity():  # the rows in window order, gathered once
             values = xp.take(values, xp.index(self.perm, like=values))
-        windows = self._derived("_direct_windows", lambda: [
-            (o, int(self.lo[o]), int(self.hi[o]))
-            for o in np.flatnonzero(self.hi > self.lo).tolist()])
-        for o, a, b in windows:
+
+        def make():  # (the non-empty windows' outputs, (lo, hi) of each)
+            live = np.flatnonzero(self.hi > self.lo)
+            return live, [(int(self.lo[o]), int(self.hi[o])) for o in live.tolist()]
+
+        live, bounds = self._derived("_direct_windows", make)
+        if xp.is_numpy:
             # (a float64 copy, then numpy's row-wise sum: several times faster than a
             # float64-accumulating reduce over a float32 block)
-            out[o] = xp.sum(xp.astype(values[a:b], xp.float64), axis=0)
+            sums = [xp.sum(xp.astype(values[a:b], xp.float64), axis=0) for a, b in bounds]
+        else:  # (torch accumulates in float64 faster without the copy: 1.5x on a CPU)
+            sums = [xp.sum(values[a:b], axis=0, dtype=xp.float64) for a, b in bounds]
+        if len(live) == len(self.lo):  # (one stack, not a row assignment per window)
+            return xp.stack(sums) if sums else \
+                xp.zeros((0, values.shape[1]), like=values, dtype=xp.float64)
+        out = xp.zeros((len(self.lo), values.shape[1]), like=values, dtype=xp.float64)
+        if sums:
+            out[xp.index(live, like=values)] = xp.stack(sums)
         return out
 
     def _perm_is_identity(self) -> bool:
