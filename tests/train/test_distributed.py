@@ -132,3 +132,24 @@ def test_two_ranks_equal_one_process(tmp_path, reduce):
     # The logged objective and weight are the whole minibatch's (summed over ranks).
     np.testing.assert_allclose(ranks[0]["objs"][:, :2] / (2 if reduce == "mean" else 1),
                                objs[:, :2], rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="nccl needs a CUDA GPU")
+def test_nccl_single_rank_reduces_on_the_gpu(tmp_path):
+    """One rank over nccl: the collectives' tensors go to the GPU and come back."""
+    import torch.distributed as dist
+
+    from pynnet3.train.distributed import all_reduce_arrays
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        a, b = np.arange(5, dtype=np.float32), np.ones(3)
+        all_reduce_arrays([a, b], average=True)
+        np.testing.assert_array_equal(a, np.arange(5))
+        np.testing.assert_array_equal(b, 1.0)
+    finally:
+        dist.destroy_process_group()

@@ -55,19 +55,27 @@ def all_reduce_arrays(arrays: list[np.ndarray], group=None, average: bool = Fals
     flat buffer per dtype (one collective call each)."""
     torch, dist = _dist()
     world = dist.get_world_size(group)
+    device = _device(torch, dist, group)
     for dtype in sorted({a.dtype for a in arrays}, key=str):
         same = [a for a in arrays if a.dtype == dtype]
         if not same:
             continue
-        flat = torch.from_numpy(np.concatenate([a.reshape(-1) for a in same]))
+        flat = torch.from_numpy(np.concatenate([a.reshape(-1) for a in same])).to(device)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-        values = flat.numpy()
+        values = flat.cpu().numpy()
         if average:
             values = (values / world).astype(dtype)
         offset = 0
         for a in same:
             a.reshape(-1)[...] = values[offset:offset + a.size]
             offset += a.size
+
+
+def _device(torch, dist, group):
+    """Where the collectives' tensors live: nccl needs this rank's GPU, gloo the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class DistributedTrainer(Trainer):
@@ -89,11 +97,12 @@ class DistributedTrainer(Trainer):
     def broadcast_parameters(self, src: int = 0) -> None:
         """Make every rank's parameters equal to rank ``src``'s."""
         torch, dist = _dist()
+        device = _device(torch, dist, self.group)
         for _, comp in sorted(self.nnet.components.items()):
             for _, p in sorted(comp.params().items()):
-                t = torch.from_numpy(np.ascontiguousarray(p))
+                t = torch.from_numpy(np.ascontiguousarray(p)).to(device)
                 dist.broadcast(t, src=src, group=self.group)
-                p[...] = t.numpy()
+                p[...] = t.cpu().numpy()
 
     def _forward_backward(self, computation, inputs: dict, supervision: dict) -> dict:
         before = {name: {k: a.copy() for k, a in d.items()} for name, d in self.delta.items()}
