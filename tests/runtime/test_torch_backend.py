@@ -8,6 +8,7 @@ tests/conformance/test_torch_reference_cases.py."""
 from __future__ import annotations
 
 import gc
+import json
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ from pynnet3.errors import RuntimeInputError
 from pynnet3.runtime.backend import get_backend
 from pynnet3.runtime.numpy_backend import NumpyBackend
 from tests.compiler import nets as N
+from tests.reference import REF, needs_reference
 
 torch = pytest.importorskip("torch")
 
@@ -392,3 +394,51 @@ def test_cpu_pool_reuses_only_matrices_nobody_holds():
     out = be.copy_out(fresh)
     fresh.fill_(2.0)
     assert torch.all(out == 1.0)
+
+
+def _run_on_meta(nnet, comp):
+    """Run every command with the matrices on torch's ``meta`` device, where
+    tensors have shapes but no data: any read of a value on the host (``.item()``,
+    ``bool(t)``, a boolean mask, ``.cpu()``) raises. What runs here runs on a GPU
+    without waiting for it. (Input validation reads the inputs once per run by
+    design; it is stepped over.)"""
+    from pynnet3.components.affine import near_zero_refinement
+    from pynnet3.computation import CommandType as CT
+    from pynnet3.runtime.computer import NnetComputer, RunResult
+
+    nc = NnetComputer(nnet, comp, backend="torch", device="meta")
+    given = {}
+    for cmd in comp.commands:
+        if cmd.type is CT.ACCEPT_INPUT:
+            sm = comp.submatrices[cmd.dst]
+            given[(cmd.is_deriv, cmd.node)] = torch.zeros(sm.num_rows, sm.num_cols,
+                                                          device="meta")
+    res = RunResult()
+    with near_zero_refinement(nc._has_backward):
+        nc._run_all(given, res)
+    return res
+
+
+def test_forward_reads_nothing_back_from_the_device():
+    """Decoding makes no host synchronisation: the whole forward computation of a
+    network with every common layer type runs on the meta device."""
+    nnet = pynnet3.Nnet.from_config(CONFIG, seed=0)
+    nnet.set_test_mode(True)
+    req = N.request({"input": N.frames(-3, 12, n=2)}, {"output": N.frames(0, 8, n=2)})
+    for optimize in (False, True):
+        comp = pynnet3.compile(nnet, req, optimize=optimize)
+        res = _run_on_meta(nnet, comp)
+        assert tuple(res.outputs["output"].shape) == (16, 5)
+        assert res.outputs["output"].device.type == "meta"
+
+
+@needs_reference
+@pytest.mark.parametrize("net", ["tdnnf_chain", "tdnn_lstm", "tdnn_relu_bn", "xvector"])
+def test_realistic_decode_reads_nothing_back_from_the_device(net):
+    nnet = pynnet3.read_nnet(REF / "realistic" / net / "model.txt")
+    nnet.set_test_mode(True)
+    req = pynnet3.ComputationRequest.from_json(
+        json.loads((REF / "realistic" / net / "decode" / "request.json").read_text()))
+    comp = pynnet3.compile(nnet, req, optimize=True)
+    res = _run_on_meta(nnet, comp)
+    assert res.outputs and all(v.device.type == "meta" for v in res.outputs.values())
