@@ -250,3 +250,29 @@ def test_gru_nonlinearities():
     expected = _row_sum_update(dh * c1, OnlineNaturalGradient(comp.rank, comp.update_period,
                                                               alpha=comp.alpha))
     np.testing.assert_allclose(delta["w_h"], expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("line,dim_in", [
+    ("type=NaturalGradientAffineComponent input-dim=12 output-dim=10", 12),
+    ("type=TdnnComponent input-dim=6 output-dim=5 time-offsets=-1,0,2", 6),
+    ("type=NaturalGradientRepeatedAffineComponent input-dim=12 output-dim=8 num-repeats=4", 12),
+    ("type=LstmNonlinearityComponent cell-dim=6 self-repair-scale=0", 30),
+    ("type=TimeHeightConvolutionComponent num-filters-in=2 height-in=6 num-filters-out=3 "
+     "height-out=6 height-offsets=-1,0,1 time-offsets=-1,0,1", 12),
+    ("type=ScaleAndOffsetComponent dim=8 rank=5", 8),
+    ("type=NaturalGradientPerElementScaleComponent dim=8 rank=3", 8),
+    ("type=GruNonlinearityComponent cell-dim=6 self-repair-scale=0", 24),
+])
+def test_torch_backend_gives_the_numpy_update(line, dim_in):
+    pytest.importorskip("torch")
+    nnet = _net(line, dim_in)
+    req, x, y = _minibatch(nnet)
+    x, y = x / 2, y / 10
+    expected, _ = _step(nnet.copy(), req, x, y)
+    trainer = Trainer(nnet, TrainerOptions.from_flags(OPTIONS), backend="torch")
+    got, _ = _step(nnet, req, x, y, trainer=trainer)
+    for key, value in expected.items():
+        # (deltas are differences of float32 parameters: a few ulps of |param| apart)
+        ulps = 4 * np.finfo(np.float32).eps * np.abs(nnet.components["comp"].params()[key]).max()
+        np.testing.assert_allclose(got[key], value, rtol=0,
+                                   atol=1e-4 * np.abs(value).max() + ulps)

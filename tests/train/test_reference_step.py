@@ -142,3 +142,24 @@ def test_natural_gradient_changes_the_step(folder, kind):
         kaldi = info["ng_vs_plain_change_from_text_models"][name][
             "norm_of_difference_over_norm_plain"]
         assert rel == pytest.approx(kaldi, rel=0.02)
+
+
+@pytest.mark.parametrize("folder,kind", ref_params(
+    [c for c in _cases() if c == ("tdnn_relu_bn_lr0.01", "ng")], "training steps", nargs=2))
+def test_kaldi_training_step_on_the_torch_backend(folder, kind):
+    """The same step with the forward/backward on the torch backend (CPU here): the
+    hooks fetch the rows to precondition from the tensors."""
+    pytest.importorskip("torch")
+    case, options, nnet, request, x, y = _setup(folder, kind)
+    before = {n: {k: v.copy() for k, v in c.params().items()}
+              for n, c in nnet.components.items() if c.is_updatable()}
+    stats = Trainer(nnet, TrainerOptions.from_flags(options), backend="torch").train_step(
+        request, inputs={"input": x}, supervision={"output": y})
+    after = nnet_from_bytes(gzip.decompress((case / f"model_after_{kind}.txt.gz").read_bytes()))
+    for name, old in before.items():
+        ours = np.concatenate([(nnet.components[name].params()[k] - old[k]).ravel()
+                               for k in old]).astype(np.float64)
+        kaldi = np.concatenate([(after.components[name].params()[k] - old[k]).ravel()
+                                for k in old]).astype(np.float64)
+        assert np.linalg.norm(ours - kaldi) / np.linalg.norm(kaldi) < 1e-3, name
+    assert stats.global_scale == pytest.approx(0.843274, rel=1e-5)

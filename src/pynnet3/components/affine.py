@@ -707,8 +707,9 @@ class RepeatedAffineComponent(UpdatableComponent):
             x = self._blocks(in_value, self.linear_params.shape[1])
             if preconditioners(grad) is not None:  # a trainer's natural gradient: Kaldi
                 # preconditions the [linear | bias] derivative's rows
-                precondition_matrix(grad, ("linear_params", "bias_params"),
-                                    np.hstack([dy.T @ x, dy.sum(axis=0)[:, None]]))
+                xp = namespace(dy)
+                precondition_matrix(grad, ("linear_params", "bias_params"), xp.concatenate(
+                    [dy.T @ x, xp.sum(dy, axis=0)[:, None]], axis=1))
                 return
             _add_grad(grad, "linear_params", dy.T @ x)
             _add_grad(grad, "bias_params", namespace(dy).sum(dy, axis=0))

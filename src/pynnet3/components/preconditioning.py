@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .blas import gemm_acc
+from .xp import namespace
 
 
 class PreconditionedGrad(dict):
@@ -38,6 +39,20 @@ def preconditioners(grad) -> dict | None:
     return getattr(grad, "preconditioners", None) or None
 
 
+def _host(a) -> np.ndarray:
+    """A NumPy view/copy of a backend array (the preconditioning math runs on the
+    host, as Kaldi runs its R x R part on the CPU; a torch tensor is fetched)."""
+    return a if type(a) is np.ndarray else namespace(a).to_numpy(a)
+
+
+def _add(g, value: np.ndarray) -> None:
+    """``g += value`` for a gradient array of any backend (``value`` on the host)."""
+    if type(g) is np.ndarray:
+        g += value.reshape(g.shape).astype(g.dtype, copy=False)
+    else:
+        g += namespace(g).asarray(value.reshape(tuple(g.shape)), like=g)
+
+
 def _augmented(in_value, bias: bool) -> np.ndarray:
     """A new float32 matrix: the input (an array or a list of column blocks), with a
     column of ones appended when ``bias`` (the preconditioner may overwrite it)."""
@@ -46,7 +61,7 @@ def _augmented(in_value, bias: bool) -> np.ndarray:
     out = np.empty((blocks[0].shape[0], cols + int(bias)), np.float32)
     col = 0
     for blk in blocks:
-        out[:, col:col + blk.shape[1]] = blk
+        out[:, col:col + blk.shape[1]] = _host(blk)
         col += blk.shape[1]
     if bias:
         out[:, cols] = 1.0
@@ -66,14 +81,16 @@ def precondition_product(grad, weight_key: str, bias_key: str | None, in_value,
         return False
     x_hat, in_scale = pre["in"].precondition(_augmented(in_value, bias_key is not None),
                                              overwrite=True)
-    dy_hat, out_scale = pre["out"].precondition(out_deriv)
+    dy_hat, out_scale = pre["out"].precondition(_host(out_deriv))
     scale = in_scale * out_scale
     g = grad[weight_key]
     cols = g.shape[1]
-    gemm_acc(g, dy_hat.T, x_hat[:, :cols], scale)
+    if type(g) is np.ndarray and g.dtype == np.float32:
+        gemm_acc(g, dy_hat.T, x_hat[:, :cols], scale)
+    else:
+        _add(g, np.float32(scale) * (dy_hat.T @ x_hat[:, :cols]))
     if bias_key is not None:
-        gb = grad[bias_key]
-        gb += (np.float32(scale) * (dy_hat.T @ x_hat[:, cols])).astype(gb.dtype, copy=False)
+        _add(grad[bias_key], np.float32(scale) * (dy_hat.T @ x_hat[:, cols]))
     return True
 
 
@@ -85,10 +102,8 @@ def precondition_rows(grad, key: str, per_frame: np.ndarray, slot: str = "params
     pre = preconditioners(grad)
     if pre is None or slot not in pre:
         return False
-    rows_hat, scale = pre[slot].precondition(per_frame)
-    g = grad[key]
-    g += (np.float32(scale) * rows_hat.sum(axis=0)).reshape(g.shape).astype(g.dtype,
-                                                                             copy=False)
+    rows_hat, scale = pre[slot].precondition(_host(per_frame))
+    _add(grad[key], np.float32(scale) * rows_hat.sum(axis=0))
     return True
 
 
@@ -101,15 +116,14 @@ def precondition_matrix(grad, keys, deriv: np.ndarray, slot: str = "in") -> bool
     pre = preconditioners(grad)
     if pre is None or slot not in pre:
         return False
-    d_hat, scale = pre[slot].precondition(deriv)
+    d_hat, scale = pre[slot].precondition(_host(deriv))
     d_hat = np.float32(scale) * d_hat
     if isinstance(keys, str):
-        g = grad[keys]
-        g += d_hat.reshape(g.shape).astype(g.dtype, copy=False)
+        _add(grad[keys], d_hat)
         return True
-    g, gb = grad[keys[0]], grad[keys[1]]
-    g += d_hat[:, :g.shape[1]].astype(g.dtype, copy=False)
-    gb += d_hat[:, g.shape[1]].astype(gb.dtype, copy=False)
+    cols = grad[keys[0]].shape[1]
+    _add(grad[keys[0]], d_hat[:, :cols])
+    _add(grad[keys[1]], d_hat[:, cols])
     return True
 
 
@@ -121,12 +135,12 @@ def precondition_two_sided(grad, keys, deriv: np.ndarray) -> bool:
     pre = preconditioners(grad)
     if pre is None:
         return False
-    d_hat, scale_in = pre["in"].precondition(deriv)
+    d_hat, scale_in = pre["in"].precondition(_host(deriv))
     d_hat_t, scale_out = pre["out"].precondition(d_hat.T)
     d_hat = np.float32(scale_in * scale_out) * d_hat_t.T
-    g, gb = grad[keys[0]], grad[keys[1]]
-    g += d_hat[:, :g.shape[1]].astype(g.dtype, copy=False)
-    gb += d_hat[:, g.shape[1]].astype(gb.dtype, copy=False)
+    cols = grad[keys[0]].shape[1]
+    _add(grad[keys[0]], d_hat[:, :cols])
+    _add(grad[keys[1]], d_hat[:, cols])
     return True
 
 

@@ -279,9 +279,9 @@ class LstmNonlinearityComponent(UpdatableComponent):
 
         if grad is not None and preconditioners(grad) is not None:
             # a trainer's natural gradient: Kaldi preconditions the 3 x C derivative
-            precondition_matrix(grad, "params", np.stack([
-                np.sum(c_prev * di_t_input, axis=0), np.sum(c_prev * df_t_input, axis=0),
-                np.sum(c_t * do_t_input, axis=0)]), "params")
+            precondition_matrix(grad, "params", xp.stack([
+                xp.sum(c_prev * di_t_input, axis=0), xp.sum(c_prev * df_t_input, axis=0),
+                xp.sum(c_t * do_t_input, axis=0)]), "params")
         elif grad is not None:
             g = grad["params"]
             g[0] += xp.astype(xp.sum(c_prev * di_t_input, axis=0), g.dtype)

@@ -403,8 +403,9 @@ class TimeHeightConvolutionComponent(UpdatableComponent):
         num_out = len(out_deriv)
         dout = out_deriv.reshape(num_out * m.height_out, m.num_filters_out)
         if grad is not None and preconditioners(grad) is not None:  # a trainer's NG
-            precondition_two_sided(grad, ("linear_params", "bias_params"), np.hstack([
-                dout.T @ self._patches(indexes, in_value), np.sum(dout, axis=0)[:, None]]))
+            precondition_two_sided(grad, ("linear_params", "bias_params"), xp.concatenate([
+                dout.T @ self._patches(indexes, in_value), xp.sum(dout, axis=0)[:, None]],
+                axis=1))
         elif grad is not None:
             g = grad["linear_params"]
             g += xp.astype(dout.T @ self._patches(indexes, in_value), g.dtype)

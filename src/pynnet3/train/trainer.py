@@ -81,11 +81,16 @@ class TrainStats:
 
 class Trainer:
     """Trains ``nnet`` in place, one minibatch per :meth:`train_step` (Kaldi's
-    NnetTrainer). ``options``: a :class:`TrainerOptions` (default Kaldi's)."""
+    NnetTrainer). ``options``: a :class:`TrainerOptions` (default Kaldi's).
+    ``backend`` / ``device``: where the forward and backward passes run (``"numpy"``,
+    or ``"torch"`` on ``device``); the preconditioning, the update and the parameters
+    stay on the host, as pynnet3's networks keep them."""
 
     def __init__(self, nnet, options: TrainerOptions | None = None, *,
-                 compiler: CachingCompiler | None = None):
+                 compiler: CachingCompiler | None = None, backend: str = "numpy",
+                 device=None):
         self.nnet = nnet
+        self.backend, self.device = backend, device
         self.options = options or TrainerOptions()
         self.options.validate()
         self.compiler = compiler or CachingCompiler(nnet, optimize=True)
@@ -205,10 +210,13 @@ class Trainer:
         """Run the computation with gradient targets that accumulate
         ``momentum * delta + lr * (preconditioned) gradient`` into ``self.delta``."""
         nnet = self.nnet
-        computer = NnetComputer(nnet, computation, "numpy", np.float32)
+        computer = NnetComputer(nnet, computation, self.backend, np.float32,
+                                device=self.device)
+        be = computer.backend
+        zeros = getattr(be, "zeros_shaped", None) or (lambda shape, dt: np.zeros(shape, dt))
         targets = {}
         for name, comp in updatable_components(nnet):
-            target = PreconditionedGrad(((k, np.zeros(v.shape, np.float32))
+            target = PreconditionedGrad(((k, zeros(v.shape, np.float32))
                                          for k, v in comp.params().items()),
                                         self._preconditioners_for(name, comp))
             targets[name] = computer.grads[name] = target
@@ -221,7 +229,7 @@ class Trainer:
         outputs = {}
         request = computation.request
         for spec in request.outputs:
-            out = np.asarray(computer.get_output(spec.name))
+            out = np.asarray(be.to_numpy(computer.get_output(spec.name)))
             objective_type = nnet.node(spec.name).objective
             objf, weight, deriv = compute_objective(objective_type, out,
                                                     supervision[spec.name], spec.name)
@@ -238,7 +246,7 @@ class Trainer:
             for key, g in targets[name].items():
                 lr = np.float32(lrs[key])
                 if lr != 0.0:
-                    delta[key] += lr * g
+                    delta[key] += lr * np.asarray(be.to_numpy(g), np.float32)
         return outputs
 
     def _update(self, stats: TrainStats, num_n: int, *, max_change_scale: float,
