@@ -135,9 +135,9 @@ class _SizeStats:
 
 
 class ExampleMerger:
-    """Kaldi's ExampleMerger. Feed examples with :meth:`accept` (it yields the merged
-    minibatches that become complete), then :meth:`finish`; each yields
-    ``(key, merged_example)``."""
+    """Kaldi's ExampleMerger. Feed examples with :meth:`accept` (it returns the merged
+    minibatch an example completed), then call :meth:`finish`; both give
+    ``(key, merged_example)`` pairs. :meth:`merge_all` does both over a stream."""
 
     def __init__(self, minibatch_size: str | MinibatchSizeRules = "256", compress: bool = False):
         self.rules = (minibatch_size if isinstance(minibatch_size, MinibatchSizeRules)
@@ -147,16 +147,21 @@ class ExampleMerger:
         self._pending: dict[tuple, list[NnetExample]] = {}
         self._stats: dict[tuple, _SizeStats] = {}  # (eg size, structure) -> stats
 
-    def accept(self, eg: NnetExample) -> Iterator[tuple[str, NnetExample]]:
+    def accept(self, eg: NnetExample) -> list[tuple[str, NnetExample]]:
+        """Take one example; returns the minibatch it completed (or nothing)."""
         key = eg.structure_key()
         pending = self._pending.setdefault(key, [])
         pending.append(eg)
         size = self.rules.minibatch_size(eg.size(), len(pending), input_ended=False)
-        if size:
-            del self._pending[key]
-            yield self._write(key, pending)
+        if not size:
+            return []
+        del self._pending[key]
+        return [self._write(key, pending)]
 
-    def finish(self) -> Iterator[tuple[str, NnetExample]]:
+    def finish(self) -> list[tuple[str, NnetExample]]:
+        """The input ended: the minibatches made of what is left (the rest is
+        discarded and counted)."""
+        out = []
         pending, self._pending = self._pending, {}
         for key, egs in pending.items():
             eg_size = egs[0].size()
@@ -165,11 +170,13 @@ class ExampleMerger:
                 if not size:
                     break
                 batch, egs = egs[:size], egs[size:]
-                yield self._write(key, batch)
+                out.append(self._write(key, batch))
             if egs:
                 self._stat(key, eg_size).num_discarded += len(egs)
+        return out
 
     def merge_all(self, egs: Iterable[NnetExample]) -> Iterator[tuple[str, NnetExample]]:
+        """All minibatches of ``egs``, as they complete, then :meth:`finish`'s."""
         for eg in egs:
             yield from self.accept(eg)
         yield from self.finish()
