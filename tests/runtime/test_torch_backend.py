@@ -442,3 +442,19 @@ def test_realistic_decode_reads_nothing_back_from_the_device(net):
     comp = pynnet3.compile(nnet, req, optimize=True)
     res = _run_on_meta(nnet, comp)
     assert res.outputs and all(v.device.type == "meta" for v in res.outputs.values())
+
+
+@pytest.mark.parametrize("kind", [1, 2, 3, 4])
+@pytest.mark.parametrize("rng_range", [0.0, 10.0])
+def test_compression_on_the_device_equals_numpy(kind, rng_range):
+    from pynnet3.runtime.compression import compress, decompress
+
+    x = np.random.default_rng(kind).standard_normal((9, 7)).astype(np.float32) * 4
+    x[0, :3] = [0.0, 1e9, -1e9]  # zero, and values clamped at both ends
+    ref, got = compress(x, kind, rng_range), compress(torch.from_numpy(x), kind, rng_range)
+    assert isinstance(got.data, torch.Tensor) and got.scale == ref.scale
+    assert np.array_equal(got.data.numpy().astype(np.int64), ref.data.astype(np.int64))
+    out, tout = np.empty_like(x), torch.zeros(9, 7)
+    decompress(ref, out)
+    decompress(got, tout)
+    assert np.array_equal(tout.numpy(), out)

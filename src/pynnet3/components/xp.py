@@ -29,7 +29,7 @@ The contract (what component math may use)
   ``np.take`` (``xp.take``), ``np.may_share_memory`` / ``np.shares_memory``
   (``xp.may_share_memory`` / ``xp.shares_memory``).
 * Functions: elementwise ``exp log log1p tanh sqrt abs square sign negative
-  reciprocal maximum minimum add subtract multiply divide clip`` (all take ``out=``,
+  reciprocal rint maximum minimum add subtract multiply divide clip`` (all take ``out=``,
   which may be one of the inputs, and Python scalars where NumPy does),
   ``where(cond, a, b)``, reductions ``sum amax amin mean prod cumsum any all``
   (``axis``, ``keepdims``; ``sum``/``cumsum`` take ``dtype``, ``cumsum`` ``out``),
@@ -84,7 +84,7 @@ from . import xp_numpy
 NAMES = (
     "is_numpy", "float32", "float64", "int64", "bool_",
     "exp", "log", "log1p", "tanh", "sqrt", "abs", "square", "sign", "negative",
-    "reciprocal", "maximum", "minimum", "add", "subtract", "multiply", "divide", "clip",
+    "reciprocal", "rint", "maximum", "minimum", "add", "subtract", "multiply", "divide", "clip",
     "where", "sum", "amax", "amin", "mean", "cumsum", "prod", "any", "all", "tile",
     "add_reduceat", "scalar_type", "matmul", "einsum", "gemm_acc",
     "concatenate", "stack", "take", "add_at", "may_share_memory", "shares_memory", "copy",

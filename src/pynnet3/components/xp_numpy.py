@@ -35,6 +35,7 @@ from numpy import (  # noqa: F401 - re-exported as the namespace
     negative,
     prod,
     reciprocal,
+    rint,
     shares_memory,
     sign,
     sqrt,

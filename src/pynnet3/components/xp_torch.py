@@ -81,6 +81,7 @@ square = _unary(torch.square)
 sign = _unary(torch.sign)
 negative = _unary(torch.neg)
 reciprocal = _unary(torch.reciprocal)
+rint = _unary(torch.round)  # (round half to even, as NumPy's rint)
 isfinite = torch.isfinite
 
 

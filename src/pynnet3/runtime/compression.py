@@ -17,6 +17,10 @@ A compressed matrix stores one small integer per element. ``kind`` uses Kaldi's
 Kaldi may skip the clamping ("truncate" off) when values are known to be in
 range; we always clamp, which gives the same numbers whenever Kaldi's choice is
 valid.
+
+The arithmetic runs on the matrix's backend (:mod:`pynnet3.components.xp`): a
+torch matrix is compressed on its device, with no copy to the host (torch has no
+uint16 arithmetic; its UINT16 codes are held as int32).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..components.xp import namespace
 from ..errors import PynnetError
 
 INT8, UINT8, INT16, UINT16 = 1, 2, 3, 4
@@ -48,46 +53,65 @@ def _int_type(kind: int):
 class CompressedMatrix:
     """Integer codes and the scale that maps them back (``scale`` 1 for sign-only)."""
 
-    data: np.ndarray
+    data: object  # the backend's integer (or bool) array
     scale: float
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.data.shape
+        return tuple(self.data.shape)
 
     @property
     def nbytes(self) -> int:
-        return self.data.nbytes
+        d = self.data
+        return d.nbytes if isinstance(d, np.ndarray) else d.numel() * d.element_size()
+
+
+def _codes(xp, a, itype):
+    """``a`` (bool or integral-valued floats) as codes of NumPy type ``itype`` in
+    the namespace's arrays (a bool array is 0/1 bytes: a uint8 view, not a cast)."""
+    if xp.is_numpy:
+        return a.view(itype) if a.dtype == np.bool_ and itype is np.uint8 \
+            else a.astype(itype)
+    import torch
+
+    tdt = {np.int8: torch.int8, np.uint8: torch.uint8, np.int16: torch.int16,
+           np.uint16: torch.int32}[itype]
+    return a.to(tdt)
 
 
 def compress(array, kind: int, range: float) -> CompressedMatrix:  # noqa: A002 (Kaldi's name)
     """Compress a real matrix; see the module docstring for the code."""
-    x = np.asarray(array)
+    x = array if not isinstance(array, (list, tuple)) else np.asarray(array)
+    xp = namespace(x)
     itype = _int_type(kind)
     info = np.iinfo(itype)
     if range < 0:
         raise PynnetError(f"matrix compression range must be >= 0, got {range}")
     if range == 0:
-        if info.min == 0:  # (a bool array is 0/1 bytes: a view, not a cast)
-            codes = np.greater(x, 0)
-            return CompressedMatrix(codes.view(itype) if itype is np.uint8
-                                    else codes.astype(itype), 1.0)
-        return CompressedMatrix(np.sign(x).astype(itype), 1.0)
+        if info.min == 0:
+            return CompressedMatrix(_codes(xp, x > 0, itype), 1.0)
+        return CompressedMatrix(_codes(xp, xp.sign(x), itype), 1.0)
     scale = float(np.float32(range) / np.float32(info.max))
     # The division happens in the matrix's own precision, as Kaldi's kernel does
     # it in float; clipping before the cast avoids integer wrap-around. (One
     # temporary, rounded and clipped in place.)
-    q = x * x.dtype.type(1.0 / scale) if x.dtype.kind == "f" else x / scale
-    np.rint(q, out=q)
-    np.clip(q, info.min, info.max, out=q)
-    return CompressedMatrix(q.astype(itype), scale)
+    # (a Python float takes the matrix's dtype, as x.dtype.type(v) did: NEP 50)
+    q = x * (1.0 / scale)
+    xp.rint(q, out=q)
+    xp.clip(q, info.min, info.max, out=q)
+    return CompressedMatrix(_codes(xp, q, itype), scale)
 
 
-def decompress(obj: CompressedMatrix, out: np.ndarray) -> None:
-    """Write the decompressed values of ``obj`` into ``out`` (same shape)."""
-    if out.shape != obj.shape:
-        raise PynnetError(f"decompressing a {obj.shape} matrix into shape {out.shape}")
+def decompress(obj: CompressedMatrix, out) -> None:
+    """Write the decompressed values of ``obj`` into ``out`` (same shape and
+    backend): ``codes * scale`` in ``out``'s precision."""
+    if tuple(out.shape) != obj.shape:
+        raise PynnetError(f"decompressing a {obj.shape} matrix into shape "
+                          f"{tuple(out.shape)}")
     if obj.scale == 1.0:
         out[...] = obj.data
-    else:
+    elif isinstance(out, np.ndarray):  # (one pass on NumPy)
         np.multiply(obj.data, out.dtype.type(obj.scale), out=out, casting="unsafe")
+    else:  # the codes convert exactly, then one multiply in out's precision, as above
+        out[...] = obj.data
+        out *= obj.scale

@@ -270,16 +270,16 @@ class NnetComputer:
         elif t is CT.COMPRESS_MATRIX:  # range in alpha (see optimize/compression)
             from .compression import compress
             m = self.c.submatrices[cmd.dst].matrix
-            self.matrices[m] = compress(be.to_numpy(self.matrices[m]), cmd.compress_kind,
-                                      cmd.alpha)
+            # (on the matrix's backend and device: nothing goes through the host)
+            self.matrices[m] = compress(self.matrices[m], cmd.compress_kind, cmd.alpha)
         elif t is CT.DECOMPRESS_MATRIX:
             from .compression import decompress
             m = self.c.submatrices[cmd.dst].matrix
-            out = np.empty(self.matrices[m].shape, dtype=self.dtype)
+            shape = self.matrices[m].shape
+            out = np.empty(shape, dtype=self.dtype) if isinstance(be, NumpyBackend) \
+                else be.zeros(shape[0], shape[1], self.dtype)  # (NumPy: no zeroing)
             decompress(self.matrices[m], out)
-            # (a NumPy backend takes the array as it is: from_numpy would copy it)
-            self.matrices[m] = out if isinstance(be, NumpyBackend) else \
-                be.from_numpy(out, self.dtype)
+            self.matrices[m] = out
         elif t is CT.GOTO_LABEL:
             self.pc = self._label_of(cmd)
         elif t in _NOOPS:
