@@ -377,3 +377,31 @@ output-node name=output input=sm objective=linear
     lines = trainer.total_stats_lines()
     assert lines[0].startswith("Overall average objective function for 'output' is ")
     assert lines[1].startswith("[this line is to be parsed by a script:] log-prob-per-frame=")
+
+
+def test_backstitch_freezes_natural_gradient_in_its_first_pass():
+    """Kaldi freezes natural gradient for backstitch's first pass (from the very first
+    minibatch): only the second pass updates the Fisher estimates, so after one step
+    each preconditioner has seen two calls and updated once after initializing."""
+    text = """input-node name=input dim=6
+component name=a type=NaturalGradientAffineComponent input-dim=6 output-dim=4
+component-node name=a component=a input=input
+output-node name=output input=a objective=quadratic
+"""
+    nnet = _net(text)
+    req, x, y = _batch(nnet, seqs=4, frames=10)
+    trainer = Trainer(nnet, TrainerOptions.from_flags(
+        {**PLAIN, "backstitch-training-scale": 0.3}))
+    trainer.train_step(req, inputs={"input": x}, supervision={"output": y})
+    pre = trainer.preconditioners["a"]["in"]
+    assert pre.t == 2 and not pre.frozen
+    # the same calls by hand: first frozen (initializes, no update), then updating
+    by_hand = type(pre)(pre.rank, 4)
+    x1 = np.hstack([x, np.ones((len(x), 1), np.float32)])
+    by_hand.freeze(True)
+    by_hand.precondition(x1)
+    w_after_init = by_hand.W.copy()
+    by_hand.freeze(False)
+    by_hand.precondition(x1)  # (the input of the second pass is the same)
+    assert not np.array_equal(w_after_init, by_hand.W)
+    np.testing.assert_allclose(pre.W, by_hand.W, rtol=1e-5, atol=1e-7)

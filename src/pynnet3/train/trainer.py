@@ -112,10 +112,17 @@ class Trainer:
         return self.preconditioners[name]
 
     def freeze_natural_gradient(self, frozen: bool) -> None:
-        """Kaldi's FreezeNaturalGradient on every preconditioner made so far."""
-        for pre in self.preconditioners.values():
+        """Kaldi's FreezeNaturalGradient: every preconditioner of the network (made
+        now if it does not exist yet, as Kaldi's exist from the start)."""
+        def freeze(pre) -> None:
             for p in (pre or {}).values():
-                p.freeze(frozen)
+                if isinstance(p, dict):  # a CompositeComponent's sub-components
+                    freeze(p)
+                else:
+                    p.freeze(frozen)
+
+        for name, comp in updatable_components(self.nnet):
+            freeze(self._preconditioners_for(name, comp))
 
     # -- one minibatch ---------------------------------------------------------------
     def train_step(self, request, inputs: dict, supervision: dict,
