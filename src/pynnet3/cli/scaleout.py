@@ -160,7 +160,7 @@ def _concatenate(parts: list[str], target: str) -> None:
     through a temporary renamed into place."""
     import shutil
 
-    from ..io.atomic import remove_stale_temporaries, temp_prefix
+    from ..io.atomic import _host, remove_stale_temporaries, temp_prefix
 
     if target == "-":
         out = sys.stdout.buffer
@@ -171,7 +171,7 @@ def _concatenate(parts: list[str], target: str) -> None:
         return
     remove_stale_temporaries(target)
     p = Path(target)
-    tmp = p.with_name(f"{temp_prefix(p)}{os.uname().nodename}-{os.getpid()}-concat")
+    tmp = p.with_name(f"{temp_prefix(p)}{_host()}-{os.getpid()}-concat")
     try:
         with open(tmp, "wb") as out:
             for part in parts:
@@ -205,8 +205,20 @@ def _connect(ray, args, state: dict) -> None:
         if args.ray_address:
             ray.init(address=args.ray_address, logging_level=logging.WARNING)
         else:
-            ray.init(address="local", num_cpus=args.jobs, include_dashboard=False,
-                     _node_ip_address="127.0.0.1", logging_level=logging.WARNING)
+            # the cluster's processes (and so its workers) inherit one BLAS thread:
+            # no per-task runtime_env, so Ray's prestarted workers serve at once
+            kept = {name: os.environ.get(name) for name in _ONE_THREAD}
+            os.environ.update(_ONE_THREAD)
+            try:
+                ray.init(address="local", num_cpus=args.jobs, include_dashboard=False,
+                         _node_ip_address="127.0.0.1", logging_level=logging.WARNING)
+            finally:
+                for name, value in kept.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+            state["local"] = True
         state["owns"] = True
     finally:
         for sig, handler in saved.items():
@@ -262,8 +274,9 @@ def run_scaled(args) -> int:
         resumed = len(pieces) - len(todo)
         if todo:  # (nothing left to do: no cluster started)
             _connect(ray, args, state)
-            task = ray.remote(num_cpus=1)(run_shard).options(
-                runtime_env={"env_vars": _ONE_THREAD})
+            task = ray.remote(num_cpus=1)(run_shard)
+            if not state.get("local"):
+                task = task.options(runtime_env={"env_vars": _ONE_THREAD})
             refs = {k: task.remote(*task_args) for k, task_args in todo}
             for k, ref in refs.items():
                 try:
