@@ -75,6 +75,8 @@ def test_python_snippets_run_as_written(tmp_path, monkeypatch):
     assert ns["nnet"].context() == (13, 13)
     assert ns["res"].outputs["output"].shape == (50, 200)
     assert "(50, 200)" in printed
+    # the torch backend's snippet: a tensor on the device, equal to the NumPy run
+    assert "torch.Size([50, 200]) True\nTrue\n" in printed
     assert set(ns["res"].gradients) <= set(ns["nnet"].components)
     assert (tmp_path / "compiled.cache").is_file()
     # the network optimizer's snippet
