@@ -218,3 +218,19 @@ def test_unmerged_runs_start_as_kaldi(case, tmp_path, capsys):
         np.testing.assert_allclose(np.array([x[1:] for x in ours], float),
                                    np.array([x[1:] for x in kaldis], float), rtol=1e-5)
         np.testing.assert_allclose(o_smallest[0], k_smallest[0], rtol=1e-5)
+
+
+def test_optimization_flags_shape_the_training_computation(tiny, tmp_path, capsys):
+    """--optimization.min-deriv-time (Kaldi's, used for RNNs) reaches the compiler:
+    dropping the derivatives of frames t < 2 changes the update; a bound below every
+    frame changes nothing."""
+    def train(*flags):
+        out = tmp_path / f"out{len(list(tmp_path.iterdir()))}.mdl"
+        assert main(["train", "--use-gpu=no", *flags, str(tiny / "in.mdl"),
+                     f"ark:{tiny / 'egs.ark'}", str(out)]) == 0
+        return read_model(str(out)).components["affine"].params()["linear_params"]
+
+    plain = train()
+    np.testing.assert_array_equal(train("--optimization.min-deriv-time=-100"), plain)
+    assert np.abs(train("--optimization.min-deriv-time=2") - plain).max() > 1e-4
+    capsys.readouterr()

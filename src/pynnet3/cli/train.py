@@ -68,8 +68,13 @@ def _cmd_train(args) -> int:
         if getattr(args, flag):
             _log(f"--{flag.replace('_', '-')} is accepted and ignored (pynnet3 compiles in "
                  "memory; equal minibatch shapes compile once per run)", "WARNING")
+    from ..cache import CachingCompiler
+    from .main import optimize_options_from_args
+
     options = TrainerOptions.from_flags(trainer_flags(args))
     nnet = read_model(args.model)
+    # (--optimization.min-deriv-time etc. shape the training computations, as in Kaldi)
+    compiler = CachingCompiler(nnet, optimize=optimize_options_from_args(args))
     examples = read_examples(args.egs_rspecifier)
     group = _Group.start(args) if args.distributed else None
     if group is not None:
@@ -79,6 +84,9 @@ def _cmd_train(args) -> int:
         examples = shard(examples, group.rank, group.world_size)
     else:
         trainer = Trainer(nnet, options)
+    # Set after construction: Trainer(compiler=...) tests ``compiler or default`` and
+    # an empty CachingCompiler (len 0) is falsy, so the argument would be dropped.
+    trainer.compiler = compiler
     speaks = group is None or group.rank == 0  # (one log and one model for all ranks)
     progress = _Progress() if speaks else None
     try:
@@ -286,4 +294,7 @@ def add_train_command(sub, command, kaldi_bool) -> None:
                    help="accepted and ignored (Kaldi's compiled-computation cache)")
     g.add_argument("--binary-write-cache", dest="binary_write_cache", type=kaldi_bool,
                    default=True, metavar="true|false", help="accepted and ignored")
+    from .main import add_optimize_flags  # (main is loaded: it is building the parser)
+
+    add_optimize_flags(s)
     s.set_defaults(fn=_cmd_train)
