@@ -192,3 +192,34 @@ def test_identity_extraction_backprop_equals_former_formula(variance):
     want = deriv.astype(np.float32)
     np.testing.assert_array_equal(got, want)
     assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("disjoint", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_spread_add_adds_the_definition(disjoint, dtype):
+    """spread_add (broadcast per window where every input row is in one window, in
+    order; else through spread) adds the definition, cast to the target's dtype, to
+    what the target held."""
+    rng = np.random.default_rng(11 + disjoint)
+    segments = 0
+    for _ in range(300):
+        r = _random_case(rng, disjoint)
+        d = rng.standard_normal((len(r.lo), 3))
+        target = rng.standard_normal((r.num_input_rows, 3)).astype(dtype)
+        want = target + _definition(d, r.perm, r.lo, r.hi, r.num_input_rows).astype(dtype)
+        r.spread_add(target, d)
+        np.testing.assert_allclose(target, want, rtol=1e-6 if dtype == np.float32 else 1e-12,
+                                   atol=1e-6 if dtype == np.float32 else 1e-12)
+        segments += r.__dict__.get("_segments") is not None
+    assert segments > 0 or not disjoint  # the broadcast path was taken
+
+
+def test_spread_add_of_pooling_windows_uses_no_gather():
+    """One window per sequence over all its rows (x-vector pooling): segments."""
+    lo, hi = np.array([0, 5, 9]), np.array([5, 9, 12])
+    r = RangeIndexes(np.arange(12), lo, hi, 12)
+    d = np.arange(6.0).reshape(3, 2)
+    target = np.ones((12, 2), np.float32)
+    r.spread_add(target, d)
+    assert r.__dict__["_segments"] == [(0, 0, 5), (1, 5, 9), (2, 9, 12)]
+    np.testing.assert_array_equal(target, 1 + np.repeat(d, [5, 4, 3], axis=0))

@@ -231,6 +231,22 @@ class RangeIndexes:
         out[xp.index(self.perm, like=deriv)] = per_sorted
         return out if out.dtype == dtype else xp.astype(out, dtype)
 
+    def spread_add(self, target, deriv) -> None:
+        """``target += spread(deriv, target.dtype)``. When every input row is in exactly
+        one window, windows in row order (x-vector pooling), and the windows are few,
+        each window's rows get their output's row added by broadcasting: no
+        [num_input_rows, cols] temporary (on torch CPU that gather cost 4x NumPy's)."""
+        plan = self._spread_plan()
+        segments = self._derived("_segments", lambda: _segments(self, plan))
+        if segments is None:
+            target += self.spread(deriv, target.dtype)
+            return
+        xp = namespace(deriv)
+        if deriv.dtype != target.dtype:  # (the same floats as spread's cast, then gather)
+            deriv = xp.astype(deriv, target.dtype)
+        for o, a, b in segments:
+            target[a:b] += deriv[o]
+
     def _spread_plan(self) -> _SpreadPlan:
         plan = self.__dict__.get("_spread")
         if plan is None:
@@ -285,6 +301,21 @@ class _SpreadPlan:
         uncovered = np.cumsum(cover[:-1]) == 0
         return cls(events=events, group_starts=group_starts, targets=place[group_starts],
                    uncovered=uncovered, uncovered_rows=np.flatnonzero(uncovered))
+
+
+def _segments(r: RangeIndexes, plan: _SpreadPlan) -> list | None:
+    """``[(output, first input row, end)]`` when every input row is in exactly one
+    window, windows in row order, and there are at most ``_DIRECT_MAX_WINDOWS`` of them
+    (not one row each); else None."""
+    if plan.owner is None or plan.rows is not None or plan.owner_is_identity \
+            or not 0 < len(r.lo) <= _DIRECT_MAX_WINDOWS:
+        return None
+    owner = plan.owner
+    if not len(owner):  # (no input rows: nothing to add)
+        return []
+    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    ends = np.r_[starts[1:], len(owner)]
+    return [(int(owner[a]), int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
 
 
 def _float64_copy(xp, x):
@@ -806,7 +837,7 @@ class StatisticsPoolingComponent(Component):
         deriv /= counts[:, None]
         # The count column is not differentiable (it comes from the extraction's
         # constant counts); Kaldi leaves its derivative untouched.
-        in_deriv[:, 1:] += indexes.spread(deriv, in_deriv.dtype)
+        indexes.spread_add(in_deriv[:, 1:], deriv)
 
 
 __all__ = ["StatisticsExtractionComponent", "StatisticsPoolingComponent", "RangeIndexes",
