@@ -106,47 +106,100 @@ def _rows(times) -> np.ndarray:
     return np.stack([z, t, z], axis=1)
 
 
+def search_context(nnet, frames: int, output_frames: int) -> tuple[int, int]:
+    """The smallest left context, then the smallest right context, that make every
+    output computable at t = 0 .. output_frames-1 from frame inputs at t = -left ..
+    frames-1+right (computability only grows with the inputs, so both are binary
+    searches). For networks whose Kaldi-style context does not describe them, e.g. an
+    output that reads ``Round(x, 3)`` on some frames and ``x`` on others."""
+    from ..compiler.computable import Computability
+
+    frame_inputs = [n for n in nnet.input_names() if n != IVECTOR]
+    want = _rows(range(output_frames))
+    pad = 2 * nnet.modulus() + 8
+
+    def computable(left: int, right: int) -> bool:
+        inputs = {n: _rows(range(-left, frames + right)) for n in frame_inputs}
+        if IVECTOR in nnet.input_names():
+            inputs[IVECTOR] = _rows(range(-left - pad, frames + right + pad))
+        comp = Computability(nnet, inputs)
+        return all(comp.computable(o, want).all() for o in nnet.output_names())
+
+    if not computable(MAX_WINDOW, MAX_WINDOW):
+        raise ExportError(f"the network's outputs at t = 0..{output_frames - 1} are not "
+                          f"computable even with {MAX_WINDOW} frames of context on each "
+                          "side: the context is too wide (or infinite) to export for fixed "
+                          "blocks of frames")
+
+    def smallest(ok) -> int:
+        lo, hi = 0, MAX_WINDOW  # ok(hi) holds
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ok(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    left = smallest(lambda v: computable(v, MAX_WINDOW))
+    return left, smallest(lambda v: computable(left, v))
+
+
 def export_request(nnet, frames: int, output_times: str = "auto",
                    ivector_rows: str = "auto") -> tuple[ComputationRequest, ExportShape]:
     """The request (n = 0) and the shape of the exported interface (module doc).
     ``output_times``: "auto", "all" (t = 0 .. F-1) or "first" (t = 0);
-    ``ivector_rows``: "auto" (t = 0, else every frame time), "first" or "all"."""
+    ``ivector_rows``: "auto" (t = 0, else every frame time), "first" or "all".
+    The context is Kaldi's (:func:`export_context`, over every output) when the
+    outputs are computable with it, else the smallest that works
+    (:func:`search_context`)."""
     if int(frames) < 1:
         raise ExportError(f"frames must be >= 1, got {frames}")
     if output_times not in ("auto", "all", "first"):
         raise ExportError(f"output_times must be auto, all or first, got {output_times!r}")
-    left, right = export_context(nnet)
+    if ivector_rows not in ("auto", "first", "all"):
+        raise ExportError(f"ivector_rows must be auto, first or all, got {ivector_rows!r}")
     first = output_times == "first" or (output_times == "auto"
                                         and pools_whole_utterances(nnet))
+    error = None
+    try:
+        found, error = _request_for(nnet, frames, *export_context(nnet), first, ivector_rows)
+        if found is not None:
+            return found
+    except ExportError:
+        pass
+    left, right = search_context(nnet, frames, 1 if first else frames)
+    found, error = _request_for(nnet, frames, left, right, first, ivector_rows)
+    if found is not None:
+        return found
+    raise ExportError(f"the network's outputs at t = 0..{(1 if first else frames) - 1} are "
+                      f"not computable from inputs at t = {-left}..{frames + right - 1}: "
+                      f"{error}")
+
+
+def _request_for(nnet, frames: int, left: int, right: int, first: bool, ivector_rows: str):
+    """((request, shape), None) for this context, or (None, the compiler's error)."""
+    from ..compiler import compile_computation
+
     shape = ExportShape(int(frames), int(left), int(right), first)
     frame_times = np.arange(-shape.left, shape.frames + shape.right)
     outputs = [IoSpecification(name, _rows(range(shape.output_frames)))
                for name in nnet.output_names()]
-
-    def request(iv_times) -> ComputationRequest:
-        inputs = [IoSpecification(name, _rows(iv_times if name == IVECTOR else frame_times))
-                  for name in nnet.input_names()]
-        return ComputationRequest(inputs, outputs)
-
     # (Round(ivector, m) and offsets may read it a little outside the frame range)
     pad = 2 * nnet.modulus() + 8
     wide_times = np.arange(-shape.left - pad, shape.frames + shape.right + pad)
     choices = {"auto": ([0], frame_times, wide_times), "first": ([0],),
                "all": (frame_times, wide_times)}
-    if ivector_rows not in choices:
-        raise ExportError(f"ivector_rows must be auto, first or all, got {ivector_rows!r}")
     error = None
     for iv_times in choices[ivector_rows] if IVECTOR in nnet.input_names() else ([0],):
-        req = request(iv_times)
+        inputs = [IoSpecification(name, _rows(iv_times if name == IVECTOR else frame_times))
+                  for name in nnet.input_names()]
+        req = ComputationRequest(inputs, outputs)
         try:
-            from ..compiler import compile_computation
-
             compile_computation(nnet, req)  # (cheap check of computability)
         except ComputeError as e:
             error = e
             continue
         shape.ivector_times = tuple(int(t) for t in iv_times)
-        return req, shape
-    last = shape.frames + shape.right - 1
-    raise ExportError(f"the network's outputs at t = 0..{shape.output_frames - 1} are not "
-                      f"computable from inputs at t = {-shape.left}..{last}: {error}")
+        return (req, shape), None
+    return None, error
