@@ -213,3 +213,16 @@ output-node name=out-put input=a_b
     inputs = random_inputs(module, 2)
     got = run_module(module, inputs)
     assert max_rel(got["out-put"], reference_outputs(nnet, module, inputs)["out-put"]) < 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_equals_cpu():
+    """New tensors follow the input's device: module.to('cuda') runs on the GPU."""
+    nnet = example_nnet()
+    module = to_torch(nnet, frames=6)
+    inputs = random_inputs(module, 3)
+    want = run_module(module, inputs)["output"]
+    module = module.to("cuda")
+    with torch.no_grad():
+        got = module(*[torch.from_numpy(inputs[n]).cuda() for n in module.input_names])
+    assert max_rel(got["output"].cpu().numpy(), want) < 1e-4
