@@ -167,3 +167,52 @@ def test_averages_weighted_by_count_and_int_counters_truncated():
     clip = avg.components["clip"]
     # int32 fields: int(7 * 0.5) = 3, then int(3 + 0.5 * 7) = 6; int(1.5) = 1, int(1 + 1.5) = 2.
     assert (clip.count, clip.num_clipped) == (6, 2)
+
+
+def test_independent_jobs_then_average_equal_one_step_at_half_the_rate():
+    """Kaldi's data parallelism: two jobs each take one plain-SGD step (no max-change,
+    no momentum) from the same model on their own minibatch; the average of their
+    models is theta + lr * (g_a + g_b) / 2, one step on both minibatches merged at
+    half the learning rate."""
+    from pynnet3 import Nnet
+    from pynnet3.io.egs import NnetExample, NnetIo
+    from pynnet3.io.egs_merge import merge_examples
+    from pynnet3.train import Trainer, TrainerOptions
+    from pynnet3.train.examples import example_minibatch
+
+    config = "\n".join([
+        "input-node name=input dim=3",
+        "component name=a type=AffineComponent input-dim=6 output-dim=5 learning-rate=0.2",
+        "component-node name=a component=a input=Append(Offset(input, -1), input)",
+        "component name=r type=RectifiedLinearComponent dim=5",
+        "component-node name=r component=r input=a",
+        "component name=b type=AffineComponent input-dim=5 output-dim=3 learning-rate=0.2",
+        "component-node name=b component=b input=r",
+        "component name=sm type=LogSoftmaxComponent dim=3",
+        "component-node name=sm component=sm input=b",
+        "output-node name=output input=sm"])
+    rng = np.random.default_rng(3)
+    egs = [NnetExample([NnetIo.from_matrix("input", -1, rng.standard_normal((4, 3))
+                                           .astype(np.float32)),
+                        NnetIo.from_labels("output", 3, 0, rng.integers(0, 3, 3))])
+           for _ in range(8)]
+    flags = {"max-param-change": 0.0, "store-component-stats": False}
+
+    def step(egs_part, half_rate=False):
+        nnet = Nnet.from_config(config, seed=4)
+        if half_rate:
+            nnet.set_learning_rate(0.1)
+        mb = example_minibatch(nnet, merge_examples(egs_part))
+        Trainer(nnet, TrainerOptions.from_flags(flags)).train_step(
+            mb.request, inputs=mb.inputs, supervision=mb.supervision)
+        return nnet
+
+    averaged = average_nnets([step(egs[:4]), step(egs[4:])])
+    together = step(egs, half_rate=True)
+    start = Nnet.from_config(config, seed=4)
+    for name in ("a", "b"):
+        for key, p in together.components[name].params().items():
+            moved = np.abs(p - start.components[name].params()[key]).max()
+            assert moved > 1e-3
+            np.testing.assert_allclose(averaged.components[name].params()[key], p,
+                                       rtol=1e-5, atol=1e-6 * moved)
