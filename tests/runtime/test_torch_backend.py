@@ -458,3 +458,23 @@ def test_compression_on_the_device_equals_numpy(kind, rng_range):
     decompress(ref, out)
     decompress(got, tout)
     assert np.array_equal(tout.numpy(), out)
+
+
+@pytest.mark.parametrize("config", ["IVECTOR", "LOOPED_RNN"])
+def test_looped_decoding_on_torch_equals_numpy(config):
+    """A looped computation (GOTO_LABEL, the state carried across chunks) steps
+    through the torch backend as through NumPy's."""
+    from pynnet3.runtime.looped import LoopedOptions, decode_looped
+    from tests.runtime.test_looped_decoding import LOOPED_RNN
+
+    nnet = pynnet3.Nnet.from_config(LOOPED_RNN if config == "LOOPED_RNN" else N.IVECTOR,
+                                    seed=5)
+    N.to_float64(nnet)
+    rng = np.random.default_rng(3)
+    feats = rng.standard_normal((23, nnet.input_dim("input")))
+    iv = rng.standard_normal(nnet.input_dim("ivector"))
+    opts = LoopedOptions(frames_per_chunk=5, frame_subsampling_factor=1, acoustic_scale=1.0)
+    ref = decode_looped(nnet, feats, iv, opts, dtype=np.float64)
+    got = decode_looped(nnet, feats, iv, opts, backend="torch", dtype=np.float64)
+    assert isinstance(got, np.ndarray) and got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)

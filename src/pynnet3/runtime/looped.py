@@ -170,7 +170,8 @@ class DecodableNnetLooped:
             self.computer.accept_input(
                 "ivector", np.repeat(iv[None, :], info.num_ivectors(self.chunks_done), axis=0))
         self.computer.run_until_io()
-        out = self.computer.get_output("output")
+        # (the decodable hands out NumPy rows, whatever backend computed them)
+        out = self.computer.backend.to_numpy(self.computer.get_output("output"))
         if info.options.acoustic_scale != 1.0:
             out *= out.dtype.type(info.options.acoustic_scale)
         fsf = info.options.frame_subsampling_factor
