@@ -220,7 +220,9 @@ def add_train_command(sub, command, kaldi_bool) -> None:
                 "stats scaling and backstitch as NnetTrainer; the learning rates are the\n"
                 "model's. The log says the average objective every --print-interval\n"
                 "minibatches and overall. Exit status 1 when no frame had supervision\n"
-                "(the model is written anyway, as Kaldi does).")
+                "(the model is written anyway, as Kaldi does).",
+                usage="pynnet3 train [-h] [options] [--optimization.OPTION=VALUE ...] "
+                      "MODEL EGS-RSPECIFIER OUT")
     s.add_argument("model", metavar="MODEL",
                    help="model to train: Kaldi nnet3 raw model, text or binary (detected), "
                         "gzipped or not; '-' reads stdin")
