@@ -83,8 +83,7 @@ def update_with_max_change(nnet, delta: dict, max_param_change: float,
     ``params += scale * global * factor * delta``, in place."""
     comps = updatable_components(nnet)
     result = MaxChangeResult()
-    sq = {name: sum(float(np.dot(a.reshape(-1).astype(np.float64), a.reshape(-1)))
-                    for a in delta[name].values()) for name, _ in comps}
+    sq = {name: sum(_sumsq(a) for a in delta[name].values()) for name, _ in comps}
     param_delta_sq = 0.0
     num_applied = 0
     min_scale, min_name, min_max_change = 1.0, "", 0.0
@@ -219,3 +218,9 @@ def constrain_orthonormal(nnet, rng: np.random.Generator,
         constrain_orthonormal_matrix(m, float(comp.orthonormal_constraint), name)
         done.append(name)
     return done
+
+
+def _sumsq(a: np.ndarray) -> float:
+    """Sum of squares in float64 (Kaldi's DotProduct of a component with itself)."""
+    flat = a.astype(np.float64).reshape(-1)
+    return float(np.dot(flat, flat))
