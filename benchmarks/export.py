@@ -14,12 +14,15 @@ the best forward time of:
 * ``onnxrt``: the ``to_onnx`` model in onnxruntime, one intra-op thread;
 * ``kaldi``: ``forward_ms`` from ``scaling.json`` (another machine: compare ratios);
 
-and fx/numpy, best-export/kaldi. Times are minima over ``--reps`` runs (the host may be
-shared). No assertions. :class:`Exported` gives the three export runners for other
-tables (backends.py).
+and fx/numpy, best-export/kaldi. ``--shape=train``: a training step instead (forward
+and the model gradients of sum(output * deriv): the NumPy backend's backward pass vs
+autograd through the exported module, eager and compiled; 20 output frames; the
+network in test mode as read; Kaldi's ``forward_backward_ms`` beside it). Times are
+minima over ``--reps`` runs (the host may be shared). No assertions.
+:class:`Exported` gives the export runners to other tables (backends.py).
 
     python benchmarks/export.py [--nets tdnnf_chain,xvector] [--ns 1,8,32,128]
-                                [--reps 5] [--no-compile]
+                                [--reps 5] [--no-compile] [--shape decode|train]
 """
 
 from __future__ import annotations
@@ -69,23 +72,26 @@ class Exported:
     """A network exported once: the ``to_torch`` module, its ``torch.compile``d form
     (dynamic N, compiled on first use) and an onnxruntime session (one thread)."""
 
-    def __init__(self, model, compile_module: bool = True):
+    def __init__(self, model, compile_module: bool = True, frames: int = FRAMES,
+                 onnx: bool = True):
         import torch
 
         from pynnet3.export import to_onnx, to_torch
 
         torch.set_num_threads(1)
-        self.module = to_torch(model, FRAMES).eval()
+        self.module = to_torch(model, frames).eval()
         self.compiled = torch.compile(self.module, dynamic=True) if compile_module else None
         self._compiled_once = False
         self.session = None
+        if not onnx:
+            return
         try:
             import onnxruntime as ort
         except ImportError:
             return
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.onnx"
-            to_onnx(model, path, FRAMES, module=self.module)
+            to_onnx(model, path, frames, module=self.module)
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = opts.inter_op_num_threads = 1
             self.session = ort.InferenceSession(str(path), opts,
@@ -116,14 +122,87 @@ class Exported:
         return out
 
 
+    def train_runners(self, args: tuple, derivs: dict) -> dict:
+        """name -> one training step's gradient computation: forward, then autograd of
+        sum(output * deriv) into every parameter (``fx``; ``compiled`` too)."""
+        import torch
+
+        d = {k: torch.from_numpy(v) for k, v in derivs.items()}
+        params = list(self.module.parameters())
+
+        def step(fn):
+            def run():
+                for p in params:
+                    p.grad = None
+                y = fn(*args)
+                sum((y[k] * d[k]).sum() for k in d).backward()
+            return run
+
+        out = {"fx": step(self.module)}
+        if self.compiled is not None:
+            if not self._compiled_once:
+                t0 = time.perf_counter()
+                step(self.compiled)()
+                sys.stderr.write(f"  torch.compile (train): {time.perf_counter() - t0:.1f} s\n")
+                self._compiled_once = True
+            out["compiled"] = step(self.compiled)
+        return out
+
+
+def train_table(args, ref: Path) -> None:
+    """Training step (forward + model gradients) at scaling.json's train shape: N
+    sequences of 20 output frames, the network in test mode as read (no network
+    optimizer: the gradients are the network's own parameters')."""
+    kaldi = {(e["network"], e["N"]): e["forward_backward_ms"]
+             for e in json.loads((ref / "scaling.json").read_text()) if e["shape"] == "train"}
+    rng = np.random.default_rng(0)
+    cols = ("numpy", "fx", "compiled", "kaldi")
+    head = f"{'network':<13} {'N':>4} " + " ".join(f"{c:>9}" for c in cols) + \
+        f" {'fx/numpy':>8}"
+    print(f"train step ms (min of {args.reps}), one CPU thread; kaldi: forward_backward_ms "
+          "(training-mode BatchNorm, another machine)")
+    print(head)
+    print("-" * len(head))
+    for net in args.nets.split(","):
+        model = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")
+        model.set_test_mode(True)
+        exported = None
+        for n in map(int, args.ns.split(",")):
+            req = scaling_request(model, net, "train", n)
+            inputs = {s.name: rng.standard_normal((len(s.indexes), model.input_dim(s.name)))
+                      .astype(np.float32) for s in req.inputs}
+            derivs = {s.name: rng.standard_normal((len(s.indexes), model.output_dim(s.name)))
+                      .astype(np.float32) for s in req.outputs}
+            comp = pynnet3.CachingCompiler(model).compile(req)
+            times = {"numpy": best_ms(_numpy_runner(model, comp, inputs, derivs), args.reps)}
+            if exported is None:
+                exported = Exported(model, compile_module=args.compile, frames=20, onnx=False)
+            m = exported.module
+            margs = module_inputs(m, inputs, n)
+            mderivs = {k: v.reshape(n, m.output_frames, -1) for k, v in derivs.items()}
+            for name, fn in exported.train_runners(margs, mderivs).items():
+                times[name] = best_ms(fn, args.reps)
+            times["kaldi"] = kaldi.get((net, n))
+            print(f"{net:<13} {n:>4} " + " ".join(_cell(times.get(c)) for c in cols)
+                  + f" {times['fx'] / times['numpy']:8.2f}", flush=True)
+
+
+def _cell(v) -> str:
+    return f"{v:9.2f}" if v is not None else f"{'-':>9}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nets", default=",".join(NETS))
     ap.add_argument("--ns", default="1,8,32,128")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-compile", dest="compile", action="store_false")
+    ap.add_argument("--shape", choices=("decode", "train"), default="decode")
     args = ap.parse_args(argv)
     ref = reference_dir()
+    if args.shape == "train":
+        train_table(args, ref)
+        return 0
     kaldi = {(e["network"], e["N"]): e["forward_ms"]
              for e in json.loads((ref / "scaling.json").read_text()) if e["shape"] == "decode"}
     rng = np.random.default_rng(0)
@@ -164,8 +243,8 @@ def main(argv=None) -> int:
     return 0
 
 
-def _numpy_runner(model, comp, inputs: dict):
-    return lambda: NnetComputer(model, comp).run(dict(inputs))
+def _numpy_runner(model, comp, inputs: dict, derivs: dict | None = None):
+    return lambda: NnetComputer(model, comp).run(dict(inputs), dict(derivs or {}))
 
 
 if __name__ == "__main__":
