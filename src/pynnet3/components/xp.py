@@ -30,7 +30,8 @@ The contract (what component math may use)
   (``xp.may_share_memory`` / ``xp.shares_memory``).
 * Functions: elementwise ``exp log log1p tanh sqrt abs square sign negative
   reciprocal rint maximum minimum add subtract multiply divide clip`` (all take ``out=``,
-  which may be one of the inputs, and Python scalars where NumPy does),
+  which may be one of the inputs, and Python scalars where NumPy does), ``sigmoid(x)``
+  (the logistic function, one op on torch; NumPy: ``0.5 * tanh(0.5 x) + 0.5``),
   ``where(cond, a, b)``, reductions ``sum amax amin mean prod cumsum any all``
   (``axis``, ``keepdims``; ``sum``/``cumsum`` take ``dtype``, ``cumsum`` ``out``),
   ``tile(x, reps)``,
@@ -84,7 +85,8 @@ from . import xp_numpy
 NAMES = (
     "is_numpy", "float32", "float64", "int64", "bool_",
     "exp", "log", "log1p", "tanh", "sqrt", "abs", "square", "sign", "negative",
-    "reciprocal", "rint", "maximum", "minimum", "add", "subtract", "multiply", "divide", "clip",
+    "reciprocal", "rint", "sigmoid", "maximum", "minimum", "add", "subtract", "multiply",
+    "divide", "clip",
     "where", "sum", "amax", "amin", "mean", "cumsum", "prod", "any", "all", "tile",
     "add_reduceat", "scalar_type", "matmul", "einsum", "gemm_acc",
     "concatenate", "stack", "take", "add_at", "may_share_memory", "shares_memory", "copy",
@@ -99,20 +101,28 @@ def f32(x: float) -> float:
     return float(np.float32(x))
 
 
+_BY_TYPE: dict[type, object] = {}  # array types seen -> their namespace
+
+
 def namespace(x):
     """The array namespace for ``x`` (a NumPy array or a torch tensor)."""
     if type(x) is np.ndarray:  # the hot path: one type check
         return xp_numpy
+    ns = _BY_TYPE.get(type(x))
+    if ns is not None:  # (torch tensors: one dict lookup)
+        return ns
     if isinstance(x, list):  # input given as column blocks
         return namespace(x[0])
     if isinstance(x, np.ndarray):
-        return xp_numpy
-    mod = type(x).__module__
-    if mod.startswith("torch"):
+        ns = xp_numpy
+    elif type(x).__module__.startswith("torch"):
         from . import xp_torch
 
-        return xp_torch
-    raise TypeError(f"no array namespace for {type(x).__name__}")
+        ns = xp_torch
+    else:
+        raise TypeError(f"no array namespace for {type(x).__name__}")
+    _BY_TYPE[type(x)] = ns
+    return ns
 
 
 def new_run() -> None:
