@@ -101,7 +101,8 @@ def to_torch(nnet, frames: int, *, output_times: str = "auto", ivector_rows: str
     module = fx.GraphModule(g.root, g.graph, class_name="ExportedNnet")
     module.input_names = list(nnet.input_names())
     module.output_names = list(nnet.output_names())
-    module.param_names = dict(g.param_names)
+    # (a parameter no output depends on is not in the module: dead code)
+    module.param_names = {k: v for k, v in g.param_names.items() if hasattr(module, v)}
     module.frames = shape.frames
     module.left_context, module.right_context = shape.left, shape.right
     module.input_frames = shape.input_frames
