@@ -276,3 +276,20 @@ def test_torch_backend_gives_the_numpy_update(line, dim_in):
         ulps = 4 * np.finfo(np.float32).eps * np.abs(nnet.components["comp"].params()[key]).max()
         np.testing.assert_allclose(got[key], value, rtol=0,
                                    atol=1e-4 * np.abs(value).max() + ulps)
+
+
+def test_tdnn_at_learning_rate_zero_skips_its_preconditioners():
+    """Kaldi's TdnnComponent::Backprop returns before Update at learning rate 0 (so
+    its natural-gradient state does not move); NaturalGradientAffine still updates."""
+    nnet = _net("type=TdnnComponent input-dim=6 output-dim=5 time-offsets=-1,0", 6)
+    nnet.components["comp"].learning_rate = 0.0
+    req, x, y = _minibatch(nnet)
+    delta, trainer = _step(nnet, req, x, y)
+    assert not np.any(delta["linear_params"])
+    assert all(p.t == 0 for p in trainer.preconditioners.get("comp", {}).values())
+    nnet = _net("type=NaturalGradientAffineComponent input-dim=12 output-dim=10", 12)
+    nnet.components["comp"].learning_rate = 0.0
+    req, x, y = _minibatch(nnet)
+    delta, trainer = _step(nnet, req, x, y)
+    assert not np.any(delta["linear_params"])
+    assert trainer.preconditioners["comp"]["in"].t == 1

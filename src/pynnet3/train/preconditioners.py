@@ -93,3 +93,10 @@ def make_preconditioners(comp) -> dict | None:
         return {"in": OnlineNaturalGradient(comp.rank_in, alpha=comp.alpha_in, **history),
                 "out": OnlineNaturalGradient(comp.rank_out, alpha=comp.alpha_out, **history)}
     return None
+
+
+def skips_update(comp) -> bool:
+    """Kaldi's Tdnn and TimeHeightConvolution Backprop return before their Update at
+    learning rate 0, so their preconditioners do not see that minibatch."""
+    return comp.type_name in ("TdnnComponent", "TimeHeightConvolutionComponent") and \
+        comp.learning_rate == 0.0

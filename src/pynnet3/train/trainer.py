@@ -25,7 +25,7 @@ from ..errors import RuntimeInputError
 from ..runtime.computer import NnetComputer
 from .objective import compute_objective
 from .options import TrainerOptions
-from .preconditioners import make_preconditioners
+from .preconditioners import make_preconditioners, skips_update
 from .progress import MaxChangeCounts, ObjectiveInfo
 from .update import (
     apply_l2_regularization,
@@ -223,9 +223,9 @@ class Trainer:
         zeros = getattr(be, "zeros_shaped", None) or (lambda shape, dt: np.zeros(shape, dt))
         targets = {}
         for name, comp in updatable_components(nnet):
+            pre = None if skips_update(comp) else self._preconditioners_for(name, comp)
             target = PreconditionedGrad(((k, zeros(v.shape, np.float32))
-                                         for k, v in comp.params().items()),
-                                        self._preconditioners_for(name, comp))
+                                         for k, v in comp.params().items()), pre)
             targets[name] = computer.grads[name] = target
         for spec in computation.request.inputs if computation.request else []:
             if spec.name not in inputs:
