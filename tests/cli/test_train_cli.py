@@ -14,12 +14,14 @@ import pytest
 
 from pynnet3.cli.files import read_model
 from pynnet3.cli.main import main
-from tests.reference import REF, ref_params
+from tests.reference import REF, ref_params, require_reference
 
 _NG_DRIFT = (
-    "pynnet3.train's OnlineNaturalGradient drifts from Kaldi's here: Kaldi logged "
-    "'Cholesky out of expected range, reorthogonalizing with Gram-Schmidt' in this run "
-    "({warnings}x); {detail}")
+    "not reproducible to 1e-3 by any implementation (docs/training.md, 'Where no "
+    "implementation can match Kaldi exactly'): minibatches with fewer rows than a "
+    "natural-gradient rank make part of Kaldi's R_t from float32 rounding noise (Kaldi "
+    "logged {warnings} Gram-Schmidt fallbacks here), and one-sequence runs are chaotic; "
+    "measured: {detail}")
 RUNS = [
     ("tdnn_relu_bn", "merged", None),
     ("tdnn_relu_bn_lr0.01", "merged", None),
@@ -234,3 +236,35 @@ def test_optimization_flags_shape_the_training_computation(tiny, tmp_path, capsy
     np.testing.assert_array_equal(train("--optimization.min-deriv-time=-100"), plain)
     assert np.abs(train("--optimization.min-deriv-time=2") - plain).max() > 1e-4
     capsys.readouterr()
+
+
+def test_xvector_run_matches_kaldi_where_it_can(tmp_path, capsys):
+    """The x-vector run's reproducible part (the strict xfail above has the full
+    criterion): the layers before statistics pooling change as Kaldi's (1e-3), the
+    printed objectives match, and the layers after pooling (N=8 rows < rank) stay within
+    10% of Kaldi's change."""
+    folder = require_reference() / "train-cli" / "xvector"
+    options = json.loads((folder / "options.json").read_text())
+    flags = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}"
+             for k, v in options.items()]
+    out = tmp_path / "out.txt"
+    model_in = folder / "model_in.txt.gz"
+    assert main(["train", *flags, str(model_in), f"ark:{folder / 'merged.ark'}",
+                 str(out)]) == 0
+    err = capsys.readouterr().err
+    before, ours = read_model(str(model_in)), read_model(str(out))
+    kaldi = read_model(str(folder / "model_after.txt.gz"))
+    for name, comp in before.components.items():
+        if not comp.is_updatable():
+            continue
+        bound = 1e-3 if name in {f"tdnn{i}.affine" for i in range(1, 6)} else 0.1
+        for key, p0 in comp.params().items():
+            kaldi_change = kaldi.components[name].params()[key] - p0
+            rel = (np.linalg.norm(ours.components[name].params()[key] - p0 - kaldi_change)
+                   / np.linalg.norm(kaldi_change))
+            assert rel <= bound, (name, key, rel)
+    k_mb, k_overall, _, _ = _kaldi_log_numbers((folder / "log_nnet3-train_merged.txt")
+                                               .read_text())
+    o_mb, o_overall, _, _ = _kaldi_log_numbers(err)
+    np.testing.assert_allclose([v for _, v, _ in o_mb], [v for _, v, _ in k_mb], rtol=5e-6)
+    assert o_overall == pytest.approx(k_overall, rel=1e-5)
