@@ -45,9 +45,10 @@ from .preconditioning import (
 from .xp import namespace
 
 
-def _sigmoid(x):
-    # tanh form: no overflow warnings for large |x|, same value as 1/(1+exp(-x)).
-    return 0.5 * namespace(x).tanh(0.5 * x) + 0.5
+def _scaled(x, scale):
+    """``x * scale``; ``x`` itself for a None scale (no dropout mask: saves one
+    elementwise pass, and multiplying by 1 was exact anyway)."""
+    return x if scale is None else x * scale
 
 
 def _read_checked_matrix(r, tag: str, name: str) -> np.ndarray:
@@ -215,7 +216,7 @@ class LstmNonlinearityComponent(UpdatableComponent):
         if self.use_dropout:
             scales = [x[:, 5 * c + k:5 * c + k + 1] for k in range(3)]
         else:
-            scales = [1.0, 1.0, 1.0]
+            scales = [None, None, None]  # (no mask: unscaled, see _scaled)
         return parts, scales
 
     def propagate(self, indexes, in_value, out_value):
@@ -223,11 +224,11 @@ class LstmNonlinearityComponent(UpdatableComponent):
         xp = namespace(in_value)
         w = xp.param(self.params_, like=in_value)
         (i_part, f_part, c_part, o_part, c_prev), (i_s, f_s, o_s) = self._split(in_value)
-        i_t = _sigmoid(i_part + w[0] * c_prev)
-        f_t = _sigmoid(f_part + w[1] * c_prev)
-        c_t = f_t * f_s * c_prev + i_t * i_s * xp.tanh(c_part)
-        o_t = _sigmoid(o_part + w[2] * c_t)
-        m_t = o_t * o_s * xp.tanh(c_t)
+        i_t = xp.sigmoid(i_part + w[0] * c_prev)
+        f_t = xp.sigmoid(f_part + w[1] * c_prev)
+        c_t = _scaled(f_t, f_s) * c_prev + _scaled(i_t, i_s) * xp.tanh(c_part)
+        o_t = xp.sigmoid(o_part + w[2] * c_t)
+        m_t = _scaled(o_t, o_s) * xp.tanh(c_t)
         out_value[:, :c] = c_t
         out_value[:, c:] = m_t
         return None
@@ -257,24 +258,24 @@ class LstmNonlinearityComponent(UpdatableComponent):
         w = xp.param(self.params_, like=in_value)
         (i_part, f_part, c_part, o_part, c_prev), (i_s, f_s, o_s) = self._split(in_value)
         sr = self._self_repair_scales(in_value)  # rows: i_t, f_t, c_part, o_t, c_t
-        i_t = _sigmoid(i_part + w[0] * c_prev)
-        f_t = _sigmoid(f_part + w[1] * c_prev)
+        i_t = xp.sigmoid(i_part + w[0] * c_prev)
+        f_t = xp.sigmoid(f_part + w[1] * c_prev)
         tanh_c_part = xp.tanh(c_part)
-        c_t = f_t * f_s * c_prev + i_t * i_s * tanh_c_part
-        o_t = _sigmoid(o_part + w[2] * c_t)
+        c_t = _scaled(f_t, f_s) * c_prev + _scaled(i_t, i_s) * tanh_c_part
+        o_t = xp.sigmoid(o_part + w[2] * c_t)
         tanh_c_t = xp.tanh(c_t)
 
         dc_t_out = out_deriv[:, :c]
         dm_t = out_deriv[:, c:]
-        dtanh_c_t = o_t * o_s * dm_t
-        do_t = o_s * tanh_c_t * dm_t
+        dtanh_c_t = _scaled(o_t, o_s) * dm_t
+        do_t = _scaled(tanh_c_t, o_s) * dm_t
         do_t_input = o_t * (1 - o_t) * do_t - (2 * o_t - 1) * sr[3]
         dc_t = ((1 - tanh_c_t * tanh_c_t) * dtanh_c_t + dc_t_out + do_t_input * w[2]
                 - tanh_c_t * sr[4])
-        dtanh_c_part = i_t * i_s * dc_t
-        df_t = dc_t * f_s * c_prev
+        dtanh_c_part = _scaled(i_t, i_s) * dc_t
+        df_t = _scaled(dc_t, f_s) * c_prev
         df_t_input = df_t * f_t * (1 - f_t) - (2 * f_t - 1) * sr[1]
-        di_t = dc_t * i_s * tanh_c_part
+        di_t = _scaled(dc_t, i_s) * tanh_c_part
         di_t_input = di_t * i_t * (1 - i_t) - (2 * i_t - 1) * sr[0]
 
         if grad is not None and preconditioners(grad) is not None:
@@ -289,7 +290,7 @@ class LstmNonlinearityComponent(UpdatableComponent):
             g[2] += xp.astype(xp.sum(c_t * do_t_input, axis=0), g.dtype)
 
         if in_deriv is not None:
-            dc_prev = w[0] * di_t_input + w[1] * df_t_input + f_t * f_s * dc_t
+            dc_prev = w[0] * di_t_input + w[1] * df_t_input + _scaled(f_t, f_s) * dc_t
             dc_part = (1 - tanh_c_part * tanh_c_part) * dtanh_c_part - tanh_c_part * sr[2]
             in_deriv[:, 0:c] = di_t_input
             in_deriv[:, c:2 * c] = df_t_input

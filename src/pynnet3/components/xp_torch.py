@@ -72,6 +72,7 @@ def _unary(fn):
 
 
 _NUMPY_FLOATS = (torch.float32, torch.float64)
+_NUMPY_MIN_SIZE = 4096  # elements
 
 
 def _numpy_on_cpu(np_fn, fn):
@@ -79,9 +80,10 @@ def _numpy_on_cpu(np_fn, fn):
     no copy, no graph). Torch's CPU tanh is ~7x and its exp ~2x slower than NumPy's
     SIMD kernels here (one thread, [2400, 512] float32: tanh 3.1 vs 0.44 ms), which
     made the LSTM nonlinearity twice as slow as on the NumPy backend; the values are
-    then NumPy's too."""
+    then NumPy's too. Small tensors stay with torch (the two views cost more)."""
     def f(x, out=None):
         if x.device.type == "cpu" and x.dtype in _NUMPY_FLOATS and not x.requires_grad \
+                and x.numel() >= _NUMPY_MIN_SIZE \
                 and (out is None or (out.device.type == "cpu" and not out.requires_grad)):
             if out is None:
                 return torch.from_numpy(np_fn(x.numpy()))
@@ -90,6 +92,11 @@ def _numpy_on_cpu(np_fn, fn):
         return fn(x, out=out) if out is not None else fn(x)
     f.__name__ = fn.__name__
     return f
+
+
+def sigmoid(x):
+    """The logistic function: one torch op (fast on the CPU too)."""
+    return torch.sigmoid(x)
 
 
 exp = _numpy_on_cpu(np.exp, torch.exp)
