@@ -10,6 +10,7 @@ torch backend against Kaldi's own arrays, with the conformance tolerances.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -75,14 +76,40 @@ def compare_results(ref, got, dtype, label: str = "") -> None:
     assert not failures, f"{label}: " + "; ".join(failures)
 
 
+@contextlib.contextmanager
+def _counting_uploads():
+    """Counts, while active, the host arrays the torch namespace copies to a device:
+    new index-table or parameter copies (``tables``) and per-call uploads of host
+    values (``host values``, xp.asarray)."""
+    from pynnet3.components import xp_torch
+
+    counts = {"tables": 0, "host values": 0}
+    remember, asarray = xp_torch._remember, xp_torch.asarray
+
+    def counted_remember(*args, **kw):
+        counts["tables"] += 1
+        return remember(*args, **kw)
+
+    def counted_asarray(*args, **kw):
+        counts["host values"] += 1
+        return asarray(*args, **kw)
+
+    xp_torch._remember, xp_torch.asarray = counted_remember, counted_asarray
+    try:
+        yield counts
+    finally:
+        xp_torch._remember, xp_torch.asarray = remember, asarray
+
+
 def check_network(config: str, inputs: dict, outputs: dict, *, seed: int = 0,
                   dtypes=(np.float64, np.float32), optimize: bool = True,
                   model_deriv: bool = True, input_deriv: bool = True,
                   prepare=None) -> None:
     """Build ``config``, request ``outputs`` (name -> indexes) from ``inputs`` (name ->
     indexes) with output, input and model derivatives, and check that the torch
-    backend gives what the NumPy backend gives, in each dtype. ``prepare(nnet)``
-    may change the network (e.g. give it nonzero statistics) before the runs."""
+    backend gives what the NumPy backend gives, in each dtype; a second torch run
+    uploads no index table, parameter or host value again. ``prepare(nnet)`` may
+    change the network (e.g. give it nonzero statistics) before the runs."""
     nnet = pynnet3.Nnet.from_config(config, seed=seed)
     if prepare is not None:
         prepare(nnet)
@@ -97,6 +124,12 @@ def check_network(config: str, inputs: dict, outputs: dict, *, seed: int = 0,
         for device in torch_devices():
             got = run_torch(nnet, comp, x, d, dtype, device)
             compare_results(ref, got, dtype, f"{device} {np.dtype(dtype).name}")
+            with _counting_uploads() as uploads:
+                again = run_torch(nnet, comp, x, d, dtype, device)
+            compare_results(ref, again, dtype, f"{device} {np.dtype(dtype).name} again")
+            # Index tables and parameters reached the device in the first run; a
+            # second run of the same computation uploads none of them again.
+            assert uploads == {"tables": 0, "host values": 0}, uploads
 
 
 def reference_cases(*prefixes: str) -> list[Path]:
