@@ -69,3 +69,30 @@ def test_tdnn_gathered_rows_match_numpy(use_bias):
 @pytest.mark.parametrize("case", reference_params("Tdnn"))
 def test_tdnn_reference_cases_on_torch(case):
     check_reference_case(case)
+
+
+def test_offset_gather_and_scatter_with_absent_rows_match_numpy():
+    """gather_offset / scatter_add_offset where some output rows have no input row
+    for an offset (-1: zero rows in, nothing added back), NumPy against torch, and
+    against the definition."""
+    from pynnet3.components.tdnn import OffsetGather, gather_offset, scatter_add_offset
+
+    rng = np.random.default_rng(9)
+    src = np.array([[3, -1, 0, 5, -1], [1, 2, -1, 4, 0]], dtype=np.int64)
+    pre = OffsetGather(src, 6)
+    x = rng.standard_normal((6, 4))
+    vals = rng.standard_normal((5, 4))
+    for k in range(2):
+        want = np.where(src[k][:, None] >= 0, x[np.maximum(src[k], 0)], 0.0)
+        np.testing.assert_array_equal(gather_offset(pre, k, x), want)
+        np.testing.assert_array_equal(gather_offset(pre, k, torch.from_numpy(x)).numpy(), want)
+        target = rng.standard_normal((6, 4))
+        expect = target.copy()
+        for j, row in enumerate(src[k]):
+            if row >= 0:
+                expect[row] += vals[j]
+        t_np, t_torch = target.copy(), torch.from_numpy(target.copy())
+        scatter_add_offset(pre, k, t_np, vals)
+        scatter_add_offset(pre, k, t_torch, torch.from_numpy(vals))
+        np.testing.assert_allclose(t_np, expect, rtol=1e-15)
+        np.testing.assert_allclose(t_torch.numpy(), expect, rtol=1e-15)
