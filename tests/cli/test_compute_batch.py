@@ -16,7 +16,8 @@ import pynnet3
 from pynnet3.cache import CachingCompiler
 from pynnet3.cli.main import main
 from pynnet3.io.ark import read_ark
-from pynnet3.runtime.simple import DecodableNnetSimple, SimpleOptions, decode_batched, frame_local
+from pynnet3.runtime.batching import ChunkQueue, decode_batched, frame_local
+from pynnet3.runtime.simple import DecodableNnetSimple, SimpleOptions
 from tests.cli.test_compute import _CASES, _cases, _data, _expected, _flags
 from tests.cli.test_compute import model as model  # noqa: F401 (the fixture)
 from tests.reference import ref_params
@@ -185,3 +186,39 @@ component-node name=s component=s input=input
 output-node name=output input=s
 """)  # noqa: E501
     assert not frame_local(pooling)
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_chunk_queue_runs_full_batches_in_order_and_bounds_what_it_holds(model, monkeypatch,  # noqa: F811
+                                                                         pad):
+    from pynnet3.runtime import batching
+
+    nnet = pynnet3.read_nnet(model)
+    feats, ivecs = _data(14, lengths=(23, 1, 7, 50, 8, 8, 31, 2, 40, 17, 33, 5))
+    cc = CachingCompiler(nnet)
+    options = SimpleOptions(frames_per_chunk=10)
+    sizes, real = [], batching.run_chunks
+
+    def counting(d, chunks, features=None):
+        sizes.append(len(chunks))
+        return real(d, chunks, features)
+
+    monkeypatch.setattr(batching, "run_chunks", counting)
+    queue = ChunkQueue(batch_size=4, max_pending=3)
+    finished, held = [], []
+    for key, f in feats.items():
+        d = DecodableNnetSimple(nnet, cc, f, options, ivector=ivecs[key])
+        queue.add(key, d, d.plan(pad), len(f))
+        if queue.ready():
+            finished += queue.step()
+        held.append(len(queue.utterances))
+    before_final = len(sizes)
+    finished += queue.step(final=True)
+    assert [u.key for u in finished] == list(feats)  # input order
+    assert max(held) <= 3 + 1  # (max_pending, plus the one just added)
+    for u in finished:
+        np.testing.assert_allclose(u.output(), _expected(model, feats[u.key], ivecs[u.key]),
+                                   rtol=1e-5, atol=1e-5)
+    assert sum(sizes) == sum(len(u.plan) for u in finished)  # every chunk ran once
+    if pad:  # one shape: every batch full until the end
+        assert set(sizes[:before_final]) == {4}

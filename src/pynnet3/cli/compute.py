@@ -20,7 +20,7 @@ from chunk to chunk and nothing is recomputed. The acoustic scale stays the CLI'
 
 ``--batch-size=N`` (beyond nnet3-compute) holds utterances until they have N chunks
 and runs equal-shaped chunks N at a time as the sequences of one request
-(:func:`pynnet3.runtime.simple.decode_batched`); the outputs equal the unbatched ones
+(:mod:`pynnet3.runtime.batching`); the outputs equal the unbatched ones
 up to float rounding.
 """
 
@@ -192,7 +192,7 @@ def cmd_compute(args, stats: dict | None = None) -> int:
 
     batcher = None
     if args.batch_size > 1 and looped is None:
-        from ..runtime.simple import frame_local
+        from ..runtime.batching import frame_local
 
         batcher = _Batcher(decodable, args.batch_size, args.apply_exp, frame_local(nnet))
     elif args.batch_size > 1:
@@ -206,39 +206,34 @@ def cmd_compute(args, stats: dict | None = None) -> int:
 
 
 class _Batcher:
-    """``--batch-size=N`` (a batcher for :func:`run_table_job`): utterances are held
-    until their chunks number at least N, then decoded together, equal-shaped chunks
-    N at a time as the sequences of one request
-    (:func:`pynnet3.runtime.simple.decode_batched`)."""
+    """``--batch-size=N`` (a batcher for :func:`run_table_job`): each utterance's
+    chunks join a :class:`pynnet3.runtime.batching.ChunkQueue`, where equal-shaped
+    chunks run N at a time as the sequences of one request; utterances come back in
+    input order once all their chunks have run."""
 
     def __init__(self, decodable, batch_size: int, apply_exp: bool, pad: bool):
-        self.decodable, self.batch_size, self.apply_exp = decodable, batch_size, apply_exp
-        self.pad = pad  # (short last chunks computed full-size: runtime.simple.frame_local)
-        self.pending: list = []  # (key, decodable, plan, frames)
-        self.num_chunks = 0
+        from ..runtime.batching import ChunkQueue
+
+        self.decodable, self.apply_exp = decodable, apply_exp
+        self.pad = pad  # (short last chunks computed full-size: batching.frame_local)
+        self.queue = ChunkQueue(batch_size)
 
     def add(self, key: str, feats: np.ndarray) -> None:
         d = self.decodable(key, feats)
         plan = d.plan(self.pad)  # (an utterance's bad input fails here, alone)
-        self.pending.append((key, d, plan, len(feats)))
-        self.num_chunks += len(plan)
+        self.queue.add(key, d, plan, len(feats))
 
     def full(self) -> bool:
-        return self.num_chunks >= self.batch_size
+        return self.queue.ready()
 
-    def flush(self) -> list:
-        from ..runtime.simple import decode_batched
-
-        pending, self.pending, self.num_chunks = self.pending, [], 0
-        if not pending:
-            return []
-        try:
-            outs = decode_batched([p[1] for p in pending], self.batch_size,
-                                  [p[2] for p in pending])
-        except PynnetError as e:  # (the computation failed: every utterance of the batch)
-            return [(key, e, frames) for key, _d, _p, frames in pending]
-        return [(key, np.exp(out) if self.apply_exp else out, frames)
-                for (key, _d, _p, frames), out in zip(pending, outs, strict=True)]
+    def flush(self, final: bool = False) -> list:
+        out = []
+        for u in self.queue.step(final):
+            value = u.error if u.error is not None else u.output()
+            if u.error is None and self.apply_exp:
+                value = np.exp(value)
+            out.append((u.key, value, u.frames))
+        return out
 
 
 def add_compute_command(sub, command, kaldi_bool) -> None:

@@ -75,7 +75,7 @@ class OneByOne:
     def full(self) -> bool:
         return True
 
-    def flush(self) -> list[tuple[str, np.ndarray | PynnetError, int]]:
+    def flush(self, final: bool = False) -> list[tuple[str, np.ndarray | PynnetError, int]]:
         out = []
         for key, feats in self.pending:
             try:
@@ -95,9 +95,9 @@ def run_table_job(command: str, features: str, output: str,
 
     ``batcher`` (instead of ``process``) groups utterances: ``add(key, feats)``
     takes one (a pynnet3 error: that utterance failed), ``full()`` says when to
-    ``flush()``, which returns ``(key, output or pynnet3 error, frames)`` for the
-    utterances added since the last flush, in the order they were added (so the
-    output keeps the input order).
+    ``flush()``, which returns ``(key, output or pynnet3 error, frames)`` for
+    utterances finished since the last flush, in the order they were added (so the
+    output keeps the input order); ``flush(final=True)`` at the end finishes all.
 
     Kaldi's habits: an utterance whose processing raises a pynnet3 error is
     warned about and counted, the others go on; the run fails (1) when nothing
@@ -119,9 +119,9 @@ def run_table_job(command: str, features: str, output: str,
         pass
     progress = Progress(None)
 
-    def write_out(writer) -> None:
+    def write_out(writer, final: bool = False) -> None:
         nonlocal done, failed, frames
-        for key, out, num_frames in batcher.flush():
+        for key, out, num_frames in batcher.flush(final):
             if isinstance(out, PynnetError):
                 say(command, "warning", f"utterance {key}: {out}")
                 failed += 1
@@ -153,7 +153,7 @@ def run_table_job(command: str, features: str, output: str,
                     continue
                 if batcher.full():
                     write_out(writer)
-            write_out(writer)
+            write_out(writer, final=True)
             if not done:  # nothing succeeded: leave no output that looks like a result
                 writer.abort()
     except KeyboardInterrupt as e:

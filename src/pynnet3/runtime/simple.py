@@ -20,11 +20,9 @@ chunk's output frames, clamped to the last row (an error when that is more than 
 frames past the end). Each chunk's output gets ``- log(priors)`` (when priors are
 given) and is then multiplied by ``acoustic_scale``.
 
-Beyond Kaldi, :func:`decode_batched` runs the chunks of several utterances together:
-chunks of equal shape become the sequences of one request (one sequence after
-another, :func:`pynnet3.compiler.request.request_for_frames`), which the caching
-compiler's shortcut builds cheaply for any number of sequences. No chunk sees
-another's rows, so the outputs are the chunk-by-chunk ones up to float rounding.
+Beyond Kaldi, :mod:`pynnet3.runtime.batching` runs the chunks of several
+utterances together: equal-shaped chunks (:class:`ChunkPlan`) become the sequences of
+one request (:func:`run_chunks`).
 """
 
 from __future__ import annotations
@@ -229,7 +227,7 @@ class DecodableNnetSimple:
 
     def compute_chunk(self, start: int) -> np.ndarray:
         """Output rows ``start ..`` of one chunk (at most frames-per-chunk / f rows)."""
-        return self.finish(_run_chunks(self, [self.plan_chunk(start)])[0])
+        return self.finish(run_chunks(self, [self.plan_chunk(start)])[0])
 
     def output(self) -> np.ndarray:
         """All ``ceil(T / f)`` output rows, chunk by chunk."""
@@ -241,7 +239,7 @@ class DecodableNnetSimple:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
+def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
                 features: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """Run equal-shaped ``chunks`` as the sequences of one request on ``d``'s network
     and compiler (``features[i]``: the feature matrix chunk i reads, default ``d``'s);
@@ -266,57 +264,5 @@ def _run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
     return [o[:c.num_rows] for o, c in zip(out, chunks, strict=True)]
 
 
-_OPTIONAL_INPUTS = ("IfDefined", "Failover", "Switch")
-
-
-def frame_local(nnet) -> bool:
-    """Whether each output frame of ``nnet`` depends on a fixed set of input frames
-    (its context), whatever else the chunk holds: no optional inputs (IfDefined,
-    Failover, Switch: recurrences need them) and only simple components or
-    TdnnComponents (all of whose time offsets are required). Then a chunk padded at
-    its end computes its real rows exactly as the short chunk does."""
-    for node in nnet.nodes:
-        if node.descriptor is not None and any(w in str(node.descriptor)
-                                               for w in _OPTIONAL_INPUTS):
-            return False
-        if node.kind == "component-node":
-            comp = nnet.components[node.component]
-            if not comp.is_simple() and comp.type_name != "TdnnComponent":
-                return False
-    return True
-
-
-def decode_batched(decodables: list[DecodableNnetSimple], batch_size: int,
-                   plans: list[list[ChunkPlan]] | None = None) -> list[np.ndarray]:
-    """The outputs of several utterances (each as :meth:`DecodableNnetSimple.output`)
-    with their chunks run ``batch_size`` at a time: chunks of equal shape, from any
-    of the utterances, become the sequences of one request (the compiler's shortcut
-    builds an N-sequence computation cheaply from the two-sequence one). The results
-    equal the chunk-by-chunk ones up to float rounding, since no chunk sees another's
-    rows. All ``decodables`` must share one network, compiler, options and backend;
-    ``plans``: their :meth:`DecodableNnetSimple.plan` when already made (with
-    ``pad=frame_local(nnet)``: short last chunks of a frame-local network padded to
-    full size, so they join the full chunks' requests instead of compiling a
-    request per length)."""
-    if batch_size < 1:
-        raise RuntimeInputError(f"batch size must be >= 1, got {batch_size}")
-    if plans is None:
-        pad = bool(decodables) and frame_local(decodables[0].nnet)
-        plans = [d.plan(pad) for d in decodables]
-    groups: dict[tuple, list[tuple[int, int]]] = {}
-    for i, plan in enumerate(plans):
-        for j, chunk in enumerate(plan):
-            groups.setdefault(chunk.shape, []).append((i, j))
-    outs: list[list] = [[None] * len(plan) for plan in plans]
-    for members in groups.values():
-        for b in range(0, len(members), batch_size):
-            batch = members[b:b + batch_size]
-            results = _run_chunks(decodables[0], [plans[i][j] for i, j in batch],
-                                  [decodables[i].features for i, _ in batch])
-            for (i, j), out in zip(batch, results, strict=True):
-                outs[i][j] = decodables[i].finish(out)
-    return [parts[0] if len(parts) == 1 else np.concatenate(parts) for parts in outs]
-
-
-__all__ = ["ChunkPlan", "DecodableNnetSimple", "SimpleOptions", "chunk_request", "decode_batched",
-           "fixed_frames_per_chunk", "frame_local"]
+__all__ = ["ChunkPlan", "DecodableNnetSimple", "SimpleOptions", "chunk_request",
+           "fixed_frames_per_chunk", "run_chunks"]
