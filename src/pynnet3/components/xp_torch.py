@@ -19,13 +19,21 @@ from __future__ import annotations
 
 import builtins as _builtins
 import os
+import sys
 import warnings
 import weakref
 
 import numpy as np
-import torch
 
-from .blas import gemm_acc as _blas_gemm_acc
+if "torch" not in sys.modules:
+    # Transparent huge pages for torch's large CPU tensors (read once, when torch is
+    # first imported): on the development host a fresh 15 MB tensor cost 10-20 ms
+    # of 4 KB page faults without them, 1-2 ms with. A value set by the user wins.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+import torch  # noqa: E402
+
+from .blas import gemm_acc as _blas_gemm_acc  # noqa: E402
 
 is_numpy = False
 float32 = torch.float32
@@ -282,7 +290,12 @@ def gemm_acc(c, a, b, alpha: float = 1.0) -> None:
 
 
 def concatenate(seq, axis=0):
-    return torch.cat(list(seq), dim=axis)
+    seq = list(seq)
+    if _cpu_2d(*seq) and len({t.dtype for t in seq}) == 1:
+        # (NumPy's allocation: a fresh multi-MB torch CPU tensor pays page faults,
+        # see runtime/torch_backend._cpu_zeros)
+        return torch.from_numpy(np.concatenate([t.numpy() for t in seq], axis=axis))
+    return torch.cat(seq, dim=axis)
 
 
 def stack(seq, axis=0):

@@ -20,10 +20,13 @@ import weakref
 from collections import OrderedDict
 
 import numpy as np
-import torch
 
 from ..components import xp_torch
 from .backend import register_backend
+
+# (torch as xp_torch imported it: that module sets how torch allocates CPU memory
+# before the first import)
+torch = xp_torch.torch
 
 
 def torch_device(device) -> torch.device:
