@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import errors, export  # (export imports torch only when used)
+from . import errors, export, train  # (export imports torch only when used)
 from .am import AcousticModel, read_am
 from .analysis import check_computation
 from .cache import CachingCompiler
@@ -42,4 +42,4 @@ def check(computation: NnetComputation, nnet: Nnet) -> None:
 __all__ = ["AcousticModel", "CachingCompiler", "ComputationRequest", "IoSpecification",
            "NetworkOptions", "NetworkReport", "Nnet", "NnetComputation", "OptimizeOptions",
            "OptimizeReport", "RunResult", "check", "compile", "errors", "export",
-           "optimize_network", "read_am", "read_nnet", "run"]
+           "optimize_network", "read_am", "read_nnet", "run", "train"]

@@ -6,7 +6,8 @@ objectives ``linear`` and ``quadratic`` per output node, natural gradient
 (:class:`OnlineNaturalGradient`) for the component types that have it in Kaldi,
 momentum, per-component max-change and global max-param-change, L2
 regularization, BatchNorm stats scaling, backstitch, ConstrainOrthonormal, and
-component stats. Runs on the NumPy backend.
+component stats. The forward and backward passes run on the NumPy backend, or on
+torch (``Trainer(..., backend="torch", device=...)``). docs/training.md has more.
 
 Not here: chain (LF-MMI) objectives (nnet3-chain-train) and the
 ``xent``/other objective types besides linear and quadratic.

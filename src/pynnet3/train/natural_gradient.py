@@ -90,8 +90,10 @@ class OnlineNaturalGradient:
             x = np.array(x, dtype=np.float32, order="C", copy=True)
         if x.ndim != 2:
             raise ValueError(f"precondition expects a matrix, got shape {x.shape}")
-        if x.shape[1] == 1:
-            return x, 1.0  # a one-dimensional space: the preconditioner is the identity
+        if x.shape[1] == 1 or x.shape[0] == 0:
+            # a one-dimensional space: the preconditioner is the identity (and no rows:
+            # nothing to see; not counted as a call)
+            return x, 1.0
         if self.W is not None and self.W.shape[1] != x.shape[1]:
             raise ValueError(f"natural gradient dimension changed: {self.W.shape[1]} -> "
                              f"{x.shape[1]}")
