@@ -168,3 +168,50 @@ def test_jobs_start_and_stop_their_own_local_cluster(model, tmp_path):  # noqa: 
     assert done.returncode == 0, err
     assert "done 3 utterances, failed 0" in err and "2 jobs on Ray" in err
     assert (tmp_path / "out.ark").read_bytes() == (tmp_path / "single.ark").read_bytes()
+
+
+# -- one worker's job, in this process (no cluster) ---------------------------------------------
+def _shard_options(model_path) -> dict:
+    from pynnet3.cli.main import build_parser
+
+    args = build_parser().parse_args(["compute", "--ivectors=ark:iv.ark", str(model_path),
+                                      "scp:feats.scp", "ark,scp:out.ark,out.scp"])
+    return {k: v for k, v in vars(args).items() if k != "fn"}
+
+
+def test_an_interrupted_shard_is_not_marked_done(model, tmp_path, monkeypatch, capsys):  # noqa: F811
+    from pynnet3.cli.scaleout import run_shard
+    from pynnet3.runtime import simple
+
+    monkeypatch.chdir(tmp_path)
+    _write_data(tmp_path)
+    lines = (tmp_path / "feats.scp").read_text().splitlines(keepends=True)
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(simple.DecodableNnetSimple, "output", interrupted)
+    result = run_shard(_shard_options(model), str(tmp_path), lines, "", "out.1.ark",
+                       "out.1.scp", "out.1.ark.done", "fp")
+    capsys.readouterr()
+    assert result["error"] == "the job stopped (exit status 130)"
+    assert not (tmp_path / "out.1.ark.done").exists()
+    assert not (tmp_path / "out.1.ark").exists()
+
+
+def test_a_shard_whose_utterances_all_failed_is_done_and_empty(model, tmp_path,  # noqa: F811
+                                                               monkeypatch, capsys):
+    import json
+
+    from pynnet3.cli.scaleout import run_shard
+
+    monkeypatch.chdir(tmp_path)
+    _write_data(tmp_path)
+    kaldiio.save_ark(str(tmp_path / "iv.ark"), {"other": np.zeros(3, np.float32)})
+    lines = (tmp_path / "feats.scp").read_text().splitlines(keepends=True)[:2]
+    result = run_shard(_shard_options(model), str(tmp_path), lines, "", "out.1.ark",
+                       "out.1.scp", "out.1.ark.done", "fp")
+    capsys.readouterr()
+    assert "error" not in result and result["done"] == 0 and result["failed"] == 2
+    assert json.loads((tmp_path / "out.1.ark.done").read_text())["fingerprint"] == "fp"
+    assert not (tmp_path / "out.1.ark").exists()  # (nothing succeeded: nothing written)

@@ -202,6 +202,8 @@ def cmd_compute(args, stats: dict | None = None) -> int:
                        batcher=batcher, stats=stats)
     # a broken iVector archive fails the run as a broken feature archive does (the
     # utterances that had their iVector are written)
+    if stats is not None:
+        stats["ivectors_broken"] = bool(iv_broken or online_broken)
     return 1 if rc == 0 and (iv_broken or online_broken) else rc
 
 

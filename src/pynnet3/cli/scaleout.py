@@ -138,9 +138,12 @@ def run_shard(options: dict, cwd: str, lines: list[str], scp_options: str, ark: 
             return {"error": str(e)}
     finally:
         os.unlink(piece)
-    if stats.get("broken") or (rc != 0 and stats.get("done")):
+    if rc not in (0, 1) or not stats:  # (interrupted or terminated: no counts)
+        return {**stats, "error": f"the job stopped (exit status {rc})"}
+    if stats.get("broken") or stats.get("ivectors_broken"):
         return {**stats, "error": "a feature or iVector archive broke off (see the job's "
                                   "messages above)"}
+    # (exit status 0, or 1 with every utterance failed and counted: the shard is done)
     stats["fingerprint"] = fingerprint
     atomic_write(marker, json.dumps(stats).encode())
     return stats
