@@ -293,3 +293,43 @@ def test_tdnn_at_learning_rate_zero_skips_its_preconditioners():
     delta, trainer = _step(nnet, req, x, y)
     assert not np.any(delta["linear_params"])
     assert trainer.preconditioners["comp"]["in"].t == 1
+
+
+def test_lstm_statistics_reach_the_model_as_kaldi_adds_them():
+    """Kaldi's LstmNonlinearity Backprop adds value/derivative sums and a row count
+    to the component being updated (the delta network); they reach the model with
+    the factor the parameter delta gets (here 1 - momentum), and the delta keeps
+    momentum times them. They switch self-repair off in later steps."""
+    c = 4
+    nnet = _net(f"type=LstmNonlinearityComponent cell-dim={c}", 5 * c)
+    comp = nnet.components["comp"]
+    req, x, y = _minibatch(nnet)
+    x = x / 2
+    w = comp.params_.astype(np.float64).copy()
+    trainer = Trainer(nnet, TrainerOptions.from_flags({**OPTIONS, "momentum": 0.5}))
+    trainer.train_step(req, inputs={"input": x}, supervision={"output": y})
+    rows = len(x)
+
+    def sigmoid(v):
+        return 1 / (1 + np.exp(-v))
+
+    xi, xf, xc, xo, c_prev = (x[:, k * c:(k + 1) * c].astype(np.float64) for k in range(5))
+    i_t, f_t = sigmoid(xi + w[0] * c_prev), sigmoid(xf + w[1] * c_prev)
+    c_t = f_t * c_prev + i_t * np.tanh(xc)
+    o_t = sigmoid(xo + w[2] * c_t)
+    values = np.stack([v.sum(0) for v in (i_t, f_t, np.tanh(xc), o_t, np.tanh(c_t))])
+    derivs = np.stack([(i_t * (1 - i_t)).sum(0), (f_t * (1 - f_t)).sum(0),
+                       (1 - np.tanh(xc) ** 2).sum(0), (o_t * (1 - o_t)).sum(0),
+                       (1 - np.tanh(c_t) ** 2).sum(0)])
+    assert comp.count == pytest.approx(0.5 * rows)
+    np.testing.assert_allclose(comp.value_avg, values / rows, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(comp.deriv_avg, derivs / rows, rtol=1e-5, atol=1e-6)
+    # self-repair was active everywhere (zero stats before): a probability of 1
+    np.testing.assert_allclose(comp.self_repair_prob, 1.0, rtol=1e-6)
+    assert trainer.delta_stats["comp"]["count"] == pytest.approx(0.5 * rows)
+    trainer.train_step(req, inputs={"input": x}, supervision={"output": y})
+    # second step: the delta held 0.5 * rows and gained rows; half of it is added
+    assert comp.count == pytest.approx(0.5 * rows + 0.5 * (0.5 * rows + rows))
+    # with these statistics the gates' average derivatives pass Kaldi's thresholds
+    # (0.05 for the sigmoids), so the second step repaired no sigmoid
+    assert comp.self_repair_prob[[0, 1, 3]].max() < 1.0

@@ -29,14 +29,23 @@ class PreconditionedGrad(dict):
     """A gradient dict that carries preconditioners (what a trainer hands a
     component's backprop; a CompositeComponent hands each sub-component its own)."""
 
-    def __init__(self, arrays=(), preconditioners: dict | None = None):
+    def __init__(self, arrays=(), preconditioners: dict | None = None,
+                 backprop_stats: dict | None = None):
         super().__init__(arrays)
         self.preconditioners = preconditioners
+        # where a component adds the statistics Kaldi's Backprop accumulates into the
+        # component being updated (LstmNonlinearity: value/derivative sums, count)
+        self.backprop_stats = backprop_stats
 
 
 def preconditioners(grad) -> dict | None:
     """The preconditioners ``grad`` carries (None for a plain dict or no grad)."""
     return getattr(grad, "preconditioners", None) or None
+
+
+def backprop_stats(grad) -> dict | None:
+    """The dict a trainer collects backprop statistics in (None: not collected)."""
+    return getattr(grad, "backprop_stats", None)
 
 
 def _host(a) -> np.ndarray:
@@ -144,5 +153,5 @@ def precondition_two_sided(grad, keys, deriv: np.ndarray) -> bool:
     return True
 
 
-__all__ = ["PreconditionedGrad", "preconditioners", "precondition_product", "precondition_rows",
-           "precondition_matrix", "precondition_two_sided"]
+__all__ = ["PreconditionedGrad", "backprop_stats", "preconditioners", "precondition_product",
+           "precondition_rows", "precondition_matrix", "precondition_two_sided"]

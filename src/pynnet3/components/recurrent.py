@@ -37,6 +37,7 @@ import numpy as np
 
 from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
 from .preconditioning import (
+    backprop_stats,
     precondition_matrix,
     precondition_product,
     precondition_rows,
@@ -252,6 +253,28 @@ class LstmNonlinearityComponent(UpdatableComponent):
             kept = self.__dict__["_sr_host"] = sr
         return namespace(like).param(kept, like=like)
 
+    def _accumulate_stats(self, stats: dict, xp, values) -> None:
+        """What Kaldi's BackpropLstmNonlinearity adds to the updated component:
+        per cell, sums of i_t, f_t, tanh(c_part), o_t, tanh(c_t) and of their
+        derivatives, the rows where self-repair was active, and the row count."""
+        i_t, f_t, tanh_c_part, o_t, tanh_c_t = values
+        rows = i_t.shape[0]
+        sums = xp.stack([xp.sum(v, axis=0) for v in values])
+        derivs = xp.stack([xp.sum(i_t * (1 - i_t), axis=0), xp.sum(f_t * (1 - f_t), axis=0),
+                           xp.sum(1 - tanh_c_part * tanh_c_part, axis=0),
+                           xp.sum(o_t * (1 - o_t), axis=0),
+                           xp.sum(1 - tanh_c_t * tanh_c_t, axis=0)])
+        count = np.float32(1.0 + self.count)
+        active = (self.deriv_avg.astype(np.float64) * self.count / np.float64(count)
+                  < self.self_repair_config[:5].astype(np.float64)[:, None])
+        shape = (5, self.cell_dim)
+        for key, value in (("value_sum", sums), ("deriv_sum", derivs)):
+            stats.setdefault(key, np.zeros(shape))
+            stats[key] += xp.to_numpy(value).astype(np.float64)
+        stats.setdefault("self_repair_total", np.zeros(5))
+        stats["self_repair_total"] += rows * active.sum(axis=1)
+        stats["count"] = stats.get("count", 0.0) + rows
+
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         c = self.cell_dim
         xp = namespace(in_value)
@@ -288,6 +311,9 @@ class LstmNonlinearityComponent(UpdatableComponent):
             g[0] += xp.astype(xp.sum(c_prev * di_t_input, axis=0), g.dtype)
             g[1] += xp.astype(xp.sum(c_prev * df_t_input, axis=0), g.dtype)
             g[2] += xp.astype(xp.sum(c_t * do_t_input, axis=0), g.dtype)
+        stats = backprop_stats(grad)
+        if stats is not None:  # a trainer's target: Kaldi accumulates these into it
+            self._accumulate_stats(stats, xp, (i_t, f_t, tanh_c_part, o_t, tanh_c_t))
 
         if in_deriv is not None:
             dc_prev = w[0] * di_t_input + w[1] * df_t_input + _scaled(f_t, f_s) * dc_t

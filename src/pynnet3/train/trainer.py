@@ -28,6 +28,7 @@ from .options import TrainerOptions
 from .preconditioners import make_preconditioners, skips_update
 from .progress import MaxChangeCounts, ObjectiveInfo
 from .update import (
+    add_backprop_stats,
     apply_l2_regularization,
     constrain_orthonormal,
     learning_rates,
@@ -99,6 +100,9 @@ class Trainer:
         self.num_minibatches_processed = 0
         self.preconditioners: dict[str, dict] = {}
         self.delta: dict[str, dict[str, np.ndarray]] = {}
+        # the statistics Kaldi's delta network collects in backprop (LstmNonlinearity):
+        # added to the model with the parameter delta's factor, carried like it
+        self.delta_stats: dict[str, dict] = {}
         self.objective_info: dict[str, ObjectiveInfo] = {}
         self.max_change_counts = MaxChangeCounts()
         if self.options.zero_component_stats:
@@ -177,6 +181,9 @@ class Trainer:
                 for d in self.delta.values():
                     for a in d.values():
                         a *= np.float32(opts.momentum)
+                for collected in self.delta_stats.values():
+                    for key in collected:
+                        collected[key] = collected[key] * opts.momentum
             else:
                 self._zero_delta()
         stats.objective = sum(o.objective for o in stats.outputs.values())
@@ -224,8 +231,10 @@ class Trainer:
         targets = {}
         for name, comp in updatable_components(nnet):
             pre = None if skips_update(comp) else self._preconditioners_for(name, comp)
+            stats = (self.delta_stats.setdefault(name, {})
+                     if comp.type_name == "LstmNonlinearityComponent" else None)
             target = PreconditionedGrad(((k, zeros(v.shape, np.float32))
-                                         for k, v in comp.params().items()), pre)
+                                         for k, v in comp.params().items()), pre, stats)
             targets[name] = computer.grads[name] = target
         for spec in computation.request.inputs if computation.request else []:
             if spec.name not in inputs:
@@ -266,6 +275,10 @@ class Trainer:
                                         max_change_scale, scale)
         stats.max_change_scales = result.scales
         stats.global_scale = result.global_scale
+        if result.applied:
+            for name, collected in self.delta_stats.items():
+                add_backprop_stats(self.nnet.components[name], result.factors[name],
+                                   collected)
         stats.applied = result.applied
         stats.message = result.message
         if result.message:
@@ -276,6 +289,7 @@ class Trainer:
         for d in self.delta.values():
             for a in d.values():
                 a[...] = 0.0
+        self.delta_stats.clear()
 
 
 def _num_sequences(request) -> int:

@@ -70,6 +70,7 @@ class MaxChangeResult:
 
     scales: dict[str, float] = field(default_factory=dict)
     global_scale: float = 1.0
+    factors: dict[str, float] = field(default_factory=dict)  # what multiplied each delta
     applied: bool = True
     message: str = ""
 
@@ -119,11 +120,32 @@ def update_with_max_change(nnet, delta: dict, max_param_change: float,
     result.message = "".join(parts)
     for name, comp in comps:
         alpha = np.float32(result.scales[name] * scale)
+        result.factors[name] = float(alpha)
         params = comp.params()
         for key, d in delta[name].items():
             p = params[key]
             p += (alpha * d).astype(p.dtype, copy=False)
     return result
+
+
+def add_backprop_stats(comp, alpha: float, stats: dict) -> None:
+    """Kaldi's LstmNonlinearityComponent::Add for the statistics its Backprop put in
+    the delta network: sums, self-repair counts and count added times ``alpha`` (the
+    factor its parameter delta got). The component keeps averages (as its file
+    does), so they are rebuilt from sums."""
+    if not stats:
+        return
+    old = float(comp.count)
+    new = old + alpha * float(stats["count"])
+    cells = comp.value_avg.shape[1]
+    for attr, key in (("value_avg", "value_sum"), ("deriv_avg", "deriv_sum")):
+        total = getattr(comp, attr).astype(np.float64) * old + alpha * stats[key]
+        setattr(comp, attr, (total / new if new != 0.0 else total * 0.0).astype(np.float32))
+    repair = comp.self_repair_prob.astype(np.float64) * old * cells + \
+        alpha * stats["self_repair_total"]
+    comp.self_repair_prob = (repair / (new * cells) if new != 0.0 else repair * 0.0).astype(
+        np.float32)
+    comp.count = new
 
 
 def scale_batchnorm_stats(nnet, batchnorm_stats_scale: float) -> None:
