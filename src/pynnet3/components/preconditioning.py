@@ -14,7 +14,17 @@ gradient as before. Components never import the trainer: this is duck typing.
 
 Slots: ``"in"`` / ``"out"`` for the two sides of a matrix product
 (``preconditioner_in_`` / ``preconditioner_out_``), ``"params"`` for a
-component with one preconditioner over its per-frame derivatives.
+component with one preconditioner over its per-frame derivatives, ``"scale"`` /
+``"offset"`` for ScaleAndOffset; a CompositeComponent's target maps sub-component
+positions to their own slots.
+
+The same target may carry ``backprop_stats``: a dict where a component adds what
+Kaldi's Backprop accumulates into the component being updated (LstmNonlinearity's
+value/derivative sums and row count), for the trainer to add to the model.
+
+The preconditioning runs on the host in NumPy (Kaldi runs its small R x R part on
+the CPU too); rows given as torch tensors are fetched, and the result is added to
+the gradient array in its own backend.
 """
 
 from __future__ import annotations
