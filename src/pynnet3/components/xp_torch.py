@@ -276,6 +276,12 @@ def matmul(a, b, out=None):
 
 
 def einsum(spec, *operands):
+    """NumPy's einsum on views of CPU float tensors (torch's made contiguous copies of
+    the strided attention operands: 2.5 ms against NumPy's 0.9 ms per product here),
+    torch's elsewhere."""
+    if _builtins.all(isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                     and t.dtype in _NUMPY_FLOATS and not t.requires_grad for t in operands):
+        return torch.from_numpy(np.asarray(np.einsum(spec, *(t.numpy() for t in operands))))
     return torch.einsum(spec, *operands)
 
 
