@@ -473,15 +473,23 @@ class ScaleAndOffsetComponent(UpdatableComponent):
         xp = namespace(grad["scales"])
         return {"params_vectorized": xp.concatenate([grad["scales"], grad["offsets"]])}
 
-    def _nonzero_scales(self) -> np.ndarray:
-        s = self.scales
-        eps = s.dtype.type(self.EPSILON)
-        return np.where(np.abs(s) >= eps, s, np.where(s >= 0, eps, -eps)).astype(s.dtype)
+    def _nonzero_scales(self, like):
+        """The scales with magnitudes below EPSILON raised to +-EPSILON, in float32 as
+        Kaldi keeps them, as an array of ``like``'s backend and device (made there
+        from the parameter's device copy: nothing uploaded per call)."""
+        xp = namespace(like)
+        s = xp.param(self.scales, like)
+        if self.scales.dtype == np.float32:  # (an exact round trip to Kaldi's float)
+            s = xp.astype(s, xp.float32)
+        # (a Python float holding the parameters' EPSILON: compared and placed in s's dtype)
+        eps = float(self.scales.dtype.type(self.EPSILON))
+        # (NumPy's where of two Python floats is float64: back to s's dtype)
+        return xp.astype(xp.where(xp.abs(s) >= eps, s, xp.where(s >= 0, eps, -eps)), s.dtype)
 
     def propagate(self, indexes, in_value, out_value):
         xp, block = namespace(in_value), self.scales.shape[0]
-        # (the floored scales are made on the host: a small vector)
-        y = _blocks(in_value, block) * xp.asarray(self._nonzero_scales(), like=in_value)
+        y = _blocks(in_value, block) * xp.astype(self._nonzero_scales(in_value),
+                                                 in_value.dtype)
         y += xp.param(self.offsets, in_value)
         out_value[...] = y.reshape(out_value.shape)
         return None
@@ -493,7 +501,8 @@ class ScaleAndOffsetComponent(UpdatableComponent):
             if not precondition_rows(grad, "offsets", dy, "offset"):  # (trainer's NG)
                 _add_grad(grad, "offsets", xp.sum(dy, axis=0))
             # Kaldi reconstructs the input from the output: x = (y - o) * (1/s).
-            inv = xp.asarray(1 / self._nonzero_scales(), like=out_deriv)
+            # (the reciprocal in the parameters' precision, then the run's dtype)
+            inv = xp.astype(1 / self._nonzero_scales(out_deriv), out_deriv.dtype)
             x = (_blocks(out_value, block) - xp.param(self.offsets, out_deriv)) * inv
             if preconditioners(grad) is not None:
                 precondition_rows(grad, "scales", x * dy, "scale")
