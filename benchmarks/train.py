@@ -3,8 +3,10 @@
 
 For the four realistic networks at the train shape of ``scaling.json`` (N sequences
 of 20 output frames; x-vector: one output per sequence), networks in training mode
-(BatchNorm and dropout as Kaldi's training sees them), one BLAS thread, NumPy
-backend, prints per (network, N):
+(BatchNorm and dropout as Kaldi's training sees them), one BLAS thread, on the
+NumPy backend (``--backends numpy,torch,torch:cuda`` adds torch on the CPU / a GPU;
+the preconditioning and the update stay on the host), prints per (network, N,
+backend):
 
 * ``step``: one whole ``train_step`` (forward, objective, backward with natural
   gradient, max-change, BatchNorm stats scaling, ConstrainOrthonormal) in ms, and
@@ -87,8 +89,9 @@ def _supervision(nnet, req, rng) -> dict:
     return sup
 
 
-def _bench(nnet, req, inputs, sup, reps: int, warmup: int, natural_gradient: bool):
-    trainer = Trainer(nnet, TrainerOptions.from_flags(FLAGS))
+def _bench(nnet, req, inputs, sup, reps: int, warmup: int, natural_gradient: bool,
+           backend: str = "numpy", device=None):
+    trainer = Trainer(nnet, TrainerOptions.from_flags(FLAGS), backend=backend, device=device)
     if not natural_gradient:
         trainer.preconditioners = {name: None for name in nnet.components}
     for _ in range(warmup):  # compiles; natural gradient past its initial updates
@@ -105,6 +108,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nets", default=",".join(NETS))
     ap.add_argument("--ns", default="128")
+    ap.add_argument("--backends", default="numpy",
+                    help="comma-separated: numpy, torch (CPU), torch:cuda, ...")
     ap.add_argument("--reps", type=int, default=4,
                     help="timed steps (the mean; 4 = one natural-gradient update period)")
     ap.add_argument("--warmup", type=int, default=11,
@@ -115,28 +120,33 @@ def main() -> None:
     scaling = {(r["network"], r["N"]): r for r in json.loads(
         (ref / "scaling.json").read_text()) if r["shape"] == "train"}
     rows = []
-    for net in args.nets.split(","):
-        for n in (int(v) for v in args.ns.split(",")):
-            nnet = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")
-            nnet.set_batchnorm_test_mode(False)
-            nnet.set_dropout_test_mode(False)
-            req = scaling_request(nnet, net, "train", n)
-            rng = np.random.default_rng(0)
-            inputs = {s.name: rng.standard_normal((len(s.indexes), nnet.input_dim(s.name)))
-                      .astype(np.float32) for s in req.inputs}
-            sup = _supervision(nnet, req, rng)
-            step_ms, share = _bench(nnet.copy(), req, inputs, sup, args.reps, args.warmup, True)
-            plain_ms, _ = _bench(nnet.copy(), req, inputs, sup, args.reps, args.warmup, False)
-            kaldi = (scaling.get((net, n)) or {}).get("forward_backward_ms")
-            rows.append([net, str(n), f"{step_ms:.1f}", f"{1e3 / step_ms:.2f}",
-                         f"{plain_ms:.1f}", f"{100 * share:.0f}%",
-                         "-" if kaldi is None else f"{kaldi:.1f}",
-                         "-" if kaldi is None else f"{step_ms / kaldi:.2f}",
-                         "-" if kaldi is None else f"{plain_ms / kaldi:.2f}"])
-    print_table("train_step (NumPy backend, 1 BLAS thread; ms: mean of --reps steps after "
+    cases = [(net, int(n), b) for net in args.nets.split(",") for n in args.ns.split(",")
+             for b in args.backends.split(",")]
+    for net, n, backend_spec in cases:
+        backend, _, device = backend_spec.partition(":")
+        device = device or None
+        nnet = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")
+        nnet.set_batchnorm_test_mode(False)
+        nnet.set_dropout_test_mode(False)
+        req = scaling_request(nnet, net, "train", n)
+        rng = np.random.default_rng(0)
+        inputs = {s.name: rng.standard_normal((len(s.indexes), nnet.input_dim(s.name)))
+                  .astype(np.float32) for s in req.inputs}
+        sup = _supervision(nnet, req, rng)
+        step_ms, share = _bench(nnet.copy(), req, inputs, sup, args.reps, args.warmup, True,
+                                backend, device)
+        plain_ms, _ = _bench(nnet.copy(), req, inputs, sup, args.reps, args.warmup, False,
+                             backend, device)
+        kaldi = (scaling.get((net, n)) or {}).get("forward_backward_ms")
+        rows.append([net, str(n), backend_spec, f"{step_ms:.1f}", f"{1e3 / step_ms:.2f}",
+                     f"{plain_ms:.1f}", f"{100 * share:.0f}%",
+                     "-" if kaldi is None else f"{kaldi:.1f}",
+                     "-" if kaldi is None else f"{step_ms / kaldi:.2f}",
+                     "-" if kaldi is None else f"{plain_ms / kaldi:.2f}"])
+    print_table("train_step (1 BLAS thread; ms: mean of --reps steps after "
                 "--warmup)",
-                ["network", "N", "step ms", "mb/s", "plain ms", "ng share", "kaldi fb ms",
-                 "step/kaldi", "plain/kaldi"], rows,
+                ["network", "N", "backend", "step ms", "mb/s", "plain ms", "ng share",
+                 "kaldi fb ms", "step/kaldi", "plain/kaldi"], rows,
                 ["kaldi fb ms: scaling.json forward_backward_ms (forward + backward into a "
                  "gradient copy: no natural gradient, no update), another machine.",
                  "plain: the same trainer with every preconditioner switched off."])
