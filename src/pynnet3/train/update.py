@@ -54,9 +54,9 @@ def apply_l2_regularization(nnet, l2_scale: float, delta: dict) -> None:
         l2 = float(getattr(comp, "l2_regularize", 0.0))
         if l2 == 0.0:
             continue
-        lrs = learning_rates(comp)
+        # (Kaldi: the component's own LearningRate(), a CompositeComponent's too)
+        scale = np.float32(-2.0 * l2_scale * float(comp.learning_rate) * l2)
         for key, p in comp.params().items():
-            scale = np.float32(-2.0 * l2_scale * lrs[key] * l2)
             if scale != 0.0:
                 delta[name][key] += scale * p.astype(np.float32, copy=False)
 
