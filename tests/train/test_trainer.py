@@ -49,6 +49,8 @@ def test_from_flags_takes_nnet3_train_names():
     assert (o.batchnorm_stats_scale, o.store_component_stats, o.zero_component_stats) == (
         0.9, False, True)
     assert (o.print_interval, o.srand, o.backstitch_training_interval) == (10, 3, 2)
+    # nnet3-train's program flags that do not change a step are accepted and ignored
+    TrainerOptions.from_flags({"binary": "false", "verbose": 2, "use-gpu": "no"})
     d = TrainerOptions()  # Kaldi's defaults
     assert (d.max_param_change, d.momentum, d.batchnorm_stats_scale, d.zero_component_stats,
             d.store_component_stats, d.print_interval) == (2.0, 0.0, 0.8, True, True, 100)
@@ -93,6 +95,17 @@ output-node name=output input=d
     assert nnet.components["d"].test_mode
     nnet.set_batchnorm_test_mode(False)
     assert not nnet.components["bn"].test_mode and nnet.components["d"].test_mode
+
+
+def test_learning_rate_option_sets_the_network_rate():
+    """``learning-rate`` (as the kaldi-reference options files give it) is
+    SetLearningRate on the network when the trainer starts."""
+    nnet = _net(AFFINE.format(obj="linear").replace(
+        "learning-rate=0.1", "learning-rate=0.1 learning-rate-factor=0.5"))
+    Trainer(nnet, TrainerOptions.from_flags({**PLAIN, "learning-rate": "0.01"}))
+    assert nnet.components["a"].learning_rate == pytest.approx(0.005)
+    with pytest.raises(ConfigError, match="learning-rate"):
+        TrainerOptions.from_flags({"learning-rate": -1})
 
 
 # -- update rules ----------------------------------------------------------------------

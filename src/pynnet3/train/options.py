@@ -13,11 +13,12 @@ from dataclasses import dataclass, fields
 
 from ..errors import ConfigError
 
-# Flags nnet3-train accepts that change nothing here (compile cache files, debug
-# printing, the optimizer/compiler sub-options): accepted so command lines port.
-_IGNORED_PREFIXES = ("optimization.", "compiler.", "computation.")
+# Flags nnet3-train accepts that change nothing in a training step (compile cache
+# files, output format, logging, the GPU, the optimizer/compiler/allocator
+# sub-options): accepted so command lines and options files port.
+_IGNORED_PREFIXES = ("optimization.", "compiler.", "computation.", "cuda-")
 _IGNORED = {"read-cache", "write-cache", "binary-write-cache", "debug-computation",
-            "use-gpu"}
+            "use-gpu", "binary", "verbose", "config", "print-args", "help"}
 
 
 @dataclass
@@ -29,6 +30,10 @@ class TrainerOptions:
     ``0 <= batchnorm_stats_scale <= 1``, ``print_interval > 0``.
     ``srand`` seeds the trainer's own generator (ConstrainOrthonormal's coin and
     the backstitch phase), as nnet3-train's ``--srand`` seeds Kaldi's.
+    ``learning_rate`` (flag ``learning-rate``; not nnet3-train's, but what the
+    kaldi-reference options files give and what ``nnet3-copy --learning-rate`` does
+    to the model first): when set, the trainer starts with
+    ``nnet.set_learning_rate(learning_rate)``.
     """
 
     zero_component_stats: bool = True
@@ -41,6 +46,7 @@ class TrainerOptions:
     batchnorm_stats_scale: float = 0.8
     max_param_change: float = 2.0
     srand: int = 0
+    learning_rate: float | None = None
 
     @classmethod
     def from_flags(cls, flags: dict) -> TrainerOptions:
@@ -69,6 +75,8 @@ class TrainerOptions:
             (0.0 <= self.batchnorm_stats_scale <= 1.0,
              "batchnorm-stats-scale must be in [0, 1]"),
             (self.print_interval > 0, "print-interval must be > 0"),
+            (self.learning_rate is None or self.learning_rate >= 0.0,
+             "learning-rate must be >= 0"),
             (self.backstitch_training_scale == 0.0 or self.momentum == 0.0,
              "backstitch training is incompatible with momentum > 0"),
         )
@@ -80,6 +88,8 @@ class TrainerOptions:
 def _convert(flag: str, kind, value):
     """A flag value as the field's type (dataclass field types are strings here)."""
     kind = kind if isinstance(kind, str) else kind.__name__
+    if kind == "float | None":
+        kind = "float"
     try:
         if kind == "bool":
             if isinstance(value, bool):

@@ -105,6 +105,8 @@ class Trainer:
         self.delta_stats: dict[str, dict] = {}
         self.objective_info: dict[str, ObjectiveInfo] = {}
         self.max_change_counts = MaxChangeCounts()
+        if self.options.learning_rate is not None:
+            nnet.set_learning_rate(self.options.learning_rate)
         if self.options.zero_component_stats:
             for comp in nnet.components.values():
                 comp.zero_stats()
