@@ -309,6 +309,15 @@ def test_bad_tensor_inputs_are_named():
         pynnet3.run(nnet, comp, {"input": bad[:, :3]}, dict(d), backend="torch")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_cuda_without_a_gpu_is_a_clear_error():
+    nnet, comp, x, d = _network_case(np.float32)
+    with pytest.raises(RuntimeInputError, match="no CUDA device"):
+        pynnet3.run(nnet, comp, x, d, backend="torch", device="cuda")
+    with pytest.raises(RuntimeInputError, match="device 'gpu0'"):
+        pynnet3.run(nnet, comp, x, d, backend="torch", device="gpu0")
+
+
 def test_numpy_backend_refuses_a_gpu_device():
     nnet, comp, x, d = _network_case(np.float32)
     with pytest.raises(RuntimeInputError, match="CPU only"):

@@ -22,6 +22,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..components import xp_torch
+from ..errors import RuntimeInputError
 from .backend import register_backend
 
 # (torch as xp_torch imported it: that module sets how torch allocates CPU memory
@@ -32,9 +33,16 @@ torch = xp_torch.torch
 def torch_device(device) -> torch.device:
     """``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device`` as a torch.device
     (a plain ``"cuda"`` is the current CUDA device, so cache keys are exact)."""
-    dev = torch.device(device if device is not None else "cpu")
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+    try:
+        dev = torch.device(device if device is not None else "cpu")
+    except (RuntimeError, TypeError) as e:
+        raise RuntimeInputError(f"device {device!r}: {e}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeInputError(f"device {str(device)!r}: torch sees no CUDA device "
+                                    "(or was built without CUDA)")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 
