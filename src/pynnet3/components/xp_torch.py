@@ -459,8 +459,9 @@ def _lookup(cache: dict, a: np.ndarray, key):
 
 
 def _remember(cache: dict, a: np.ndarray, key, tensor, snapshot) -> _Cached:
-    entry = _Cached(weakref.ref(a, lambda _r, c=cache, k=key: _forget(c, k)), tensor,
-                    snapshot, _RUN[0])
+    # (the function bound now: at interpreter exit the module's globals are None)
+    entry = _Cached(weakref.ref(a, lambda _r, c=cache, k=key, forget=_forget: forget(c, k)),
+                    tensor, snapshot, _RUN[0])
     cache[key] = entry
     return entry
 
