@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pynnet3.components.attention import RestrictedAttentionComponent
+from pynnet3.components.composite import CompositeComponent
 from pynnet3.components.convolution import ConvolutionComponent, MaxpoolingComponent
 from pynnet3.components.distribute import DistributeComponent
 from pynnet3.components.recurrent import (
@@ -36,6 +37,18 @@ def _times(step: int, t0: int, t1: int, n: int) -> np.ndarray:
 
 def _from(cls, line: str):
     return cls.from_config(cfg(line), np.random.default_rng(0))
+
+
+def _composite_line():
+    """Affine, ReLU, Tanh in chunks of 3 rows (sub-component lines set as values, as
+    the quoted config values arrive)."""
+    line = cfg("component name=c type=CompositeComponent num-components=3 "
+               "max-rows-process=3")
+    for i, sub in enumerate(("type=AffineComponent input-dim=5 output-dim=4",
+                             "type=RectifiedLinearComponent dim=4",
+                             "type=TanhComponent dim=4"), start=1):
+        line.values[f"component{i}"] = sub
+    return line
 
 
 SHUFFLED = N.frames(-1, 9, n=2)[np.random.default_rng(0).permutation(20)]
@@ -80,6 +93,8 @@ CASES = {
         "component name=p type=MaxpoolingComponent input-x-dim=1 input-y-dim=4 "
         "input-z-dim=3 pool-x-size=1 pool-y-size=2 pool-z-size=3 pool-x-step=1 "
         "pool-y-step=1 pool-z-step=3")), N.frames(0, 5), N.frames(0, 5)),
+    "composite": (CompositeComponent.from_config(_composite_line(), np.random.default_rng(0)),
+                  N.frames(0, 7), N.frames(0, 7)),
     "distribute": (DistributeComponent(6, 3), _times(1, 0, 4, 1),
                    np.array([[0, t, x] for t in range(4) for x in (0, 1)], dtype=np.int64)),
 }
