@@ -195,7 +195,7 @@ class CompositeComponent(UpdatableComponent):
         xp = namespace(like)
         return xp.zeros((rows, dim), like=like) if zero else xp.empty((rows, dim), like=like)
 
-    def _forward(self, in_value: np.ndarray, out_last: np.ndarray | None):
+    def _forward(self, in_value, out_last):
         """Run every sub-component; returns (values, memos) with values[i] the input of
         sub-component i and values[-1] the final output (written into ``out_last``
         when given)."""

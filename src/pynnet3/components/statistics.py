@@ -79,8 +79,9 @@ class RangeIndexes:
         same_rows("RangeIndexes input", self.num_input_rows, num_in)
         same_rows("RangeIndexes output", len(self.lo), num_out)
 
-    def window_sums(self, values: np.ndarray) -> np.ndarray:
-        """Row ``o`` = sum of ``values[perm[lo[o]:hi[o]]]``, in float64.
+    def window_sums(self, values):
+        """Row ``o`` = sum of ``values[perm[lo[o]:hi[o]]]``, in float64 (an array of
+        ``values``' backend and device: NumPy array or torch tensor).
 
         Cumulative sums are taken in float64 so that the difference of two large
         prefix sums keeps float32 accuracy even over windows of 10000 frames. When
