@@ -107,7 +107,8 @@ def test_decode_batched_uses_the_shortcut_and_one_request_per_shape(model):  # n
     feats, ivecs = _data(13, lengths=(40, 40, 40, 17))
     cc = CachingCompiler(nnet)
     options = SimpleOptions(frames_per_chunk=10)
-    ds = [DecodableNnetSimple(nnet, cc, feats[k], options, ivector=ivecs[k]) for k in feats]
+    ds = [DecodableNnetSimple(nnet, cc, feats[k], options, ivector=ivecs[k],
+                              pad_last_chunk=True) for k in feats]
     outs = decode_batched(ds, batch_size=100)
     for key, out in zip(feats, outs, strict=True):
         np.testing.assert_allclose(out, _expected(model, feats[key], ivecs[key]),
@@ -222,3 +223,23 @@ def test_chunk_queue_runs_full_batches_in_order_and_bounds_what_it_holds(model, 
     assert sum(sizes) == sum(len(u.plan) for u in finished)  # every chunk ran once
     if pad:  # one shape: every batch full until the end
         assert set(sizes[:before_final]) == {4}
+
+
+def test_pad_last_chunk_same_rows_one_computation(model, tmp_path, capsys):  # noqa: F811
+    feats, ivecs = _data(15, lengths=(23, 1, 7, 50, 61))
+    kaldiio.save_ark(str(tmp_path / "feats.ark"), feats)
+    kaldiio.save_ark(str(tmp_path / "iv.ark"), ivecs)
+    got, compiled = {}, {}
+    for flag in ("true", "false"):
+        out = tmp_path / f"{flag}.ark"
+        assert main(["compute", f"--pad-last-chunk={flag}", f"--ivectors=ark:{tmp_path}/iv.ark",
+                     str(model), f"ark:{tmp_path}/feats.ark", f"ark:{out}"]) == 0
+        compiled[flag] = capsys.readouterr().err.split("compiled ")[1].split()[0]
+        got[flag] = read_ark(out)
+    # 50-frame chunks: chunks of 23, 1, 7, 50 and 50 + 11 frames (5 lengths); padded,
+    # all are 50
+    assert compiled == {"true": "1", "false": "5"}
+    for key, f in feats.items():
+        np.testing.assert_allclose(got["true"][key], _expected(model, f, ivecs[key]),
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got["true"][key], got["false"][key], rtol=1e-6, atol=1e-6)

@@ -130,7 +130,7 @@ def cmd_compute(args, stats: dict | None = None) -> int:
     """Run ``compute`` (``args`` from its parser); the exit status. ``stats`` receives
     the counts (:func:`pynnet3.cli.jobs.run_table_job`)."""
     from ..cache import CachingCompiler
-    from ..runtime.simple import DecodableNnetSimple, fixed_frames_per_chunk
+    from ..runtime.simple import DecodableNnetSimple, fixed_frames_per_chunk, frame_local
 
     if args.ivectors and args.online_ivectors:
         raise PynnetError("give --ivectors or --online-ivectors, not both")
@@ -177,24 +177,26 @@ def cmd_compute(args, stats: dict | None = None) -> int:
             kwargs["online_ivector_period"] = args.online_ivector_period
         return kwargs
 
+    # a short last chunk computed full-size (the same rows when frame-local): one
+    # computation for every chunk instead of one per last-chunk length
+    pad = bool(args.pad_last_chunk and looped is None and frame_local(nnet))
+
     def process(key: str, feats: np.ndarray) -> np.ndarray:
         kwargs = inputs(key, feats)
         if looped is not None:
             out = _decode_looped(looped, feats, log_priors, args.acoustic_scale, kwargs)
         else:
-            out = DecodableNnetSimple(nnet, compiler, feats, options,
-                                      log_priors=log_priors, **kwargs).output()
+            out = DecodableNnetSimple(nnet, compiler, feats, options, log_priors=log_priors,
+                                      pad_last_chunk=pad, **kwargs).output()
         return np.exp(out) if args.apply_exp else out
 
     def decodable(key: str, feats: np.ndarray):
         return DecodableNnetSimple(nnet, compiler, feats, options, log_priors=log_priors,
-                                   **inputs(key, feats))
+                                   pad_last_chunk=pad, **inputs(key, feats))
 
     batcher = None
     if args.batch_size > 1 and looped is None:
-        from ..runtime.batching import frame_local
-
-        batcher = _Batcher(decodable, args.batch_size, args.apply_exp, frame_local(nnet))
+        batcher = _Batcher(decodable, args.batch_size, args.apply_exp)
     elif args.batch_size > 1:
         _say("note", "--batch-size is not used with --looped=true (one utterance at a time)")
     rc = run_table_job("compute", args.features, args.output, process,
@@ -213,16 +215,15 @@ class _Batcher:
     chunks run N at a time as the sequences of one request; utterances come back in
     input order once all their chunks have run."""
 
-    def __init__(self, decodable, batch_size: int, apply_exp: bool, pad: bool):
+    def __init__(self, decodable, batch_size: int, apply_exp: bool):
         from ..runtime.batching import ChunkQueue
 
         self.decodable, self.apply_exp = decodable, apply_exp
-        self.pad = pad  # (short last chunks computed full-size: batching.frame_local)
         self.queue = ChunkQueue(batch_size)
 
     def add(self, key: str, feats: np.ndarray) -> None:
         d = self.decodable(key, feats)
-        plan = d.plan(self.pad)  # (an utterance's bad input fails here, alone)
+        plan = d.plan()  # (an utterance's bad input fails here, alone)
         self.queue.add(key, d, plan, len(feats))
 
     def full(self) -> bool:
@@ -333,6 +334,15 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
                         "from several utterances, as the sequences of one computation; "
                         "outputs equal to --batch-size=1 up to float rounding; not used "
                         "with --looped=true (default: 1)")
+    s.add_argument("--pad-last-chunk", dest="pad_last_chunk", type=kaldi_bool, default=True,
+                   metavar="true|false",
+                   help="beyond nnet3-compute: compute a short last chunk full-size (frames "
+                        "past the end repeating the last one) and keep its real rows, when "
+                        "each output frame of the network needs a fixed set of input frames "
+                        "(no IfDefined/Failover/Switch, only simple and TDNN components): "
+                        "the same rows, and one computation for every chunk instead of one "
+                        "per last-chunk length; other networks compute it short, as Kaldi "
+                        "does (default: true)")
     s.add_argument("--jobs", type=int, default=1, metavar="INT",
                    help="split the scp of FEATS-RSPECIFIER as split_scp.pl does and run "
                         "this many workers on a local Ray cluster (127.0.0.1, stopped at "

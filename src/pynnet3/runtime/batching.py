@@ -8,9 +8,10 @@ and run N at a time as the N sequences of one request (one sequence after anothe
 shortcut builds cheaply from a two-sequence compile. No chunk sees another's rows,
 so every output equals the chunk-by-chunk one up to float rounding.
 
-A short last chunk has a shape of its own. For a :func:`frame_local` network it is
-planned full-size instead (frames past the end repeat the last frame) and cut back:
-its real rows are the same, and it joins the full chunks' requests.
+A short last chunk has a shape of its own. For a :func:`frame_local` network it may
+be planned full-size instead (``DecodableNnetSimple(pad_last_chunk=True)``: frames
+past the end repeat the last frame) and cut back: its real rows are the same, and it
+joins the full chunks' requests.
 
 Invariant of the queue: utterances leave it in the order they came, each when all of
 its chunks have run; it holds at most ``max_pending`` utterances before running the
@@ -26,26 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import PynnetError, RuntimeInputError
-from .simple import ChunkPlan, DecodableNnetSimple, run_chunks
-
-_OPTIONAL_INPUTS = ("IfDefined", "Failover", "Switch")
-
-
-def frame_local(nnet) -> bool:
-    """Whether each output frame of ``nnet`` depends on a fixed set of input frames
-    (its context), whatever else the chunk holds: no optional inputs (IfDefined,
-    Failover, Switch: recurrences need them) and only simple components or
-    TdnnComponents (all of whose time offsets are required). Then a chunk padded at
-    its end computes its real rows exactly as the short chunk does."""
-    for node in nnet.nodes:
-        if node.descriptor is not None and any(w in str(node.descriptor)
-                                               for w in _OPTIONAL_INPUTS):
-            return False
-        if node.kind == "component-node":
-            comp = nnet.components[node.component]
-            if not comp.is_simple() and comp.type_name != "TdnnComponent":
-                return False
-    return True
+from .simple import ChunkPlan, DecodableNnetSimple, frame_local, run_chunks
 
 
 @dataclass(eq=False)
@@ -137,12 +119,11 @@ def decode_batched(decodables: list[DecodableNnetSimple], batch_size: int,
                    plans: list[list[ChunkPlan]] | None = None) -> list[np.ndarray]:
     """The outputs of several utterances (each as :meth:`DecodableNnetSimple.output`)
     with their chunks run ``batch_size`` at a time (module doc); ``plans``: their
-    :meth:`DecodableNnetSimple.plan` when already made (default: padded when the
-    network is :func:`frame_local`). The first error of any utterance is raised."""
+    :meth:`DecodableNnetSimple.plan` when already made. The first error of any
+    utterance is raised."""
     queue = ChunkQueue(batch_size, max_pending=len(decodables))
     if plans is None:
-        pad = bool(decodables) and frame_local(decodables[0].nnet)
-        plans = [d.plan(pad) for d in decodables]
+        plans = [d.plan() for d in decodables]
     for i, (d, plan) in enumerate(zip(decodables, plans, strict=True)):
         queue.add(str(i), d, plan)
     done = queue.step(final=True)
@@ -152,4 +133,4 @@ def decode_batched(decodables: list[DecodableNnetSimple], batch_size: int,
     return [u.output() for u in done]
 
 
-__all__ = ["ChunkQueue", "Utterance", "decode_batched", "frame_local"]
+__all__ = ["ChunkQueue", "Utterance", "decode_batched", "frame_local"]  # (frame_local: simple's)

@@ -105,11 +105,15 @@ class DecodableNnetSimple:
     """One utterance decoded chunk by chunk (module doc). ``compiler`` has a
     ``compile(request)`` method (a :class:`pynnet3.CachingCompiler` for ``nnet``,
     shared by the utterances of a run); ``log_priors`` (one per output) is
-    subtracted when not empty."""
+    subtracted when not empty. ``pad_last_chunk`` (only for a :func:`frame_local`
+    network; Kaldi computes it short): a short last chunk is computed full-size and
+    cut back (:meth:`plan_chunk`)."""
 
     def __init__(self, nnet, compiler, features, options: SimpleOptions | None = None,
                  ivector=None, online_ivectors=None, online_ivector_period: int = 0,
-                 log_priors=None, backend: str = "numpy", dtype=np.float32):
+                 log_priors=None, backend: str = "numpy", dtype=np.float32,
+                 pad_last_chunk: bool = False):
+        self.pad_last_chunk = pad_last_chunk
         self.nnet, self.compiler = nnet, compiler
         self.options = options or SimpleOptions()
         self.frames_per_chunk = fixed_frames_per_chunk(nnet, self.options)
@@ -184,13 +188,15 @@ class DecodableNnetSimple:
             row = rows - 1
         return self.online_ivectors[row]
 
-    def plan_chunk(self, start: int, pad: bool = False) -> ChunkPlan:
+    def plan_chunk(self, start: int, pad: bool | None = None) -> ChunkPlan:
         """The chunk of output rows ``start ..`` (at most frames-per-chunk / f rows).
         ``pad``: a short last chunk is computed as a full-size one (frames past the
         end repeat the last frame) and cut back -- the same rows for a
         :func:`frame_local` network, and every chunk then has one shape."""
         o, f = self.options, self.options.frame_subsampling_factor
         n = min(self.num_frames - start, self.frames_per_chunk // f)
+        if pad is None:
+            pad = self.pad_last_chunk
         computed = self.frames_per_chunk // f if pad else n
         last = start + n - 1
         first_out, last_out = start * f, last * f
@@ -207,9 +213,10 @@ class DecodableNnetSimple:
         return ChunkPlan(start, n, first_in - first_out, rows,
                          self._ivector_for(first_out, last_out), computed)
 
-    def plan(self, pad: bool = False) -> list[ChunkPlan]:
+    def plan(self, pad: bool | None = None) -> list[ChunkPlan]:
         """Every chunk of the utterance, in order (errors such as missing online
-        iVectors surface here, before anything runs); ``pad``: as :meth:`plan_chunk`."""
+        iVectors surface here, before anything runs); ``pad``: as :meth:`plan_chunk`
+        (None: ``pad_last_chunk``)."""
         chunks, have = [], 0
         while have < self.num_frames:
             chunks.append(self.plan_chunk(have, pad))
@@ -239,6 +246,26 @@ class DecodableNnetSimple:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+_OPTIONAL_INPUTS = ("IfDefined", "Failover", "Switch")
+
+
+def frame_local(nnet) -> bool:
+    """Whether each output frame of ``nnet`` depends on a fixed set of input frames
+    (its context), whatever else the chunk holds: no optional inputs (IfDefined,
+    Failover, Switch: recurrences need them) and only simple components or
+    TdnnComponents (all of whose time offsets are required). Then a chunk padded at
+    its end computes its real rows exactly as the short chunk does."""
+    for node in nnet.nodes:
+        if node.descriptor is not None and any(w in str(node.descriptor)
+                                               for w in _OPTIONAL_INPUTS):
+            return False
+        if node.kind == "component-node":
+            comp = nnet.components[node.component]
+            if not comp.is_simple() and comp.type_name != "TdnnComponent":
+                return False
+    return True
+
+
 def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
                 features: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """Run equal-shaped ``chunks`` as the sequences of one request on ``d``'s network
@@ -265,4 +292,4 @@ def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
 
 
 __all__ = ["ChunkPlan", "DecodableNnetSimple", "SimpleOptions", "chunk_request",
-           "fixed_frames_per_chunk", "run_chunks"]
+           "fixed_frames_per_chunk", "frame_local", "run_chunks"]
