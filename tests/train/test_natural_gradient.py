@@ -230,3 +230,22 @@ def test_bad_settings_are_refused():
     ng.precondition(np.ones((10, 8), np.float32) + np.eye(10, 8, dtype=np.float32))
     with pytest.raises(ValueError, match="dimension changed"):
         ng.precondition(np.ones((10, 9), np.float32))
+
+
+def test_torch_tensors_keep_the_state_on_their_device():
+    """Rows given as torch tensors are preconditioned with torch (the state W lives
+    there; only R x R matrices go to the host) and give the NumPy result."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    on_numpy, on_torch = OnlineNaturalGradient(10, 2), OnlineNaturalGradient(10, 2)
+    for _ in range(15):
+        x = _data(rng, 60, 30).astype(np.float32)
+        a, sa = on_numpy.precondition(x)
+        b, sb = on_torch.precondition(torch.from_numpy(x.copy()))
+        assert isinstance(b, torch.Tensor) and isinstance(on_torch.W, torch.Tensor)
+        np.testing.assert_allclose(b.numpy(), a, rtol=0, atol=2e-4 * np.abs(a).max())
+        assert sb == pytest.approx(sa, rel=1e-4)
+    # (rows are eigenvectors: equal up to sign)
+    wt, wn = on_torch.W.numpy().astype(np.float64), on_numpy.W.astype(np.float64)
+    np.testing.assert_allclose(wt.T @ wt, wn.T @ wn, rtol=0, atol=1e-4)
+    assert on_torch.check_invariants() < 1e-3

@@ -22,9 +22,9 @@ The same target may carry ``backprop_stats``: a dict where a component adds what
 Kaldi's Backprop accumulates into the component being updated (LstmNonlinearity's
 value/derivative sums and row count), for the trainer to add to the model.
 
-The preconditioning runs on the host in NumPy (Kaldi runs its small R x R part on
-the CPU too); rows given as torch tensors are fetched, and the result is added to
-the gradient array in its own backend.
+The rows stay in their backend (NumPy, or torch on its device): the preconditioner
+keeps its state there and brings only R x R matrices to the host, as Kaldi's GPU
+code does.
 """
 
 from __future__ import annotations
@@ -58,29 +58,30 @@ def backprop_stats(grad) -> dict | None:
     return getattr(grad, "backprop_stats", None)
 
 
-def _host(a) -> np.ndarray:
-    """A NumPy view/copy of a backend array (the preconditioning math runs on the
-    host, as Kaldi runs its R x R part on the CPU; a torch tensor is fetched)."""
-    return a if type(a) is np.ndarray else namespace(a).to_numpy(a)
-
-
-def _add(g, value: np.ndarray) -> None:
-    """``g += value`` for a gradient array of any backend (``value`` on the host)."""
+def _add(g, value) -> None:
+    """``g += value`` for gradient and value arrays of any backend."""
     if type(g) is np.ndarray:
+        if type(value) is not np.ndarray:
+            value = namespace(value).to_numpy(value)
         g += value.reshape(g.shape).astype(g.dtype, copy=False)
     else:
-        g += namespace(g).asarray(value.reshape(tuple(g.shape)), like=g)
+        g += namespace(g).asarray(value, like=g).reshape(tuple(g.shape))
 
 
-def _augmented(in_value, bias: bool) -> np.ndarray:
-    """A new float32 matrix: the input (an array or a list of column blocks), with a
-    column of ones appended when ``bias`` (the preconditioner may overwrite it)."""
+def _augmented(in_value, bias: bool):
+    """A new float32 matrix of the input's backend: the input (an array or a list of
+    column blocks), with a column of ones appended when ``bias`` (the
+    preconditioner may overwrite it)."""
     blocks = in_value if isinstance(in_value, list) else [in_value]
     cols = sum(b.shape[1] for b in blocks)
-    out = np.empty((blocks[0].shape[0], cols + int(bias)), np.float32)
+    shape = (blocks[0].shape[0], cols + int(bias))
+    if type(blocks[0]) is np.ndarray:
+        out = np.empty(shape, np.float32)
+    else:
+        out = namespace(blocks[0]).empty(shape, like=blocks[0], dtype=np.float32)
     col = 0
     for blk in blocks:
-        out[:, col:col + blk.shape[1]] = _host(blk)
+        out[:, col:col + blk.shape[1]] = blk
         col += blk.shape[1]
     if bias:
         out[:, cols] = 1.0
@@ -100,16 +101,16 @@ def precondition_product(grad, weight_key: str, bias_key: str | None, in_value,
         return False
     x_hat, in_scale = pre["in"].precondition(_augmented(in_value, bias_key is not None),
                                              overwrite=True)
-    dy_hat, out_scale = pre["out"].precondition(_host(out_deriv))
+    dy_hat, out_scale = pre["out"].precondition(out_deriv)
     scale = in_scale * out_scale
     g = grad[weight_key]
     cols = g.shape[1]
     if type(g) is np.ndarray and g.dtype == np.float32:
         gemm_acc(g, dy_hat.T, x_hat[:, :cols], scale)
     else:
-        _add(g, np.float32(scale) * (dy_hat.T @ x_hat[:, :cols]))
+        _add(g, scale * (dy_hat.T @ x_hat[:, :cols]))
     if bias_key is not None:
-        _add(grad[bias_key], np.float32(scale) * (dy_hat.T @ x_hat[:, cols]))
+        _add(grad[bias_key], scale * (dy_hat.T @ x_hat[:, cols]))
     return True
 
 
@@ -121,8 +122,8 @@ def precondition_rows(grad, key: str, per_frame: np.ndarray, slot: str = "params
     pre = preconditioners(grad)
     if pre is None or slot not in pre:
         return False
-    rows_hat, scale = pre[slot].precondition(_host(per_frame))
-    _add(grad[key], np.float32(scale) * rows_hat.sum(axis=0))
+    rows_hat, scale = pre[slot].precondition(per_frame)
+    _add(grad[key], scale * namespace(rows_hat).sum(rows_hat, axis=0))
     return True
 
 
@@ -135,8 +136,8 @@ def precondition_matrix(grad, keys, deriv: np.ndarray, slot: str = "in") -> bool
     pre = preconditioners(grad)
     if pre is None or slot not in pre:
         return False
-    d_hat, scale = pre[slot].precondition(_host(deriv))
-    d_hat = np.float32(scale) * d_hat
+    d_hat, scale = pre[slot].precondition(deriv)
+    d_hat = scale * d_hat
     if isinstance(keys, str):
         _add(grad[keys], d_hat)
         return True
@@ -154,9 +155,9 @@ def precondition_two_sided(grad, keys, deriv: np.ndarray) -> bool:
     pre = preconditioners(grad)
     if pre is None:
         return False
-    d_hat, scale_in = pre["in"].precondition(_host(deriv))
+    d_hat, scale_in = pre["in"].precondition(deriv)
     d_hat_t, scale_out = pre["out"].precondition(d_hat.T)
-    d_hat = np.float32(scale_in * scale_out) * d_hat_t.T
+    d_hat = (scale_in * scale_out) * d_hat_t.T
     cols = grad[keys[0]].shape[1]
     _add(grad[keys[0]], d_hat[:, :cols])
     _add(grad[keys[1]], d_hat[:, cols])

@@ -85,9 +85,8 @@ class OnlineNaturalGradient:
         unless ``overwrite`` and it is a C-contiguous float32 matrix (then X_hat is
         computed in it: the caller's temporary saves a copy). Counts as one call (it
         may update the Fisher estimate)."""
-        if not (overwrite and isinstance(x, np.ndarray) and x.dtype == np.float32
-                and x.flags.c_contiguous and x.flags.writeable):
-            x = np.array(x, dtype=np.float32, order="C", copy=True)
+        ops = _TorchOps if _is_tensor(x) else _NumpyOps
+        x = ops.prepare(x, overwrite)
         if x.ndim != 2:
             raise ValueError(f"precondition expects a matrix, got shape {x.shape}")
         if x.shape[1] == 1 or x.shape[0] == 0:
@@ -99,12 +98,13 @@ class OnlineNaturalGradient:
                              f"{x.shape[1]}")
         if self.t == 0:
             self._init(x)
-        initial = _sumsq(x)
-        x_hat = self._precondition_internal(x, initial, self._updating())
+        self.W = ops.like(self.W, x)  # the state lives where the data is
+        initial = ops.sumsq(x)
+        x_hat = self._precondition_internal(x, initial, self._updating(), ops)
         self.t += 1
         if initial <= 0.0:
             return x_hat, 1.0
-        final = _sumsq(x_hat)
+        final = ops.sumsq(x_hat)
         return x_hat, float(math.sqrt(initial / final)) if final > 0.0 else 1.0
 
     def freeze(self, frozen: bool = True) -> None:
@@ -117,7 +117,8 @@ class OnlineNaturalGradient:
         if self.W is None:
             raise ValueError("the preconditioner has not seen any data yet")
         _, sqrt_e, _ = self._e_terms(self.d, self._beta(self.rho, self.d))
-        return self.W.astype(np.float64) / sqrt_e[:, None], self.d.copy(), self.rho
+        w = _NumpyOps.host64(self.W)
+        return w / sqrt_e[:, None], self.d.copy(), self.rho
 
     def check_invariants(self) -> float:
         """The largest deviation of ``E^{-1/2} W W^T E^{-1/2}`` from the unit matrix;
@@ -173,19 +174,19 @@ class OnlineNaturalGradient:
             other.precondition(x0)
         self.rank, self.W, self.d, self.rho = other.rank, other.W, other.d, other.rho
 
-    def _precondition_internal(self, x: np.ndarray, tr_x_xt: float,
-                               updating: bool) -> np.ndarray:
+    def _precondition_internal(self, x, tr_x_xt: float, updating: bool, ops):
+        """The N x D products on ``x``'s device (``ops``), the R x R part on the host."""
         n, dim = x.shape
         r = self.rank
         w = self.W
         h = x @ w.T                                   # H_t = X_t W_t^T   (N x R)
         if not updating:
-            gemm_acc(x, h, w, -1.0)                   # X_hat = X - H W
+            ops.sub_mm_(x, h, w)                      # X_hat = X - H W
             return x
         eta = self._eta(n)
         j = h.T @ x                                   # J_t = H^T X       (R x D)
-        ell = (h.T @ h).astype(np.float64)            # L_t = W J^T = H^T H
-        k = (j @ j.T).astype(np.float64)              # K_t = J J^T
+        ell = ops.host64(h.T @ h)                     # L_t = W J^T = H^T H
+        k = ops.host64(j @ j.T)                       # K_t = J J^T
         rho, d = self.rho, self.d
         e, sqrt_e, inv_sqrt_e = self._e_terms(d, self._beta(rho, d))
 
@@ -209,7 +210,7 @@ class OnlineNaturalGradient:
             must_reorthogonalize = True
             c = np.maximum(c, c_floor)
 
-        gemm_acc(x, h, w, -1.0)                       # X_hat = X - H W (with the old W)
+        ops.sub_mm_(x, h, w)                          # X_hat = X - H W (with the old W)
 
         sqrt_c = np.sqrt(c)
         rho1 = (eta_n * tr_x_xt + eta1 * (dim * rho + float(d.sum())) - float(sqrt_c.sum())) \
@@ -221,11 +222,11 @@ class OnlineNaturalGradient:
         # W_{t+1} = A_t B_t with B_t = J_t + (1-eta)/(eta/N) (D_t + rho_t) W_t and
         # A_t = eta/N E_{t+1}^{1/2} C_t^{-1/2} U_t^T E_t^{-1/2}.
         _, sqrt_e1, inv_sqrt_e1 = self._e_terms(d1, self._beta(rho1, d1))
-        b = j + (eta1 / eta_n * d_rho).astype(np.float32)[:, None] * w
+        b = j + ops.upload((eta1 / eta_n * d_rho)[:, None], x) * w
         a = u.T * (eta_n * sqrt_e1 / sqrt_c)[:, None] * inv_sqrt_e[None, :]
-        w1 = a.astype(np.float32) @ b
+        w1 = ops.upload(a, x) @ b
         if must_reorthogonalize:
-            w1 = _reorthogonalize(w1, sqrt_e1, inv_sqrt_e1)
+            w1 = ops.upload(_reorthogonalize(ops.host64(w1), sqrt_e1, inv_sqrt_e1), x)
         self.W, self.d, self.rho = w1, d1, rho1
         return x
 
@@ -246,13 +247,14 @@ def orthonormal_special(rows: int, cols: int) -> np.ndarray:
     return m
 
 
-def _reorthogonalize(w1: np.ndarray, sqrt_e1: np.ndarray, inv_sqrt_e1: np.ndarray) -> np.ndarray:
-    """Kaldi's ReorthogonalizeRt1: make ``E^{-1/2} W W^T E^{-1/2}`` the unit matrix
-    again (Cholesky; Gram-Schmidt when that fails or is ill-conditioned)."""
-    w64 = w1.astype(np.float64)
+def _reorthogonalize(w64: np.ndarray, sqrt_e1: np.ndarray,
+                     inv_sqrt_e1: np.ndarray) -> np.ndarray:
+    """Kaldi's ReorthogonalizeRt1 on ``W_{t+1}`` (float64 on the host): make
+    ``E^{-1/2} W W^T E^{-1/2}`` the unit matrix again (Cholesky; Gram-Schmidt when
+    that fails or is ill-conditioned). Returns float32."""
     o = (w64 @ w64.T) * np.outer(inv_sqrt_e1, inv_sqrt_e1)
     if np.abs(o - np.eye(len(o))).max() <= _REORTHOGONALIZE_THRESHOLD:
-        return w1
+        return w64.astype(np.float32)
     try:
         c_inv = np.linalg.inv(np.linalg.cholesky(o))
         ok = bool(np.max(c_inv) < 100.0)
@@ -266,6 +268,78 @@ def _reorthogonalize(w1: np.ndarray, sqrt_e1: np.ndarray, inv_sqrt_e1: np.ndarra
     return (c_inv @ w64).astype(np.float32)
 
 
-def _sumsq(x: np.ndarray) -> float:
-    flat = x.reshape(-1)
-    return float(np.dot(flat, flat))
+def _is_tensor(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+class _NumpyOps:
+    """The few array operations the preconditioner needs, on NumPy arrays."""
+
+    @staticmethod
+    def prepare(x, overwrite: bool) -> np.ndarray:
+        if overwrite and isinstance(x, np.ndarray) and x.dtype == np.float32 and \
+                x.flags.c_contiguous and x.flags.writeable:
+            return x
+        return np.array(x, dtype=np.float32, order="C", copy=True)
+
+    @staticmethod
+    def like(w, x):
+        return w if w is None or type(w) is np.ndarray else _TorchOps.host64(w).astype(
+            np.float32)
+
+    @staticmethod
+    def sumsq(x) -> float:
+        flat = x.reshape(-1)
+        return float(np.dot(flat, flat))
+
+    @staticmethod
+    def sub_mm_(x, h, w) -> None:
+        gemm_acc(x, h, w, -1.0)
+
+    @staticmethod
+    def host64(a) -> np.ndarray:
+        return a.astype(np.float64) if type(a) is np.ndarray else _TorchOps.host64(a)
+
+    @staticmethod
+    def upload(a: np.ndarray, like) -> np.ndarray:
+        return np.asarray(a, dtype=np.float32)
+
+
+class _TorchOps:
+    """The same on torch tensors (any device: the state then lives there too, and
+    only R x R matrices and scalars travel to the host, as in Kaldi's GPU code)."""
+
+    @staticmethod
+    def prepare(x, overwrite: bool):
+        import torch
+
+        if overwrite and x.dtype == torch.float32 and x.is_contiguous():
+            return x
+        return x.detach().to(torch.float32).contiguous().clone()
+
+    @staticmethod
+    def like(w, x):
+        if w is None:
+            return None
+        if _is_tensor(w) and w.device == x.device:
+            return w
+        return _TorchOps.upload(_NumpyOps.host64(w), x)
+
+    @staticmethod
+    def sumsq(x) -> float:
+        flat = x.reshape(-1)
+        return float(flat @ flat)
+
+    @staticmethod
+    def sub_mm_(x, h, w) -> None:
+        x.addmm_(h, w, alpha=-1.0)
+
+    @staticmethod
+    def host64(a) -> np.ndarray:
+        return a.detach().cpu().numpy().astype(np.float64)
+
+    @staticmethod
+    def upload(a: np.ndarray, like):
+        import torch
+
+        return torch.as_tensor(np.ascontiguousarray(a, dtype=np.float32), device=like.device)
