@@ -92,3 +92,14 @@ def test_pooling_with_shuffled_rows_matches_numpy(left, right):
 @pytest.mark.parametrize("case", reference_params("StatisticsExtraction", "StatisticsPooling"))
 def test_statistics_reference_cases_on_torch(case):
     check_reference_case(case)
+
+
+@pytest.mark.parametrize("nlc", [0, 1])
+def test_accelerator_strategies_match_numpy(monkeypatch, nlc):
+    """The strategies taken on a GPU (xp.launch_bound: prefix sums instead of one sum
+    per window, a gather instead of one add per window), run on CPU tensors."""
+    from pynnet3.components import xp_torch
+
+    monkeypatch.setattr(xp_torch, "launch_bound", lambda x: True)
+    check_network(_xvector(1, 0, 40, nlc, True), {"input": N.frames(0, 30, n=3)},
+                  {"output": _times(1, 0, 1, 3)})

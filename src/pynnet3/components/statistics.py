@@ -96,7 +96,8 @@ class RangeIndexes:
         strategy = self._sum_strategy()
         if strategy == "short":
             return self._short_sums(values)
-        if strategy == "direct":
+        if strategy == "direct" and not xp.launch_bound(values):
+            # (on a GPU one prefix sum beats a kernel per window)
             return self._direct_sums(values)
         csum = xp.zeros((len(self.perm) + 1, values.shape[1]), like=values, dtype=xp.float64)
         xp.cumsum(xp.take(values, xp.index(self.perm, like=values)), axis=0, dtype=xp.float64,
@@ -239,10 +240,10 @@ class RangeIndexes:
         [num_input_rows, cols] temporary (on torch CPU that gather cost 4x NumPy's)."""
         plan = self._spread_plan()
         segments = self._derived("_segments", lambda: _segments(self, plan))
-        if segments is None:
+        xp = namespace(deriv)
+        if segments is None or xp.launch_bound(deriv):  # (a GPU: one gather, one add)
             target += self.spread(deriv, target.dtype)
             return
-        xp = namespace(deriv)
         if deriv.dtype != target.dtype:  # (the same floats as spread's cast, then gather)
             deriv = xp.astype(deriv, target.dtype)
         for o, a, b in segments:

@@ -73,6 +73,9 @@ The contract (what component math may use)
   Compute data-dependent index sets at compile time instead.
 * ``xp.is_numpy`` is True for the NumPy namespace. Branch on it only for speed
   tricks with no torch counterpart (never for different math).
+* ``xp.launch_bound(x)``: True where every operation on ``x`` costs a kernel launch
+  (a GPU): there a loop over windows or blocks should become one larger operation
+  (same math, another summation order); False for NumPy arrays and CPU tensors.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ from . import xp_numpy
 
 # The names both namespaces provide (the contract above; tests check both).
 NAMES = (
-    "is_numpy", "float32", "float64", "int64", "bool_",
+    "is_numpy", "launch_bound", "float32", "float64", "int64", "bool_",
     "exp", "log", "log1p", "tanh", "sqrt", "abs", "square", "sign", "negative",
     "reciprocal", "rint", "sigmoid", "maximum", "minimum", "add", "subtract", "multiply",
     "divide", "clip",

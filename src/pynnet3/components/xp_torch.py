@@ -102,6 +102,11 @@ def _numpy_on_cpu(np_fn, fn):
     return f
 
 
+def launch_bound(x) -> bool:
+    """True for tensors off the CPU: each operation there is a kernel launch (xp.py)."""
+    return x.device.type != "cpu"
+
+
 def sigmoid(x):
     """The logistic function: one torch op (fast on the CPU too)."""
     return torch.sigmoid(x)
