@@ -78,3 +78,42 @@ def test_random_repair_and_storage_draws_match_numpy():
     "Sigmoid", "Tanh", "RectifiedLinear", "Softmax", "LogSoftmax", "Normalize", "Pnorm"))
 def test_reference_cases_on_torch(case):
     check_reference_case(case)
+
+
+@pytest.fixture
+def stats_stay_on_cpu_tensors(monkeypatch):
+    """Treat CPU tensors as a GPU's: their statistics sums stay pending on the
+    device and self-repair reads them there (what runs on CUDA)."""
+    from pynnet3.components import device_stats
+
+    monkeypatch.setattr(device_stats, "_defer",
+                        lambda v: not isinstance(v, (np.ndarray, np.generic)))
+
+
+@pytest.mark.parametrize("line", [
+    "type=SigmoidComponent dim=8 self-repair-scale=0.1",
+    "type=TanhComponent dim=8 self-repair-scale=0.1",
+    "type=RectifiedLinearComponent dim=8 block-dim=4 self-repair-scale=0.1",
+    "type=SoftmaxComponent dim=8",
+], ids=["sigmoid", "tanh", "relu-blocks", "softmax"])
+def test_statistics_pending_on_the_device_match_numpy(line, stats_stay_on_cpu_tensors):
+    """Sums kept on the device across three runs (self-repair reading host value
+    plus pending sums) give NumPy's derivatives and, folded in, NumPy's statistics."""
+    check_copies(_net(line), *IO, prepare=_with_stats(AVGS), runs=3)
+
+
+def test_pending_statistics_fold_in_when_read(stats_stay_on_cpu_tensors):
+    from pynnet3.components.nonlinear import RectifiedLinearComponent
+
+    c = RectifiedLinearComponent(3)
+    y = torch.tensor([[1.0, 0.0, 2.0], [3.0, 0.0, 0.0]])
+    c.store_stats(None, y, None)
+    assert c.__dict__["_pending_stats"].keys() == {"value_sum", "deriv_sum"}
+    assert c.count == 2.0
+    np.testing.assert_array_equal(c.value_sum, [4.0, 0.0, 2.0])  # folded on reading
+    assert "value_sum" not in c.__dict__["_pending_stats"]
+    np.testing.assert_array_equal(c.deriv_sum, [2.0, 0.0, 1.0])
+    c.store_stats(None, y, None)
+    c.zero_stats()  # drops what is pending too
+    np.testing.assert_array_equal(c.value_sum, [0.0, 0.0, 0.0])
+    assert not c.__dict__["_pending_stats"]

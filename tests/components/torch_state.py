@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 import pynnet3
+from pynnet3.components import device_stats
 from tests.compiler import nets as N
 from tests.components.torch_parity import compare_results, rel_err, run_torch
 
@@ -21,7 +22,9 @@ STATE_TOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-5}
 
 
 def _state(comp) -> dict:
-    """A component's numeric state: float arrays and numbers, generator states."""
+    """A component's numeric state: float arrays and numbers, generator states
+    (statistics still on a device folded in first)."""
+    device_stats.flush(comp)
     out = {}
     for k, v in vars(comp).items():
         if isinstance(v, np.ndarray) and v.dtype.kind == "f":

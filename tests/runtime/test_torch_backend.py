@@ -487,3 +487,46 @@ def test_looped_decoding_on_torch_equals_numpy(config):
     got = decode_looped(nnet, feats, iv, opts, backend="torch", dtype=np.float64)
     assert isinstance(got, np.ndarray) and got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+
+
+TRAIN_CONFIG = """
+input-node name=input dim=6
+component name=a1 type=NaturalGradientAffineComponent input-dim=18 output-dim=8
+component-node name=a1 component=a1 input=Append(Offset(input,-1),input,Offset(input,1))
+component name=relu type=RectifiedLinearComponent dim=8 self-repair-scale=1e-05
+component-node name=relu component=relu input=a1
+component name=a2 type=AffineComponent input-dim=8 output-dim=8
+component-node name=a2 component=a2 input=relu
+component name=sig type=SigmoidComponent dim=8 self-repair-scale=1e-05
+component-node name=sig component=sig input=a2
+component name=tanh type=TanhComponent dim=8 self-repair-scale=1e-05
+component-node name=tanh component=tanh input=sig
+component name=out type=AffineComponent input-dim=8 output-dim=5
+component-node name=out component=out input=tanh
+component name=lsm type=LogSoftmaxComponent dim=5
+component-node name=lsm component=lsm input=out
+output-node name=output input=lsm objective=linear
+"""
+
+
+def test_training_step_reads_nothing_back_from_the_device():
+    """A training step with statistics stored and self-repair running (statistics
+    that make it repair) runs on the meta device: the sums stay on the device and
+    self-repair reads them there. Reading the statistics afterwards is the wait."""
+    nnet = pynnet3.Nnet.from_config(TRAIN_CONFIG, seed=0)
+    for name in ("relu", "sig", "tanh"):
+        c = nnet.components[name]
+        c.count = 10.0
+        c.value_sum = np.full(8, 3.0)
+        c.deriv_sum = np.linspace(0.0, 10.0, 8)
+    req = pynnet3.ComputationRequest(
+        [pynnet3.IoSpecification("input", N.frames(-1, 9, n=2), True)],
+        [pynnet3.IoSpecification("output", N.frames(0, 8, n=2), True)],
+        need_model_derivative=True, store_component_stats=True)
+    comp = pynnet3.compile(nnet, req, optimize=True)
+    res = _run_on_meta(nnet, comp)
+    assert res.input_derivs["input"].device.type == "meta"
+    relu = nnet.components["relu"]
+    assert set(relu.__dict__["_pending_stats"]) == {"value_sum", "deriv_sum", "oderiv_sumsq",
+                                                     "num_dims_self_repaired"}
+    assert relu.count == 26.0  # (counts are shapes: known on the host)

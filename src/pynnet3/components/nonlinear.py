@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ComputeError
+from . import device_stats
 from .base import (
     Component,
     Flags,
@@ -40,6 +41,7 @@ from .base import (
     register,
     require,
 )
+from .device_stats import stats_attribute
 from .xp import namespace
 
 UNSET_THRESHOLD = -1000.0  # Kaldi's kUnsetThreshold
@@ -98,7 +100,15 @@ class NonlinearComponent(SameDimComponent):
     ``dim`` entries; sums are kept unnormalized (count-weighted) in float64.
     Subclasses provide ``_forward`` / ``_diff`` and, where Kaldi has them,
     ``_stats_deriv`` (the derivative stored by ``store_stats``) and ``_repair``.
+
+    On a GPU the sums a run adds stay on the device until read, and self-repair
+    reads them there (components/device_stats.py): no command waits for the GPU.
     """
+
+    value_sum = stats_attribute("value_sum")
+    deriv_sum = stats_attribute("deriv_sum")
+    oderiv_sumsq = stats_attribute("oderiv_sumsq")
+    num_dims_self_repaired = stats_attribute("num_dims_self_repaired")
 
     def __init__(self, dim: int = 0, block_dim: int | None = None,
                  self_repair_lower_threshold: float = UNSET_THRESHOLD,
@@ -261,36 +271,38 @@ class NonlinearComponent(SameDimComponent):
         self._store_stats_internal(out_value, self._stats_deriv(out_value))
 
     def _store_stats_internal(self, out_value: np.ndarray, deriv: np.ndarray | None) -> None:
-        if self.value_sum.size != self.dim:
+        # (sizes from the stored arrays: pending device sums never change them)
+        if self._value_sum.size != self.dim:
             self.value_sum = np.zeros(self.dim, dtype=np.float64)
             self.count = 0.0
-        if deriv is not None and self.deriv_sum.size != self.dim:
+        if deriv is not None and self._deriv_sum.size != self.dim:
             self.deriv_sum = np.zeros(self.dim, dtype=np.float64)
             self.count = 0.0
-            self.value_sum[:] = 0.0
+            self.value_sum = np.zeros(self.dim, dtype=np.float64)
         self.count += out_value.shape[0]
         # Kaldi sums the rows in float (CuVector<BaseFloat>), then adds into double.
         xp = namespace(out_value)
-        self.value_sum += xp.to_numpy(xp.sum(out_value, axis=0, dtype=out_value.dtype))
+        device_stats.add(self, "value_sum", xp.sum(out_value, axis=0, dtype=out_value.dtype))
         if deriv is not None:
-            self.deriv_sum += xp.to_numpy(xp.sum(deriv, axis=0, dtype=deriv.dtype))
+            device_stats.add(self, "deriv_sum", xp.sum(deriv, axis=0, dtype=deriv.dtype))
 
     def store_backprop_stats(self, out_deriv: np.ndarray) -> None:
         """Accumulate the squared output derivative (Kaldi's StoreBackpropStats)."""
         if self._skip(4, self.oderiv_count != 0):
             return
-        if self.oderiv_sumsq.size != self.dim:
+        if self._oderiv_sumsq.size != self.dim:
             self.oderiv_sumsq = np.zeros(self.dim, dtype=np.float64)
             self.oderiv_count = 0.0
         xp = namespace(out_deriv)
-        self.oderiv_sumsq += xp.to_numpy(xp.sum(out_deriv * out_deriv, axis=0,
-                                                dtype=out_deriv.dtype))
+        device_stats.add(self, "oderiv_sumsq",
+                         xp.sum(out_deriv * out_deriv, axis=0, dtype=out_deriv.dtype))
         self.oderiv_count += out_deriv.shape[0]
 
     def zero_stats(self) -> None:
-        self.value_sum[:] = 0.0
-        self.deriv_sum[:] = 0.0
-        self.oderiv_sumsq[:] = 0.0
+        (self.__dict__.get("_pending_stats") or {}).clear()  # (nothing to fold in)
+        self._value_sum[:] = 0.0
+        self._deriv_sum[:] = 0.0
+        self._oderiv_sumsq[:] = 0.0
         self.count = 0.0
         self.oderiv_count = 0.0
         self.num_dims_self_repaired = 0.0
@@ -300,22 +312,25 @@ class NonlinearComponent(SameDimComponent):
         """Kaldi's ``RandUniform() > repair_probability`` (never, when deterministic)."""
         return self.rng is not None and float(self.rng.random()) > _REPAIR_PROBABILITY
 
-    def _problem_dims(self, default_lower: float) -> np.ndarray | None:
+    def _problem_dims(self, default_lower: float, like):
         """Sigmoid/Tanh self-repair: 1.0 for dimensions whose deriv-sum is below
-        the lower threshold times the count (float32, like Kaldi), or None when no
-        repair happens this time. Also updates the repair diagnostics."""
+        the lower threshold times the count (float32, like Kaldi), as an array of
+        ``like``'s kind, or None when no repair happens this time. Also updates the
+        repair diagnostics."""
         self.num_dims_processed += self.dim
         if (self.self_repair_scale == 0.0 or self.count == 0.0
-                or self.deriv_sum.size != self.dim or self._repair_draw_fails()):
+                or self._deriv_sum.size != self.dim or self._repair_draw_fails()):
             return None
         if self.self_repair_upper_threshold != f32(UNSET_THRESHOLD):
             raise ComputeError(f"{self.type_name}: do not set self-repair-upper-threshold "
                                "for sigmoid/tanh components, it does nothing")
         lower = self.self_repair_lower_threshold
         lower = f32((default_lower if lower == f32(UNSET_THRESHOLD) else lower) * self.count)
-        thresholds = (np.float32(lower) - self.deriv_sum.astype(np.float32)) > 0
-        thresholds = thresholds.astype(np.float32)
-        self.num_dims_self_repaired += float(thresholds.sum())
+        xp = namespace(like)
+        deriv = device_stats.on_device(self, "deriv_sum", like)
+        # (lower: a Python float holding a float32, so the subtraction is float32's)
+        thresholds = xp.astype((lower - xp.astype(deriv, xp.float32)) > 0, xp.float32)
+        device_stats.add(self, "num_dims_self_repaired", xp.sum(thresholds))
         return thresholds
 
 
@@ -355,11 +370,11 @@ class SigmoidComponent(NonlinearComponent):
         return (1 - y) * y
 
     def _repair(self, y, d):
-        thr = self._problem_dims(0.05)
+        thr = self._problem_dims(0.05, d)
         if thr is None:
             return
         scale = f32(self.self_repair_scale / _REPAIR_PROBABILITY)
-        thr = namespace(d).asarray(thr, like=d)
+        thr = namespace(d).astype(thr, d.dtype)
         # (Python floats take d's dtype, as d.dtype.type(v) did: NEP 50)
         d += thr * (-2.0 * scale) * y
         d += thr * scale
@@ -389,11 +404,11 @@ class TanhComponent(NonlinearComponent):
         return 1 - y * y
 
     def _repair(self, y, d):
-        thr = self._problem_dims(0.2)
+        thr = self._problem_dims(0.2, d)
         if thr is None:
             return
         scale = f32(-self.self_repair_scale / _REPAIR_PROBABILITY)
-        d += namespace(d).asarray(thr, like=d) * scale * y
+        d += namespace(d).astype(thr, d.dtype) * scale * y
 
 
 @register
@@ -448,7 +463,7 @@ class RectifiedLinearComponent(NonlinearComponent):
 
     def _repair(self, y, d):
         if (self.self_repair_scale == 0.0 or self.count == 0.0
-                or self.deriv_sum.size != self.dim):
+                or self._deriv_sum.size != self.dim):
             return
         if self._repair_draw_fails():
             return
@@ -457,18 +472,21 @@ class RectifiedLinearComponent(NonlinearComponent):
         count = f32(self.count)
         lower = self.self_repair_lower_threshold
         upper = self.self_repair_upper_threshold
-        lower = np.float32((0.05 if lower == unset else lower) * count)
-        upper = np.float32((0.95 if upper == unset else upper) * count)
+        # (Python floats holding float32 values: the comparisons below are float32's)
+        lower = f32((0.05 if lower == unset else lower) * count)
+        upper = f32((0.95 if upper == unset else upper) * count)
+        xp = namespace(d)
+        deriv = device_stats.on_device(self, "deriv_sum", d)  # (on d's device)
         if self.block_dim == self.dim:
-            stats = self.deriv_sum.astype(np.float32)
+            stats = xp.astype(deriv, xp.float32)
         else:
-            blocks = self.deriv_sum.reshape(self.dim // self.block_dim, self.block_dim)
-            stats = (blocks.sum(axis=0) * (self.block_dim / self.dim)).astype(np.float32)
+            blocks = deriv.reshape(self.dim // self.block_dim, self.block_dim)
+            stats = xp.astype(xp.sum(blocks, axis=0) * (self.block_dim / self.dim), xp.float32)
         # +1 where stats <= lower, -1 where stats > upper, 0 between.
-        row = ((stats - lower) > 0).astype(np.float32) + ((stats - upper) > 0) - 1
-        self.num_dims_self_repaired += float((row * row).sum())
-        row = row * np.float32(-self.self_repair_scale / _REPAIR_PROBABILITY)
-        d += namespace(d).asarray(np.tile(row, self.dim // self.block_dim), like=d)
+        row = xp.astype((stats - lower) > 0, xp.float32) + ((stats - upper) > 0) - 1
+        device_stats.add(self, "num_dims_self_repaired", xp.sum(row * row))
+        row = row * f32(-self.self_repair_scale / _REPAIR_PROBABILITY)
+        d += xp.astype(xp.tile(row, self.dim // self.block_dim), d.dtype)
 
 
 class _RowNormalizedNonlinear(NonlinearComponent):
