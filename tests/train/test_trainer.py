@@ -418,3 +418,18 @@ output-node name=output input=a objective=quadratic
     by_hand.precondition(x1)  # (the input of the second pass is the same)
     assert not np.array_equal(w_after_init, by_hand.W)
     np.testing.assert_allclose(pre.W, by_hand.W, rtol=1e-5, atol=1e-7)
+
+
+def test_a_given_compiler_is_used_even_when_still_empty():
+    """An empty CachingCompiler has len 0 (falsy): the trainer must still use it,
+    not silently make its own."""
+    from pynnet3.cache import CachingCompiler
+
+    nnet = _net(AFFINE.format(obj="quadratic"))
+    cc = CachingCompiler(nnet, optimize=True)
+    assert len(cc) == 0
+    trainer = Trainer(nnet, TrainerOptions.from_flags(PLAIN), compiler=cc)
+    assert trainer.compiler is cc
+    req, x, y = _batch(nnet)
+    trainer.train_step(req, inputs={"input": x}, supervision={"output": y})
+    assert len(cc) >= 1

@@ -84,8 +84,6 @@ def _cmd_train(args) -> int:
         examples = shard(examples, group.rank, group.world_size)
     else:
         trainer = Trainer(nnet, options)
-    # Set after construction: Trainer(compiler=...) tests ``compiler or default`` and
-    # an empty CachingCompiler (len 0) is falsy, so the argument would be dropped.
     trainer.compiler = compiler
     speaks = group is None or group.rank == 0  # (one log and one model for all ranks)
     progress = _Progress() if speaks else None

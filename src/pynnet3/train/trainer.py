@@ -94,7 +94,8 @@ class Trainer:
         self.backend, self.device = backend, device
         self.options = options or TrainerOptions()
         self.options.validate()
-        self.compiler = compiler or CachingCompiler(nnet, optimize=True)
+        self.compiler = (compiler if compiler is not None
+                         else CachingCompiler(nnet, optimize=True))
         self.rng = np.random.default_rng(self.options.srand)
         self.srand_seed = int(self.rng.integers(0, 100001))  # Kaldi: RandInt(0, 100000)
         self.num_minibatches_processed = 0
