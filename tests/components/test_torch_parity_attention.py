@@ -67,3 +67,41 @@ def test_attention_statistics_match_numpy():
 @pytest.mark.parametrize("case", reference_params("RestrictedAttention"))
 def test_attention_reference_cases_on_torch(case):
     check_reference_case(case)
+
+
+def test_attention_statistics_stay_on_the_device_until_read(monkeypatch):
+    """On a GPU the sums wait on the device (components/device_stats.py), here forced
+    for CPU tensors: nothing reaches the host values until they are read, and what is
+    read then equals the NumPy backend's statistics; on the meta device (no data)
+    storing statistics reads nothing."""
+    from pynnet3.components import device_stats
+
+    comp = RestrictedAttentionComponent(2, 3, 2, 2, 1)
+    inp, out = N.frames(0, 9), N.frames(2, 8)
+    pre = comp.precompute_indexes(inp, out, False)
+    x = np.random.default_rng(3).standard_normal((len(inp), comp.input_dim))
+
+    def stats_of(to, runs=2):
+        comp.zero_stats()
+        for _ in range(runs):
+            y = to(np.zeros((len(out), comp.output_dim)))
+            comp.store_stats(None, y, comp.propagate(pre, to(x.copy()), y))
+        return comp
+
+    want = stats_of(np.array)
+    want = (want.entropy_stats.copy(), want.posterior_stats.copy(), want.stats_count)
+    monkeypatch.setattr(device_stats, "_defer", lambda value: True)
+    got = stats_of(torch.from_numpy)
+    assert set(got.__dict__["_pending_stats"]) == {"entropy_stats", "posterior_stats"}
+    assert not got.__dict__["_entropy_stats"].any()  # nothing folded in yet
+    np.testing.assert_allclose(got.entropy_stats, want[0], rtol=1e-12)
+    np.testing.assert_allclose(got.posterior_stats, want[1], rtol=1e-12)
+    assert got.stats_count == want[2] and not got.__dict__["_pending_stats"]
+    monkeypatch.undo()
+    comp.zero_stats()
+    meta = torch.device("meta")
+    y = torch.empty(len(out), comp.output_dim, device=meta, dtype=torch.float64)
+    memo = comp.propagate(pre, torch.empty(len(inp), comp.input_dim, device=meta,
+                                           dtype=torch.float64), y)
+    comp.store_stats(None, y, memo)  # no host read of a meta tensor
+    assert comp.stats_count == len(out)

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import ComputeError
 from ..index import KeySet, describe, pack
+from . import device_stats
 from .base import Component, Flags, InputDeps, check_finite, check_table_rows, register, require
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 from .xp import namespace
@@ -126,6 +127,9 @@ class RestrictedAttentionComponent(Component):
     """
 
     type_name = "RestrictedAttentionComponent"
+    # float64 statistics a GPU run adds to on the device (components/device_stats.py)
+    entropy_stats = device_stats.stats_attribute("entropy_stats")
+    posterior_stats = device_stats.stats_attribute("posterior_stats")
 
     def __init__(self, num_heads: int, key_dim: int, value_dim: int, num_left_inputs: int,
                  num_right_inputs: int, time_stride: int = 1,
@@ -445,14 +449,14 @@ class RestrictedAttentionComponent(Component):
         we use every minibatch, which has the same expected averages.)"""
         xp = namespace(memo)
         c = xp.astype(memo, xp.float64)  # [out, heads, ctx]
-        if self.entropy_stats.shape != (self.num_heads,):
+        if self._entropy_stats.shape != (self.num_heads,):  # (the host value's shape)
             self.entropy_stats = np.zeros(self.num_heads)
             self.posterior_stats = np.zeros((self.num_heads, self.context_dim))
             self.stats_count = 0.0
-        # (summed on the arrays' device; only the per-head sums come to the host)
-        self.posterior_stats += xp.to_numpy(xp.sum(c, axis=0))
-        self.entropy_stats += -xp.to_numpy(xp.sum(c * xp.log(xp.maximum(c, 1e-20)),
-                                                  axis=(0, 2)))
+        # (summed on the arrays' device; on a GPU they stay there until read)
+        device_stats.add(self, "posterior_stats", xp.sum(c, axis=0))
+        device_stats.add(self, "entropy_stats",
+                         -xp.sum(c * xp.log(xp.maximum(c, 1e-20)), axis=(0, 2)))
         self.stats_count += len(c)
 
     def zero_stats(self) -> None:
