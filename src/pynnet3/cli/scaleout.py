@@ -149,7 +149,13 @@ def run_shard(options: dict, cwd: str, lines: list[str], scp_options: str, ark: 
     return stats
 
 
-def _ray():
+def _ray(local: bool):
+    """The ray module. ``local``: a cluster of our own will be started; Ray on Linux
+    resolves 127.0.0.1 to the host's address and listens on every interface unless
+    its "cluster mode" is off, which it reads when imported -- so it is turned off
+    here before the first import (its processes inherit the setting)."""
+    if local and "ray" not in sys.modules:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # (loopback only)
     try:
         import ray
     except ImportError:
@@ -237,7 +243,7 @@ def run_scaled(args) -> int:
     from ..io.ark import parse_specifier
     from ..io.atomic import atomic_write
 
-    ray = _ray()
+    ray = _ray(local=not args.ray_address)
     lines, scp_options = _scp_lines(args.features)
     out = parse_specifier(args.output, write=True)
     ark_target = out.targets[0]
