@@ -50,6 +50,7 @@ import numpy as np
 
 from .. import limits
 from ..errors import ComputeError, ConfigError, FormatError
+from .fields import Step, check_finite, read_fields, write_fields
 
 
 class Flags(enum.IntFlag):
@@ -140,6 +141,9 @@ class Component:
     """Base class of every component type (see module docstring for the contract)."""
 
     type_name: ClassVar[str] = "Component"
+    # The file body as a declarative field list (see fields.py); None where the class
+    # writes its own read/write.
+    kaldi_fields: ClassVar[tuple[Step, ...] | None] = None
 
     # -- structure -------------------------------------------------------------
     @property
@@ -169,12 +173,23 @@ class Component:
     @classmethod
     def read(cls, r) -> Component:
         """Read the body after the opening ``<TypeName>`` token, through the
-        closing ``</TypeName>`` token, from a ``KaldiReader``."""
-        raise NotImplementedError
+        closing ``</TypeName>`` token, from a ``KaldiReader``. Default: the
+        ``kaldi_fields`` list, into ``cls()``."""
+        if cls.kaldi_fields is None:
+            raise NotImplementedError
+        comp = cls()
+        read_fields(r, comp, cls.kaldi_fields)
+        read_closing(r, cls.type_name)
+        return comp
 
     def write(self, w) -> None:
-        """Write ``<TypeName> ... </TypeName> `` to a ``KaldiWriter``, exactly as Kaldi."""
-        raise NotImplementedError
+        """Write ``<TypeName> ... </TypeName> `` to a ``KaldiWriter``, exactly as Kaldi.
+        Default: the ``kaldi_fields`` list."""
+        if self.kaldi_fields is None:
+            raise NotImplementedError
+        w.write_token(f"<{self.type_name}>")
+        write_fields(w, self, self.kaldi_fields)
+        w.write_token(f"</{self.type_name}>")
 
     def info(self) -> str:
         """One line for ``nnet3-info``-style listings."""
@@ -300,6 +315,10 @@ class UpdatableComponent(Component):
 
     def write_updatable_common(self, w) -> None:
         w.write_token(f"<{self.type_name}>")
+        self.write_updatable_header(w)
+
+    def write_updatable_header(self, w) -> None:
+        """The common header after the opening token (fields.UPDATABLE_HEADER)."""
         if self.learning_rate_factor != 1.0:
             w.write_tagged("<LearningRateFactor>", "float", self.learning_rate_factor)
         if self.is_gradient:
@@ -349,12 +368,6 @@ def check_table_rows(rows: int, what: str) -> None:
     problem = limits.exceeded("max_rows", rows, what)
     if problem:
         raise ComputeError(problem)
-
-
-def check_finite(r, name: str, arr: np.ndarray, pos: int) -> None:
-    """Kaldi refuses parameters with NaN/inf; so do we, naming where they were read."""
-    if arr.size and not np.all(np.isfinite(arr)):
-        raise r.error(f"non-finite value in {name}", pos=pos)
 
 
 __all__ = [
