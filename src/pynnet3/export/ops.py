@@ -224,7 +224,7 @@ def _scale_and_offset(g, name, comp, pre, x, rows_out):
     k = comp.dim // block
     xb = _call(g, torch.unflatten, x, -1, (k, block)) if k > 1 else x
     y = _call(g, torch.addcmul, g.param(name, "offsets", comp.offsets), xb,
-              g.param(name, "scales", comp._nonzero_scales()))  # noqa: SLF001
+              g.param(name, "scales", comp._nonzero_scales(comp.scales)))  # noqa: SLF001
     return _call(g, torch.flatten, y, -2) if k > 1 else y
 
 
