@@ -274,6 +274,13 @@ class InOutComponent(Component):
         return self._output_dim
 
 
+def output_divides_input(tag: str, value: int, comp: InOutComponent) -> str | None:
+    """Field check for ``<OutputDim>`` of a component that reduces groups of inputs."""
+    if comp._input_dim > 0 and value > 0 and comp._input_dim % value == 0:
+        return None
+    return f"bad {comp.type_name} dims {comp._input_dim} -> {value}"
+
+
 class UpdatableComponent(Component):
     """Shared fields and file header of Kaldi's UpdatableComponent.
 
@@ -372,7 +379,7 @@ def check_table_rows(rows: int, what: str) -> None:
 
 __all__ = [
     "Component", "UpdatableComponent", "SameDimComponent", "InOutComponent", "Flags",
-    "InputDeps", "register", "component_types",
-    "component_class", "read_closing", "require", "check_dims", "check_finite",
-    "check_table_rows", "FormatError",
+    "InputDeps", "register", "component_types", "component_class", "read_closing",
+    "output_divides_input", "require", "check_dims", "check_finite", "check_table_rows",
+    "FormatError",
 ]

@@ -37,11 +37,12 @@ from .base import (
     Flags,
     InOutComponent,
     SameDimComponent,
-    read_closing,
+    output_divides_input,
     register,
     require,
 )
 from .device_stats import stats_attribute
+from .fields import Custom, Field, positive
 from .xp import namespace
 
 UNSET_THRESHOLD = -1000.0  # Kaldi's kUnsetThreshold
@@ -79,12 +80,15 @@ def _is_number(word: bytes) -> bool:
         return False
 
 
-def _read_positive_int(r, tag: str) -> int:
-    pos = r.pos
-    value = r.read_tagged(tag, "int")
-    if value <= 0:
-        raise r.error(f"{tag} must be positive", token=str(value), pos=pos)
-    return value
+def _block_divides_dim(tag: str, value: int, comp) -> str | None:
+    if value > 0 and comp.dim % value == 0:
+        return None
+    return f"{tag} must be positive and divide the input dim"
+
+
+def _unset_or(attr: str):
+    """write_if for a self-repair threshold: Kaldi writes it only when set."""
+    return lambda comp: getattr(comp, attr) != f32(UNSET_THRESHOLD)
 
 
 def _as_float_dtype(x: np.ndarray) -> np.dtype:
@@ -161,17 +165,25 @@ class NonlinearComponent(SameDimComponent):
                 f"block-dim={block_dim} must be positive and divide dim={dim}")
         return cls(dim, block_dim, lower, upper, scale)
 
-    @classmethod
-    def read(cls, r) -> NonlinearComponent:
-        self = cls()
-        self.dim = _read_positive_int(r, "<Dim>")
-        self.block_dim = self.dim
-        if r.peek_token() == "<BlockDim>":
-            pos = r.pos
-            self.block_dim = r.read_tagged("<BlockDim>", "int")
-            if self.block_dim <= 0 or self.dim % self.block_dim:
-                raise r.error("<BlockDim> must be positive and divide <Dim>",
-                              token=str(self.block_dim), pos=pos)
+    kaldi_fields = (
+        Field("<Dim>", "dim", "int", check=positive),
+        Field("<BlockDim>", "block_dim", "int", default=lambda c: c.dim,
+              write_if=lambda c: c.block_dim != c.dim, check=_block_divides_dim),
+        Custom("_read_stats", "_write_stats"),
+        Field("<NumDimsSelfRepaired>", "num_dims_self_repaired", "double", default=0.0),
+        Field("<NumDimsProcessed>", "num_dims_processed", "double", default=0.0),
+        Field("<SelfRepairLowerThreshold>", "self_repair_lower_threshold", "float",
+              default=f32(UNSET_THRESHOLD), convert=f32,
+              write_if=_unset_or("self_repair_lower_threshold")),
+        Field("<SelfRepairUpperThreshold>", "self_repair_upper_threshold", "float",
+              default=f32(UNSET_THRESHOLD), convert=f32,
+              write_if=_unset_or("self_repair_upper_threshold")),
+        Field("<SelfRepairScale>", "self_repair_scale", "float", default=0.0, convert=f32,
+              write_if=lambda c: c.self_repair_scale != 0.0),
+    )
+
+    def _read_stats(self, r) -> None:
+        """The activation statistics: averages in the file, count-weighted sums here."""
         value_avg = self._read_stats_vector(r, "<ValueAvg>")
         deriv_avg = self._read_stats_vector(r, "<DerivAvg>")
         self.count = r.read_tagged("<Count>", "float")
@@ -184,15 +196,6 @@ class NonlinearComponent(SameDimComponent):
         self.value_sum = value_avg * self.count
         self.deriv_sum = deriv_avg * self.count
         self.oderiv_sumsq = (oderiv_rms ** 2) * self.oderiv_count
-        self.num_dims_self_repaired = r.read_optional("<NumDimsSelfRepaired>", "float", 0.0)
-        self.num_dims_processed = r.read_optional("<NumDimsProcessed>", "float", 0.0)
-        self.self_repair_lower_threshold = f32(
-            r.read_optional("<SelfRepairLowerThreshold>", "float", UNSET_THRESHOLD))
-        self.self_repair_upper_threshold = f32(
-            r.read_optional("<SelfRepairUpperThreshold>", "float", UNSET_THRESHOLD))
-        self.self_repair_scale = f32(r.read_optional("<SelfRepairScale>", "float", 0.0))
-        read_closing(r, self.type_name)
-        return self
 
     def _read_stats_vector(self, r, tag: str) -> np.ndarray:
         r.expect_token(tag)
@@ -203,11 +206,7 @@ class NonlinearComponent(SameDimComponent):
                           pos=pos)
         return v
 
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        w.write_tagged("<Dim>", "int", self.dim)
-        if self.block_dim != self.dim:
-            w.write_tagged("<BlockDim>", "int", self.block_dim)
+    def _write_stats(self, w) -> None:
         # Kaldi: Vector<float> temp(sum); temp.Scale(1.0 / count) -- float math.
         w.write_tagged("<ValueAvg>", "vector", _normalized(self.value_sum, self.count))
         w.write_tagged("<DerivAvg>", "vector", _normalized(self.deriv_sum, self.count))
@@ -217,17 +216,6 @@ class NonlinearComponent(SameDimComponent):
         rms = np.sqrt(rms.astype(np.float64)).astype(np.float32)
         w.write_tagged("<OderivRms>", "vector", rms)
         w.write_tagged("<OderivCount>", "double", self.oderiv_count)
-        w.write_tagged("<NumDimsSelfRepaired>", "double", self.num_dims_self_repaired)
-        w.write_tagged("<NumDimsProcessed>", "double", self.num_dims_processed)
-        if self.self_repair_lower_threshold != f32(UNSET_THRESHOLD):
-            w.write_tagged("<SelfRepairLowerThreshold>", "float",
-                           self.self_repair_lower_threshold)
-        if self.self_repair_upper_threshold != f32(UNSET_THRESHOLD):
-            w.write_tagged("<SelfRepairUpperThreshold>", "float",
-                           self.self_repair_upper_threshold)
-        if self.self_repair_scale != 0.0:
-            w.write_tagged("<SelfRepairScale>", "float", self.self_repair_scale)
-        w.write_token(f"</{self.type_name}>")
 
     # -- math --------------------------------------------------------------------
     def _forward(self, x: np.ndarray) -> np.ndarray:
@@ -642,41 +630,21 @@ class NormalizeComponent(Component):
                 f"block-dim={block_dim} must be positive and divide dim={dim}")
         return cls(dim, block_dim, target_rms, add_log_stddev)
 
-    @classmethod
-    def read(cls, r) -> NormalizeComponent:
-        self = cls()
-        start = r.pos
-        tok = r.read_token()
-        if tok not in ("<Dim>", "<InputDim>"):
-            raise r.error("expected <InputDim> or <Dim>", token=tok, pos=start)
-        self.dim = r.read_int()
-        if self.dim <= 0:
-            raise r.error("input dim must be positive", token=str(self.dim), pos=start)
-        self.block_dim = self.dim
-        if r.peek_token() == "<BlockDim>":
-            pos = r.pos
-            self.block_dim = r.read_tagged("<BlockDim>", "int")
-            if self.block_dim <= 0 or self.dim % self.block_dim:
-                raise r.error("<BlockDim> must be positive and divide the input dim",
-                              token=str(self.block_dim), pos=pos)
-        self.target_rms = f32(r.read_optional("<TargetRms>", "float", 1.0))
-        self.add_log_stddev = bool(r.read_optional("<AddLogStddev>", "bool", False))
+    kaldi_fields = (
+        Field("<InputDim>", "dim", "int", aliases=("<Dim>",), check=positive),
+        Field("<BlockDim>", "block_dim", "int", default=lambda c: c.dim,
+              write_if=lambda c: c.block_dim != c.dim, check=_block_divides_dim),
+        Field("<TargetRms>", "target_rms", "float", default=1.0, convert=f32),
+        Field("<AddLogStddev>", "add_log_stddev", "bool", default=False),
+        Custom("_skip_old_stats", None),
+    )
+
+    def _skip_old_stats(self, r) -> None:
         if r.peek_token() == "<ValueAvg>":  # old format: stats that are now unused
             r.expect_token("<ValueAvg>")
             r.read_vector()
             r.read_tagged("<DerivAvg>", "vector")
             r.read_tagged("<Count>", "float")
-        read_closing(r, cls.type_name)
-        return self
-
-    def write(self, w) -> None:
-        w.write_token("<NormalizeComponent>")
-        w.write_tagged("<InputDim>", "int", self.dim)
-        if self.block_dim != self.dim:
-            w.write_tagged("<BlockDim>", "int", self.block_dim)
-        w.write_tagged("<TargetRms>", "float", self.target_rms)
-        w.write_tagged("<AddLogStddev>", "bool", self.add_log_stddev)
-        w.write_token("</NormalizeComponent>")
 
     def _blocks(self, m: np.ndarray, width: int) -> np.ndarray:
         """View rows as (rows * num_blocks, width), like Kaldi's reshaped submatrix."""
@@ -757,21 +725,10 @@ class PnormComponent(InOutComponent):
                 f"output-dim={output_dim}")
         return cls(input_dim, output_dim)
 
-    @classmethod
-    def read(cls, r) -> PnormComponent:
-        pos = r.pos
-        input_dim = r.read_tagged("<InputDim>", "int")
-        output_dim = r.read_tagged("<OutputDim>", "int")
-        if input_dim <= 0 or output_dim <= 0 or input_dim % output_dim:
-            raise r.error(f"bad PnormComponent dims {input_dim} -> {output_dim}", pos=pos)
-        read_closing(r, cls.type_name)
-        return cls(input_dim, output_dim)
-
-    def write(self, w) -> None:
-        w.write_token("<PnormComponent>")
-        w.write_tagged("<InputDim>", "int", self._input_dim)
-        w.write_tagged("<OutputDim>", "int", self._output_dim)
-        w.write_token("</PnormComponent>")
+    kaldi_fields = (
+        Field("<InputDim>", "_input_dim", "int"),
+        Field("<OutputDim>", "_output_dim", "int", check=output_divides_input),
+    )
 
     def _groups(self, m: np.ndarray) -> np.ndarray:
         return m.reshape(m.shape[0], self._output_dim, self._input_dim // self._output_dim)
