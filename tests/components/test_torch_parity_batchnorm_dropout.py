@@ -76,3 +76,15 @@ def test_dropout_mask_matches_numpy(line, test_mode):
     "BatchNorm", "Dropout", "DropoutMask", "GeneralDropout", "SpecAugmentTimeMask"))
 def test_reference_cases_on_torch(case):
     check_reference_case(case)
+
+
+def test_batchnorm_statistics_pending_on_the_device_match_numpy(monkeypatch):
+    """CPU tensors treated as a GPU's: the statistics sums stay pending on the
+    device across runs and, folded in, equal NumPy's."""
+    import numpy as np
+
+    from pynnet3.components import device_stats
+
+    monkeypatch.setattr(device_stats, "_defer",
+                        lambda v: not isinstance(v, (np.ndarray, np.generic)))
+    check_copies(_net("type=BatchNormComponent dim=8 block-dim=4"), *IO, runs=3)

@@ -501,8 +501,10 @@ component name=sig type=SigmoidComponent dim=8 self-repair-scale=1e-05
 component-node name=sig component=sig input=a2
 component name=tanh type=TanhComponent dim=8 self-repair-scale=1e-05
 component-node name=tanh component=tanh input=sig
+component name=bn type=BatchNormComponent dim=8
+component-node name=bn component=bn input=tanh
 component name=out type=AffineComponent input-dim=8 output-dim=5
-component-node name=out component=out input=tanh
+component-node name=out component=out input=bn
 component name=lsm type=LogSoftmaxComponent dim=5
 component-node name=lsm component=lsm input=out
 output-node name=output input=lsm objective=linear
@@ -530,3 +532,5 @@ def test_training_step_reads_nothing_back_from_the_device():
     assert set(relu.__dict__["_pending_stats"]) == {"value_sum", "deriv_sum", "oderiv_sumsq",
                                                      "num_dims_self_repaired"}
     assert relu.count == 26.0  # (counts are shapes: known on the host)
+    bn = nnet.components["bn"]
+    assert set(bn.__dict__["_pending_stats"]) == {"stats_sum", "stats_sumsq"}

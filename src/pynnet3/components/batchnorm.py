@@ -20,16 +20,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import device_stats
 from .affine import expect_one_or_two, f32
 from .base import Component, Flags, check_finite, read_closing, register, require
+from .device_stats import stats_attribute
 from .xp import namespace
 
 
 @register
 class BatchNormComponent(Component):
-    """Batch normalization; see the module docstring for the modes and the file."""
+    """Batch normalization; see the module docstring for the modes and the file.
+    On a GPU the statistics a training run adds stay there until read
+    (components/device_stats.py)."""
 
     type_name = "BatchNormComponent"
+    stats_sum = stats_attribute("stats_sum")
+    stats_sumsq = stats_attribute("stats_sumsq")
 
     def __init__(self, dim: int, block_dim: int | None = None, epsilon: float = 1.0e-3,
                  target_rms: float = 1.0, test_mode: bool = False):
@@ -184,10 +190,11 @@ class BatchNormComponent(Component):
             return  # no STORES_STATS in test mode
         n = memo["num_frames"]
         self.count += n
-        xp = namespace(memo["mean"])  # (on a GPU the host waits: stats only)
-        mean, uvar = xp.to_numpy(memo["mean"]), xp.to_numpy(memo["uvar"])
-        self.stats_sum = self.stats_sum + np.float32(n) * mean.astype(np.float64)
-        self.stats_sumsq = self.stats_sumsq + np.float32(n) * uvar.astype(np.float64)
+        # (n is exact in float32; on a GPU the sums stay there until read)
+        xp = namespace(memo["mean"])
+        for name, key in (("stats_sum", "mean"), ("stats_sumsq", "uvar")):
+            device_stats.add(self, name, xp.astype(memo[key], xp.float64) * float(n),
+                             in_place=False)
         self._written_stats = None
 
     def zero_stats(self) -> None:

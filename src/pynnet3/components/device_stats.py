@@ -53,10 +53,11 @@ def _defer(value) -> bool:
     return not isinstance(value, (np.ndarray, np.generic)) and value.device.type != "cpu"
 
 
-def add(obj, name: str, value) -> None:
+def add(obj, name: str, value, in_place: bool = True) -> None:
     """``obj.<name> += value`` (a sum of the backend's arrays: a 1-D array for an
     array statistic, a 0-d one or a NumPy scalar for a number), without reading a
-    GPU value."""
+    GPU value. ``in_place=False``: a host array statistic gets a new array
+    (``obj.<name> = obj.<name> + value``) rather than being added to."""
     if _defer(value):
         import torch
 
@@ -67,10 +68,12 @@ def add(obj, name: str, value) -> None:
     host = value if isinstance(value, (np.ndarray, np.generic)) else \
         value.detach().numpy()
     current = getattr(obj, name)
-    if isinstance(current, np.ndarray):
+    if not isinstance(current, np.ndarray):
+        setattr(obj, name, current + float(host))
+    elif in_place:
         current += host
     else:
-        setattr(obj, name, current + float(host))
+        setattr(obj, name, current + host)
 
 
 def on_device(obj, name: str, like):
