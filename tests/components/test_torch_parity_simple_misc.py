@@ -44,3 +44,17 @@ def test_component_matches_numpy(line, dim):
     "ElementwiseProduct", "Permute"))
 def test_reference_cases_on_torch(case):
     check_reference_case(case)
+
+
+def test_backprop_truncation_counts_pending_on_the_device_match_numpy(monkeypatch):
+    """CPU tensors treated as a GPU's: the clipped / zeroed counts stay pending on
+    the device across runs and, folded in, equal NumPy's."""
+    import numpy as np
+
+    from pynnet3.components import device_stats
+
+    monkeypatch.setattr(device_stats, "_defer",
+                        lambda v: not isinstance(v, (np.ndarray, np.generic)))
+    check_copies(_net("type=BackpropTruncationComponent dim=8 clipping-threshold=2 "
+                      "zeroing-threshold=1.5 zeroing-interval=3", 8),
+                 {"input": N.frames(0, 9, n=2)}, {"output": N.frames(0, 9, n=2)}, runs=3)

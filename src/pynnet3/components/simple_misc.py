@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ComputeError, ConfigError
+from . import device_stats
 from .base import (
     Component,
     Flags,
@@ -29,6 +30,7 @@ from .base import (
     register,
     require,
 )
+from .device_stats import stats_attribute
 from .nonlinear import f32
 from .precomputed import (
     expect_fields,
@@ -509,6 +511,8 @@ class BackpropTruncationComponent(_Dim):
     """
 
     type_name = "BackpropTruncationComponent"
+    num_clipped = stats_attribute("num_clipped")
+    num_zeroed = stats_attribute("num_zeroed")
 
     def __init__(self, dim: int = 0, scale: float = 1.0, clipping_threshold: float = 30.0,
                  zeroing_threshold: float = 15.0, zeroing_interval: int = 20,
@@ -633,10 +637,10 @@ class BackpropTruncationComponent(_Dim):
                                "with need_backprop")
         zero = over * xp.asarray(indexes.zeroing, like=d, dtype=xp.float32)  # -1: zeroed
         if grad is not None:  # Kaldi's "to_update != NULL"
-            # (reading the counts waits for a GPU: training only, as in Kaldi)
-            self.num_clipped += float(xp.sum(ratio >= 1))
+            # (on a GPU the counts stay there until read: components/device_stats.py)
+            device_stats.add(self, "num_clipped", xp.sum(ratio >= 1))
             self.count += d.shape[0]
-            self.num_zeroed -= float(xp.sum(zero))
+            device_stats.add(self, "num_zeroed", -xp.sum(zero))
             self.count_zeroing_boundaries += indexes.zeroing_sum
         d *= (scales * xp.astype(zero + 1, d.dtype))[:, None]
         if indexes.in_rows is None:
