@@ -57,9 +57,13 @@ The contract (what component math may use)
       cached while the table lives. Tables must not be modified after compilation.
     - ``xp.asarray(host_array_or_scalar, like=x, dtype=None)``: small host values
       (e.g. a self-repair row computed from statistics), uploaded on every call.
-    - ``xp.to_numpy(x)``: back to the host (float statistics). On a GPU this waits
-      for the device: use it only for statistics / diagnostics, never on the
-      plain forward or backward path.
+    - ``xp.to_numpy(x)``: back to the host. On a GPU this waits for the device:
+      not on the forward or backward path.
+* Statistics and counters a run adds to (NumPy float64 arrays and numbers in the
+  component): declare them with ``device_stats.stats_attribute(name)`` and add with
+  ``device_stats.add(self, name, xp.sum(...))``; on a GPU the sums stay there until
+  the attribute is read, and ``device_stats.on_device`` gives math that reads them
+  (self-repair) their total on the device (components/device_stats.py).
 * Scalars: Python floats. NumPy >= 2 converts a Python float to the array's dtype
   (NEP 50), which gives the same floats as ``x.dtype.type(v)``; round with
   :func:`f32` where Kaldi rounds a constant to float32 first. Where constants are
