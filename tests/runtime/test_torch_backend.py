@@ -443,11 +443,14 @@ def test_forward_reads_nothing_back_from_the_device():
 
 @needs_reference
 @pytest.mark.parametrize("net", ["tdnnf_chain", "tdnn_lstm", "tdnn_relu_bn", "xvector"])
-def test_realistic_decode_reads_nothing_back_from_the_device(net):
+@pytest.mark.parametrize("shape", ["decode", "train"])
+def test_realistic_cases_read_nothing_back_from_the_device(net, shape):
+    """The reference decode and training computations (the training ones with
+    output and model derivatives) of the four realistic networks."""
     nnet = pynnet3.read_nnet(REF / "realistic" / net / "model.txt")
-    nnet.set_test_mode(True)
+    nnet.set_test_mode(shape == "decode")
     req = pynnet3.ComputationRequest.from_json(
-        json.loads((REF / "realistic" / net / "decode" / "request.json").read_text()))
+        json.loads((REF / "realistic" / net / shape / "request.json").read_text()))
     comp = pynnet3.compile(nnet, req, optimize=True)
     res = _run_on_meta(nnet, comp)
     assert res.outputs and all(v.device.type == "meta" for v in res.outputs.values())
