@@ -26,11 +26,13 @@ from .base import (
     Flags,
     InOutComponent,
     SameDimComponent,
+    output_divides_input,
     read_closing,
     register,
     require,
 )
 from .device_stats import stats_attribute
+from .fields import Custom, Field, positive
 from .nonlinear import f32
 from .precomputed import (
     expect_fields,
@@ -43,12 +45,12 @@ from .precomputed import (
 from .xp import namespace
 
 
-def _read_positive_int(r, tag: str) -> int:
-    pos = r.pos
-    value = r.read_tagged(tag, "int")
-    if value <= 0:
-        raise r.error(f"{tag} must be positive", token=str(value), pos=pos)
-    return value
+def _two_or_more_groups(tag: str, output_dim: int, comp) -> str | None:
+    """ElementwiseProduct multiplies input_dim / output_dim (>= 2) blocks."""
+    input_dim = comp._input_dim
+    if output_dim > 0 and input_dim > output_dim and input_dim % output_dim == 0:
+        return None
+    return f"bad {comp.type_name} dims {input_dim} -> {output_dim}"
 
 
 def _row_norms_sq(m: np.ndarray) -> np.ndarray:
@@ -170,23 +172,11 @@ class SumBlockComponent(_InOut):
                 f"invalid values input-dim={input_dim} output-dim={output_dim}")
         return cls(input_dim, output_dim, scale)
 
-    @classmethod
-    def read(cls, r) -> SumBlockComponent:
-        pos = r.pos
-        input_dim = r.read_tagged("<InputDim>", "int")
-        output_dim = r.read_tagged("<OutputDim>", "int")
-        if input_dim <= 0 or output_dim <= 0 or input_dim % output_dim:
-            raise r.error(f"bad SumBlockComponent dims {input_dim} -> {output_dim}", pos=pos)
-        scale = r.read_tagged("<Scale>", "float")
-        read_closing(r, cls.type_name)
-        return cls(input_dim, output_dim, scale)
-
-    def write(self, w) -> None:
-        w.write_token("<SumBlockComponent>")
-        w.write_tagged("<InputDim>", "int", self._input_dim)
-        w.write_tagged("<OutputDim>", "int", self._output_dim)
-        w.write_tagged("<Scale>", "float", self.scale)
-        w.write_token("</SumBlockComponent>")
+    kaldi_fields = (
+        Field("<InputDim>", "_input_dim", "int"),
+        Field("<OutputDim>", "_output_dim", "int", check=output_divides_input),
+        Field("<Scale>", "scale", "float", convert=f32),
+    )
 
     def propagate(self, indexes, in_value, out_value):
         k = self._input_dim // self._output_dim
@@ -230,11 +220,16 @@ class NoOpComponent(_Dim):
         require(dim > 0, cfg, f"dim must be positive, got {dim}")
         return cls(dim, backprop_scale)
 
-    @classmethod
-    def read(cls, r) -> NoOpComponent:
-        dim = _read_positive_int(r, "<Dim>")
+    # Old files (NoOp once derived from NonlinearComponent) have stats where
+    # <BackpropScale> is now, and no scale.
+    kaldi_fields = (
+        Field("<Dim>", "dim", "int", check=positive),
+        Custom("_skip_old_stats", None),
+        Field("<BackpropScale>", "backprop_scale", "float", default=1.0, convert=f32),
+    )
+
+    def _skip_old_stats(self, r) -> None:
         if r.peek_token() == "<ValueAvg>":
-            # Old format, from when NoOp derived from NonlinearComponent: skip the stats.
             r.expect_token("<ValueAvg>")
             r.read_vector()
             r.read_tagged("<DerivAvg>", "vector")
@@ -244,17 +239,6 @@ class NoOpComponent(_Dim):
                 r.read_tagged("<OderivCount>", "float")
             r.read_optional("<NumDimsSelfRepaired>", "float")
             r.read_optional("<NumDimsProcessed>", "float")
-            read_closing(r, cls.type_name)
-            return cls(dim, 1.0)
-        backprop_scale = r.read_tagged("<BackpropScale>", "float")
-        read_closing(r, cls.type_name)
-        return cls(dim, backprop_scale)
-
-    def write(self, w) -> None:
-        w.write_token("<NoOpComponent>")
-        w.write_tagged("<Dim>", "int", self.dim)
-        w.write_tagged("<BackpropScale>", "float", self.backprop_scale)
-        w.write_token("</NoOpComponent>")
 
     def propagate(self, indexes, in_value, out_value):
         out_value[...] = in_value
@@ -333,47 +317,22 @@ class ClipGradientComponent(_Dim):
         require(scale >= 0, cfg, "self-repair-scale must be >= 0")
         return cls(dim, threshold, norm_based, prop, target, scale)
 
-    @classmethod
-    def read(cls, r) -> ClipGradientComponent:
-        self = cls(_read_positive_int(r, "<Dim>"))
-        self.clipping_threshold = f32(r.read_tagged("<ClippingThreshold>", "float"))
-        self.norm_based_clipping = r.read_tagged("<NormBasedClipping>", "bool")
-        start = r.pos
-        tok = r.read_token()
-        if tok == "<SelfRepairClippedProportionThreshold>":
-            self.self_repair_clipped_proportion_threshold = f32(r.read_float())
-            self.self_repair_target = f32(r.read_tagged("<SelfRepairTarget>", "float"))
-            self.self_repair_scale = f32(r.read_tagged("<SelfRepairScale>", "float"))
-            r.expect_token("<NumElementsClipped>")
-        elif tok == "<NumElementsClipped>":  # old format: no self-repair
-            self.self_repair_clipped_proportion_threshold = 1.0
-            self.self_repair_target = 0.0
-            self.self_repair_scale = 0.0
-        else:
-            raise r.error("expected <SelfRepairClippedProportionThreshold> or "
-                          "<NumElementsClipped>", token=tok, pos=start)
-        self.num_clipped = r.read_int()
-        self.count = r.read_tagged("<NumElementsProcessed>", "int")
-        if r.peek_token() == "<NumSelfRepaired>":
-            self.num_self_repaired = r.read_tagged("<NumSelfRepaired>", "int")
-            self.num_backpropped = r.read_tagged("<NumBackpropped>", "int")
-        read_closing(r, cls.type_name)
-        return self
-
-    def write(self, w) -> None:
-        w.write_token("<ClipGradientComponent>")
-        w.write_tagged("<Dim>", "int", self.dim)
-        w.write_tagged("<ClippingThreshold>", "float", self.clipping_threshold)
-        w.write_tagged("<NormBasedClipping>", "bool", self.norm_based_clipping)
-        w.write_tagged("<SelfRepairClippedProportionThreshold>", "float",
-                       self.self_repair_clipped_proportion_threshold)
-        w.write_tagged("<SelfRepairTarget>", "float", self.self_repair_target)
-        w.write_tagged("<SelfRepairScale>", "float", self.self_repair_scale)
-        w.write_tagged("<NumElementsClipped>", "int", self.num_clipped)
-        w.write_tagged("<NumElementsProcessed>", "int", self.count)
-        w.write_tagged("<NumSelfRepaired>", "int", self.num_self_repaired)
-        w.write_tagged("<NumBackpropped>", "int", self.num_backpropped)
-        w.write_token("</ClipGradientComponent>")
+    # Old files lack the self-repair options (then off) and the two last counters.
+    kaldi_fields = (
+        Field("<Dim>", "dim", "int", check=positive),
+        Field("<ClippingThreshold>", "clipping_threshold", "float", convert=f32),
+        Field("<NormBasedClipping>", "norm_based_clipping", "bool"),
+        Field("<SelfRepairClippedProportionThreshold>",
+              "self_repair_clipped_proportion_threshold", "float", default=1.0, convert=f32,
+              then=(Field("<SelfRepairTarget>", "self_repair_target", "float", default=0.0,
+                          convert=f32),
+                    Field("<SelfRepairScale>", "self_repair_scale", "float", default=0.0,
+                          convert=f32))),
+        Field("<NumElementsClipped>", "num_clipped", "int"),
+        Field("<NumElementsProcessed>", "count", "int"),
+        Field("<NumSelfRepaired>", "num_self_repaired", "int", default=0,
+              then=(Field("<NumBackpropped>", "num_backpropped", "int", default=0),)),
+    )
 
     def zero_stats(self) -> None:
         self.count = 0
@@ -562,34 +521,18 @@ class BackpropTruncationComponent(_Dim):
         require(scale > 0.0, cfg, f"scale must be positive, got {scale}")
         return cls(dim, scale, clipping, zeroing, interval, recurrence)
 
-    @classmethod
-    def read(cls, r) -> BackpropTruncationComponent:
-        self = cls(_read_positive_int(r, "<Dim>"))
-        self.scale = f32(r.read_optional("<Scale>", "float", 1.0))
-        self.clipping_threshold = f32(r.read_tagged("<ClippingThreshold>", "float"))
-        self.zeroing_threshold = f32(r.read_tagged("<ZeroingThreshold>", "float"))
-        self.zeroing_interval = _read_positive_int(r, "<ZeroingInterval>")
-        self.recurrence_interval = _read_positive_int(r, "<RecurrenceInterval>")
-        self.num_clipped = r.read_tagged("<NumElementsClipped>", "float")
-        self.num_zeroed = r.read_tagged("<NumElementsZeroed>", "float")
-        self.count = r.read_tagged("<NumElementsProcessed>", "float")
-        self.count_zeroing_boundaries = r.read_tagged("<NumZeroingBoundaries>", "float")
-        read_closing(r, cls.type_name)
-        return self
-
-    def write(self, w) -> None:
-        w.write_token("<BackpropTruncationComponent>")
-        w.write_tagged("<Dim>", "int", self.dim)
-        w.write_tagged("<Scale>", "float", self.scale)
-        w.write_tagged("<ClippingThreshold>", "float", self.clipping_threshold)
-        w.write_tagged("<ZeroingThreshold>", "float", self.zeroing_threshold)
-        w.write_tagged("<ZeroingInterval>", "int", self.zeroing_interval)
-        w.write_tagged("<RecurrenceInterval>", "int", self.recurrence_interval)
-        w.write_tagged("<NumElementsClipped>", "double", self.num_clipped)
-        w.write_tagged("<NumElementsZeroed>", "double", self.num_zeroed)
-        w.write_tagged("<NumElementsProcessed>", "double", self.count)
-        w.write_tagged("<NumZeroingBoundaries>", "double", self.count_zeroing_boundaries)
-        w.write_token("</BackpropTruncationComponent>")
+    kaldi_fields = (
+        Field("<Dim>", "dim", "int", check=positive),
+        Field("<Scale>", "scale", "float", default=1.0, convert=f32),
+        Field("<ClippingThreshold>", "clipping_threshold", "float", convert=f32),
+        Field("<ZeroingThreshold>", "zeroing_threshold", "float", convert=f32),
+        Field("<ZeroingInterval>", "zeroing_interval", "int", check=positive),
+        Field("<RecurrenceInterval>", "recurrence_interval", "int", check=positive),
+        Field("<NumElementsClipped>", "num_clipped", "double"),
+        Field("<NumElementsZeroed>", "num_zeroed", "double"),
+        Field("<NumElementsProcessed>", "count", "double"),
+        Field("<NumZeroingBoundaries>", "count_zeroing_boundaries", "double"),
+    )
 
     def zero_stats(self) -> None:
         self.num_clipped = self.num_zeroed = 0.0
@@ -673,22 +616,10 @@ class ElementwiseProductComponent(_InOut):
                 f"input-dim={input_dim} must be a multiple (>= 2) of output-dim={output_dim}")
         return cls(input_dim, output_dim)
 
-    @classmethod
-    def read(cls, r) -> ElementwiseProductComponent:
-        pos = r.pos
-        input_dim = r.read_tagged("<InputDim>", "int")
-        output_dim = r.read_tagged("<OutputDim>", "int")
-        if output_dim <= 0 or input_dim <= output_dim or input_dim % output_dim:
-            raise r.error(f"bad ElementwiseProductComponent dims {input_dim} -> {output_dim}",
-                          pos=pos)
-        read_closing(r, cls.type_name)
-        return cls(input_dim, output_dim)
-
-    def write(self, w) -> None:
-        w.write_token("<ElementwiseProductComponent>")
-        w.write_tagged("<InputDim>", "int", self._input_dim)
-        w.write_tagged("<OutputDim>", "int", self._output_dim)
-        w.write_token("</ElementwiseProductComponent>")
+    kaldi_fields = (
+        Field("<InputDim>", "_input_dim", "int"),
+        Field("<OutputDim>", "_output_dim", "int", check=_two_or_more_groups),
+    )
 
     def _blocks(self, m: np.ndarray) -> np.ndarray:
         k = self._input_dim // self._output_dim
