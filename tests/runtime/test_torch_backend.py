@@ -537,3 +537,22 @@ def test_training_step_reads_nothing_back_from_the_device():
     assert relu.count == 26.0  # (counts are shapes: known on the host)
     bn = nnet.components["bn"]
     assert set(bn.__dict__["_pending_stats"]) == {"stats_sum", "stats_sumsq"}
+
+
+def test_chunked_decoding_on_torch_equals_numpy():
+    """DecodableNnetSimple (nnet3-compute's chunking) computes its chunks on the
+    torch backend and hands out the same NumPy rows."""
+    from pynnet3.runtime.simple import DecodableNnetSimple, SimpleOptions
+
+    nnet = pynnet3.Nnet.from_config(N.IVECTOR, seed=5)
+    N.to_float64(nnet)
+    rng = np.random.default_rng(4)
+    feats = rng.standard_normal((31, nnet.input_dim("input")))
+    iv = rng.standard_normal(nnet.input_dim("ivector"))
+    opts = SimpleOptions(frames_per_chunk=8)
+    outs = [DecodableNnetSimple(nnet, pynnet3.CachingCompiler(nnet), feats, opts, ivector=iv,
+                                backend=be, dtype=np.float64).output()
+            for be in ("numpy", "torch")]
+    assert isinstance(outs[1], np.ndarray)
+    assert outs[1].shape == outs[0].shape == (31, nnet.output_dim("output"))
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-12, atol=1e-12)

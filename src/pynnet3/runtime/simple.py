@@ -285,8 +285,10 @@ def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
                                                                     strict=True)])}
     if c0.ivector is not None:
         inputs["ivector"] = np.stack([c.ivector for c in chunks])
-    result = NnetComputer(d.nnet, computation, d.backend, d.dtype).run(inputs)
-    out = result.outputs["output"]
+    computer = NnetComputer(d.nnet, computation, d.backend, d.dtype)
+    result = computer.run(inputs)
+    # (the decodable hands out NumPy rows, whatever backend computed them)
+    out = computer.backend.to_numpy(result.outputs["output"])
     out = out.reshape(len(chunks), c0.computed_rows, out.shape[1])
     return [o[:c.num_rows] for o, c in zip(out, chunks, strict=True)]
 
