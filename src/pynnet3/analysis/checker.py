@@ -6,8 +6,9 @@ command (index and listing) and, where relevant, the variable at fault. It check
 * indexes: dims positive, submatrices inside their matrix, every command's
   fields valid for its type (dims agree, index tables in range, components'
   input/output dims, I/O commands on the right kind of node);
-* command order: propagates never after a backprop, backprops only after the
-  forward/backward marker, each memo produced once before it is consumed;
+* command order: backprops only after the forward/backward marker, a propagate
+  after a backprop only as a recomputation (no memo, no stored stats), each memo
+  produced once before it is consumed;
 * undefined data: the first access of every variable after allocation is a
   plain write (a read, or a partial write, of undefined data is an error);
 * matrix lifetimes: allocated once before any use (inputs by their accept
@@ -251,8 +252,11 @@ class _Checker:
             if t is CT.NO_OPERATION_MARKER:
                 seen_marker = True
             elif t is CT.PROPAGATE:
-                if seen_backprop:
-                    self.fail("propagate after a backprop", i)
+                # a propagate after a backprop must be a recomputation of a forward
+                # value (optimize/recompute.py): no memo, no stored stats
+                if seen_backprop and (cmd.memo or cmd.alpha == 2.0):
+                    self.fail("propagate after a backprop (only a recomputation without "
+                              "memo or stored stats may come there)", i)
                 if cmd.memo:
                     if cmd.memo in memo_made:
                         self.fail(f"memo {cmd.memo} produced twice", i)

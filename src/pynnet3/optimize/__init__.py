@@ -83,6 +83,10 @@ _DEFAULT = [
      lambda o: o.free_provided_outputs and not o.optimize_looped_computation),
     ("remove_needless_noops", "noops:remove_needless_noops",
      lambda o: o.remove_needless_noops and not o.optimize_looped_computation),
+    # beyond Kaldi: on the final command order (it measures the peak), before
+    # compression (which it takes into account)
+    ("recompute_cheap_values", "recompute:recompute_cheap_values",
+     lambda o: o.recompute_cheap_values and not o.optimize_looped_computation),
     ("memory_compression", "compression:optimize_memory_compression",
      lambda o: o.memory_compression_level > 0 and not o.optimize_looped_computation),
 ]

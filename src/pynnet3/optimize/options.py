@@ -47,6 +47,11 @@ class OptimizeOptions:
     #: input where they are, instead of from a matrix they are first copied into
     #: (bit-identical results; optimize/splice.py)
     splice_free_affine: bool = True
+    #: training: free cheap forward values (BatchNorm, NoOp, fixed scales... outputs
+    #: whose input stays alive) between the passes and recompute them, bit for bit,
+    #: just before the backward pass reads them, where that lowers the peak memory
+    #: (optimize/recompute.py; the network optimizer's "memory" pass)
+    recompute_cheap_values: bool = False
 
     @classmethod
     def help(cls, name: str) -> str:
@@ -109,4 +114,8 @@ OPTION_HELP = {
                                      "(beyond Kaldi)",
     "splice_free_affine": "let affine components read their spliced input in place instead "
                           "of from a copy (beyond Kaldi)",
+    "recompute_cheap_values": "training: free cheap forward values (BatchNorm, NoOp, "
+                              "scales) between the passes and recompute them exactly in "
+                              "the backward pass, where that lowers the peak memory "
+                              "(beyond Kaldi)",
 }

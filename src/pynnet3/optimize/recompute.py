@@ -1,0 +1,243 @@
+"""Recompute cheap forward values in the backward pass instead of keeping them
+(the "memory" pass of the meta-optimizer, seed 003's recompute; issue 15).
+
+In a training computation most of the peak memory is the forward values the
+backward pass reads again. Some of them are cheap elementwise functions of a
+value that stays alive anyway: a BatchNorm output is ``(x - mean) * scale`` of
+its input, which the ReLU before it keeps for its own backprop. Such a value
+can be freed after its last forward read and computed again, by the very same
+propagate command on the very same input, just before its first backward read.
+
+For a propagate ``P`` (forward pass) writing all of matrix ``M`` this pass:
+
+* frees ``M`` right after its last forward access;
+* gives the backward pass a fresh matrix ``M'`` (same size and indexes): every
+  backward command that named a part of ``M`` names the same part of ``M'``
+  (index tables naming ``M`` are copied, not edited), and ``M``'s deallocation
+  (or the swap that handed its memory on) becomes ``M'``'s;
+* allocates ``M'`` and re-runs ``P`` into it just before its first backward
+  access, with no memo (the forward memo stays the one the backprop consumes)
+  and no stored statistics (``alpha`` 1, so statistics are not counted twice).
+
+``P`` qualifies when its component is in :data:`CHEAP_COMPONENTS` (elementwise
+or per-column cost, simple), is neither ``RANDOM`` (the same mask again is not
+guaranteed) nor ``PROPAGATE_ADDS`` (the output's old contents would matter),
+reads its input as one submatrix of another matrix, and: ``M`` is neither an
+input nor an output, ``P`` is its only write (every other access reads it), and
+no command between ``P`` and the recompute point writes any part of ``P``'s
+input or frees/swaps its matrix (the analyzer's ``data_invalidated_command``).
+The re-run then sees bit-identical input and writes a bit-identical ``M'``.
+
+The pass only changes the computation when that lowers its peak memory
+(:func:`pynnet3.analysis.memory.live_floats`, counted after memory compression
+when that pass follows, since a value read again by a recompute can no longer
+be compressed to its sign): candidates are tried one at a time, latest backward
+use first, kept when they lower the peak (or keep it and lower the memory summed
+over commands), and the kept set is then thinned to those the peak needs. It
+runs after the allocation passes, on the final command order, so the peak it
+measures is the computation's.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..analysis import AccessType, Analyzer
+from ..analysis.accesses import command_types
+from ..analysis.memory import live_floats
+from ..components.base import Flags
+from ..computation import Command, NnetComputation
+from ..computation import CommandType as CT
+
+#: Component types whose propagate costs about one pass over its input (and is
+#: deterministic given input, parameters and precomputed indexes): worth redoing
+#: to save a matrix. Users may add their own type names.
+CHEAP_COMPONENTS: set[str] = {
+    "BatchNormComponent", "NoOpComponent", "FixedScaleComponent", "FixedBiasComponent",
+    "ScaleAndOffsetComponent", "PerElementScaleComponent",
+    "NaturalGradientPerElementScaleComponent", "PerElementOffsetComponent",
+    "NormalizeComponent", "ClipGradientComponent", "BackpropTruncationComponent",
+}
+
+_MULTI = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
+_BLOCKS = (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
+_FIELDS = ("dst", "src", "in_value", "out_value", "out_deriv", "in_deriv")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Propagate ``prop`` writes matrix ``matrix``; ``last_forward`` is the
+    matrix's last access before the marker, ``backward`` the commands after it
+    that access it (first = the recompute point), ``end`` the command freeing it
+    (DEALLOC_MATRIX, or the SWAP_MATRIX handing its memory on)."""
+
+    prop: int
+    matrix: int
+    last_forward: int
+    backward: tuple[int, ...]
+    end: int
+
+
+def recompute_cheap_values(c: NnetComputation, nnet, options=None) -> str:
+    """Free cheap forward values between the passes and recompute them in the
+    backward pass, where that lowers the peak memory (module doc)."""
+    present = command_types(c)
+    if CT.GOTO_LABEL in present or CT.PROPAGATE not in present:
+        return ""
+    markers = [i for i, t in enumerate(present) if t is CT.NO_OPERATION_MARKER]
+    if len(markers) != 1:
+        return ""  # no backward pass (or several segments)
+    cands = find_candidates(c, nnet, markers[0])
+    if not cands:
+        return ""
+    level = 0 if options is None else options.memory_compression_level
+    compress = level > 0 and CT.COMPRESS_MATRIX not in present
+
+    def score(chosen: list[Candidate]) -> tuple[float, float]:
+        live = _live_after(with_recomputed(c, nnet, chosen), nnet, options if compress else None)
+        return (float(live.max()), float(live.sum())) if len(live) else (0.0, 0.0)
+
+    base = best = score([])
+    chosen: list[Candidate] = []
+    # latest backward use first: those values are freed longest before they are needed
+    for cand in sorted(cands, key=lambda x: -x.backward[0]):
+        s = score(chosen + [cand])
+        if s < best:
+            chosen, best = chosen + [cand], s
+    if best[0] >= base[0]:
+        return ""
+    for cand in list(chosen):  # keep only those the lower peak needs (each costs time)
+        fewer = [x for x in chosen if x is not cand]
+        s = score(fewer)
+        if s[0] <= best[0]:
+            chosen, best = fewer, s
+    names = sorted({c.commands[x.prop].node for x in chosen})
+    built = with_recomputed(c, nnet, chosen)
+    for name in ("matrices", "submatrices", "indexes_multi", "indexes_blocks", "commands",
+                 "_whole"):
+        setattr(c, name, getattr(built, name))
+    return (f"recompute {len(chosen)} forward values in the backward pass "
+            f"({', '.join(names)}); peak {int(base[0])} -> {int(best[0])} floats")
+
+
+def find_candidates(c: NnetComputation, nnet, middle: int) -> list[Candidate]:
+    """The forward propagates whose output may be recomputed (module doc)."""
+    a = Analyzer(c, nnet)
+    R, W = AccessType.READ, AccessType.WRITE
+    mats = a.matrix_accesses
+    subs = c.submatrices
+    out = []
+    for i in range(middle):
+        cmd = c.commands[i]
+        if cmd.type is not CT.PROPAGATE or not cmd.in_value or cmd.table >= 0:
+            continue
+        comp = nnet.components[nnet.node_map[cmd.node].component]
+        if getattr(comp, "type_name", "") not in CHEAP_COMPONENTS:
+            continue
+        props = comp.properties()
+        if not props & Flags.SIMPLE or props & (Flags.RANDOM | Flags.PROPAGATE_ADDS):
+            continue
+        m = subs[cmd.out_value].matrix
+        if cmd.out_value != c.whole(m) or subs[cmd.in_value].matrix == m:
+            continue
+        ma = mats[m]
+        if ma.is_input or ma.is_output or not ma.accesses or ma.accesses[0][0] != i:
+            continue
+        # P is the only write; the rest are reads (the value stays what P made)
+        if ma.accesses[0][1] is not W or any(acc is not R for _, acc in ma.accesses[1:]):
+            continue
+        fwd = [j for j, _ in ma.accesses if j < middle]
+        bwd = tuple(j for j, _ in ma.accesses if j > middle)
+        end = ma.deallocate_command
+        if not bwd or end < 0 or c.commands[end].type not in (CT.DEALLOC_MATRIX,
+                                                              CT.SWAP_MATRIX):
+            continue
+        if c.commands[end].type is CT.SWAP_MATRIX and c.commands[end].src_matrix != m:
+            continue
+        # the input must reach the recompute point unchanged and allocated
+        if a.data_invalidated_command(i, cmd.in_value) <= bwd[0]:
+            continue
+        out.append(Candidate(i, m, fwd[-1], bwd, end))
+    return out
+
+
+def with_recomputed(c: NnetComputation, nnet, chosen: list[Candidate]) -> NnetComputation:
+    """A shallow copy of ``c`` with ``chosen`` applied (``c`` is not modified:
+    lists that change are new lists; changed commands are new objects)."""
+    t = copy.copy(c)
+    t.matrices, t.submatrices = list(c.matrices), list(c.submatrices)
+    t.indexes_multi, t.indexes_blocks = list(c.indexes_multi), list(c.indexes_blocks)
+    t._whole = dict(c._whole)
+    cmds = list(c.commands)
+    before: dict[int, list[Command]] = {}
+    after: dict[int, list[Command]] = {}
+    for cand in chosen:
+        m = cand.matrix
+        info = c.matrices[m]
+        m2 = t.new_matrix(info.rows, info.cols, info.node, info.is_deriv, info.indexes)
+        remap: dict[int, int] = {}
+
+        def sub(s: int, m=m, m2=m2, remap=remap) -> int:
+            if not s or t.submatrices[s].matrix != m:
+                return s
+            if s not in remap:
+                sm = t.submatrices[s]
+                remap[s] = t.whole(m2) if s == c.whole(m) else t.new_submatrix(
+                    m2, sm.row_offset, sm.num_rows, sm.col_offset, sm.num_cols)
+            return remap[s]
+
+        for j in cand.backward:
+            cmds[j] = _remapped(t, cmds[j], sub)
+        e = cmds[cand.end]
+        cmds[cand.end] = replace(e, matrix=m2) if e.type is CT.DEALLOC_MATRIX \
+            else replace(e, src_matrix=m2)
+        p = c.commands[cand.prop]
+        rec = replace(p, out_value=t.whole(m2), memo=0, alpha=1.0)
+        after.setdefault(cand.last_forward, []).append(Command(CT.DEALLOC_MATRIX, matrix=m))
+        before.setdefault(cand.backward[0], []).extend(
+            [Command(CT.ALLOC_MATRIX, matrix=m2), rec])
+    out: list[Command] = []
+    for i, cmd in enumerate(cmds):
+        out.extend(before.get(i, ()))
+        out.append(cmd)
+        out.extend(after.get(i, ()))
+    t.commands = out
+    return t
+
+
+def _remapped(t: NnetComputation, cmd: Command, sub) -> Command:
+    """A copy of ``cmd`` naming submatrices through ``sub`` (index tables that name
+    a remapped submatrix are copied into ``t``)."""
+    new = replace(cmd, **{f: sub(getattr(cmd, f)) for f in _FIELDS if getattr(cmd, f)})
+    if cmd.type in _MULTI:
+        tab = t.indexes_multi[cmd.table]
+        ids = tab[:, 0]
+        mapped = np.array([sub(int(s)) if s > 0 else int(s) for s in ids.tolist()],
+                          dtype=tab.dtype)
+        if (mapped != ids).any():
+            tab = tab.copy()
+            tab[:, 0] = mapped
+            t.indexes_multi.append(tab)
+            new.table = len(t.indexes_multi) - 1
+    elif cmd.type in _BLOCKS and cmd.table >= 0:
+        blocks = t.indexes_blocks[cmd.table]
+        mapped = np.array([sub(int(s)) for s in blocks.tolist()], dtype=blocks.dtype)
+        if (mapped != blocks).any():
+            t.indexes_blocks.append(mapped)
+            new.table = len(t.indexes_blocks) - 1
+    return new
+
+
+def _live_after(c: NnetComputation, nnet, options) -> np.ndarray:
+    """Live floats after each command; with ``options``, of the computation as the
+    memory-compression pass (which runs after this one) would leave it."""
+    if options is not None:
+        from .compression import optimize_memory_compression
+
+        c = copy.copy(c)
+        optimize_memory_compression(c, nnet, options)  # (only rebinds c.commands)
+    live, _ = live_floats(c)
+    return live
