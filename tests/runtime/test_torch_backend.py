@@ -145,6 +145,30 @@ def test_index_tables_are_converted_once_and_forgotten_with_the_table():
     assert len(xp_torch._INDEXES) == n - 1  # the entry died with its table
 
 
+def test_device_param_cache_sees_updates_between_runs():
+    """Off the CPU a parameter's device copy is made once and reused within a run;
+    at the next run it is compared with the host array and remade if that changed
+    in place (checked on the meta device: the copies' identity tells)."""
+    w = np.ones((3, 2), np.float32)
+    like = torch.zeros(1, device="meta")
+    xp_torch.new_run()
+    t = xp_torch.param(w, like)
+    assert t.device.type == "meta" and xp_torch.param(w, like) is t
+    xp_torch.new_run()
+    assert xp_torch.param(w, like) is t  # unchanged: the same copy
+    w[1, 1] = 5.0  # written in place between runs
+    assert xp_torch.param(w, like) is t  # (within a run the copy stands)
+    xp_torch.new_run()
+    t2 = xp_torch.param(w, like)
+    assert t2 is not t and xp_torch.param(w, like) is t2
+    t64 = xp_torch.param(w, torch.zeros(1, device="meta", dtype=torch.float64))
+    assert t64.dtype == torch.float64 and t64 is not t2  # one copy per dtype
+    w2 = w[:, ::-1]  # a strided parameter view is compared element by element
+    t3 = xp_torch.param(w2, like)
+    xp_torch.new_run()
+    assert xp_torch.param(w2, like) is t3
+
+
 @CUDA
 def test_cuda_param_cache_sees_updates_between_runs():
     w = np.ones((2, 2), np.float32)
