@@ -64,9 +64,10 @@ def test_jobs_need_an_scp(model, tmp_path, capsys):  # noqa: F811
 # -- on a local cluster ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_cluster():
+    if "ray" not in sys.modules:  # (on 127.0.0.1 only, as --jobs starts its own)
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             logging_level="WARNING")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
         yield ray
     finally:
@@ -154,6 +155,23 @@ def test_a_failed_job_leaves_no_final_output(ray_cluster, tmp_path, monkeypatch,
     assert "job 1 of 2 failed" in err and "nothere.raw" in err
     assert "no final output written" in err
     assert not os.path.exists("out.scp")
+
+
+def test_ray_address_joins_an_existing_cluster(ray_cluster, model, tmp_path):  # noqa: F811
+    address = ray_cluster.get_runtime_context().gcs_address
+    _write_data(tmp_path, seed=25, lengths=(10, 20, 30, 5))
+    _single(model, tmp_path, f"ark:{tmp_path}/single.ark")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pynnet3.cli.main", "compute", f"--ray-address={address}",
+         "--jobs=2", "--ivectors=ark:iv.ark", str(model), "scp:feats.scp", "ark:out.ark"],
+        cwd=tmp_path, env=env, capture_output=True, timeout=180, check=False)
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert "done 4 utterances, failed 0" in err and "2 jobs on Ray" in err
+    assert (tmp_path / "out.ark").read_bytes() == (tmp_path / "single.ark").read_bytes()
+    # the cluster outlives the run (its driver only disconnected)
+    assert ray_cluster.get(ray_cluster.remote(lambda: 7).remote()) == 7
 
 
 def test_jobs_start_and_stop_their_own_local_cluster(model, tmp_path):  # noqa: F811

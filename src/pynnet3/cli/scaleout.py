@@ -149,12 +149,20 @@ def run_shard(options: dict, cwd: str, lines: list[str], scp_options: str, ark: 
     return stats
 
 
-def _ray(local: bool):
-    """The ray module. ``local``: a cluster of our own will be started; Ray on Linux
-    resolves 127.0.0.1 to the host's address and listens on every interface unless
-    its "cluster mode" is off, which it reads when imported -- so it is turned off
-    here before the first import (its processes inherit the setting)."""
-    if local and "ray" not in sys.modules:
+def _loopback(address: str) -> bool:
+    """Whether ``--ray-address`` is empty (our own cluster) or names this host's
+    loopback (a cluster started with the same setting)."""
+    host = address.rsplit(":", 1)[0].strip("[]") if address else ""
+    return not address or host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _ray(loopback: bool):
+    """The ray module. ``loopback``: the cluster is (or will be) on 127.0.0.1 only.
+    Ray on Linux resolves 127.0.0.1 to the host's address and listens on every
+    interface unless its "cluster mode" is off, which it reads when imported -- so
+    it is turned off here before the first import (the cluster's processes inherit
+    the setting; a driver in cluster mode cannot join such a cluster)."""
+    if loopback and "ray" not in sys.modules:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # (loopback only)
     try:
         import ray
@@ -243,7 +251,7 @@ def run_scaled(args) -> int:
     from ..io.ark import parse_specifier
     from ..io.atomic import atomic_write
 
-    ray = _ray(local=not args.ray_address)
+    ray = _ray(loopback=_loopback(args.ray_address))
     lines, scp_options = _scp_lines(args.features)
     out = parse_specifier(args.output, write=True)
     ark_target = out.targets[0]
