@@ -24,6 +24,7 @@ import numpy as np
 
 from ..io.kaldi_stream import make_reader
 from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
+from .fields import Custom
 from .preconditioning import precondition_matrix, precondition_product, preconditioners
 from .xp import namespace
 
@@ -59,6 +60,10 @@ def read_lenient_header(comp: UpdatableComponent, r) -> None:
                             ("<LearningRate>", "learning_rate", "float")):
         if r.peek_token() == tag:
             setattr(comp, attr, r.read_tagged(tag, kind))
+
+
+# The header as a field-list step: read leniently, written as Kaldi writes it.
+LENIENT_HEADER = Custom(read_lenient_header, "write_updatable_header")
 
 
 def read_param(r, tag: str, kind: str, name: str) -> np.ndarray:

@@ -177,10 +177,16 @@ class Component:
         ``kaldi_fields`` list, into ``cls()``."""
         if cls.kaldi_fields is None:
             raise NotImplementedError
-        comp = cls()
+        comp = cls.empty_for_read()
         read_fields(r, comp, cls.kaldi_fields)
         read_closing(r, cls.type_name)
         return comp
+
+    @classmethod
+    def empty_for_read(cls) -> Component:
+        """The instance the default :meth:`read` fills in (override where the
+        constructor needs arguments)."""
+        return cls()
 
     def write(self, w) -> None:
         """Write ``<TypeName> ... </TypeName> `` to a ``KaldiWriter``, exactly as Kaldi.

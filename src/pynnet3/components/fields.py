@@ -62,12 +62,27 @@ class Field:
 
 @dataclass(frozen=True, slots=True)
 class Custom:
-    """A hand-written step inside a field list: ``getattr(comp, read)(r)`` on read and
-    ``getattr(comp, write)(w)`` on write; None where the step does nothing that way
-    (e.g. a read-only check of fields read so far)."""
+    """A hand-written step inside a field list. ``read`` / ``write`` name a method
+    (``getattr(comp, read)(r)``) or are functions called as ``read(comp, r)`` /
+    ``write(comp, w)``; None where the step does nothing that way (e.g. a read-only
+    check of the fields read so far, or a legacy token only accepted on read)."""
 
-    read: str | None
-    write: str | None
+    read: str | Callable[[Any, Any], None] | None
+    write: str | Callable[[Any, Any], None] | None
+
+
+def skip_optional(tag: str, kind: str) -> Custom:
+    """A legacy ``<Tag> value`` Kaldi still accepts on read and no longer writes."""
+    return Custom(lambda comp, r: r.read_optional(tag, kind), None)
+
+
+def _skip_repeated_opening(comp, r) -> None:
+    if r.peek_token() == f"<{comp.type_name}>":
+        r.read_token()
+
+
+# Some Kaldi readers accept the opening <TypeName> twice (ExpectOneOrTwoTokens).
+REPEATED_OPENING = Custom(_skip_repeated_opening, None)
 
 
 Step = Field | Custom
@@ -91,6 +106,10 @@ def proportion(tag: str, value, comp) -> str | None:
     return None if 0.0 <= value <= 1.0 else f"{tag} must be in [0, 1], got {value!r}"
 
 
+def non_empty(tag: str, value, comp) -> str | None:
+    return None if len(value) else f"{comp.type_name}: empty {tag}"
+
+
 def check_finite(r, name: str, arr: np.ndarray, pos: int) -> None:
     """Kaldi refuses parameters with NaN/inf; so do we, naming where they were read."""
     if arr.size and not np.all(np.isfinite(arr)):
@@ -102,8 +121,10 @@ def read_fields(r, comp, steps: tuple[Step, ...]) -> None:
     """Read ``steps`` in order from the KaldiReader ``r`` into ``comp``'s attributes."""
     for step in steps:
         if type(step) is Custom:
-            if step.read is not None:
+            if type(step.read) is str:
                 getattr(comp, step.read)(r)
+            elif step.read is not None:
+                step.read(comp, r)
         else:
             _read_field(r, comp, step)
 
@@ -137,8 +158,9 @@ def _read_field(r, comp, f: Field) -> None:
         value = f.convert(value)
     if f.check is not None:
         problem = f.check(f.tag, value, comp)
-        if problem:
-            raise r.error(problem, token=str(value), pos=pos)
+        if problem:  # a scalar value is the token at fault; an array is named by the tag
+            token = None if isinstance(value, np.ndarray) else str(value)
+            raise r.error(problem, token=token, pos=pos)
     setattr(comp, f.attr, value)
     for sub in f.then:
         _read_field(r, comp, sub)
@@ -154,8 +176,10 @@ def write_fields(w, comp, steps: tuple[Step, ...]) -> None:
     """Write ``steps`` in order from ``comp``'s attributes to the KaldiWriter ``w``."""
     for step in steps:
         if type(step) is Custom:
-            if step.write is not None:
+            if type(step.write) is str:
                 getattr(comp, step.write)(w)
+            elif step.write is not None:
+                step.write(comp, w)
         else:
             _write_field(w, comp, step)
 
@@ -173,5 +197,6 @@ def _write_field(w, comp, f: Field) -> None:
         _write_field(w, comp, sub)
 
 
-__all__ = ["Field", "Custom", "Step", "REQUIRED", "UPDATABLE_HEADER", "read_fields",
-           "write_fields", "positive", "non_negative", "proportion", "check_finite"]
+__all__ = ["Field", "Custom", "Step", "REQUIRED", "UPDATABLE_HEADER", "REPEATED_OPENING",
+           "skip_optional", "read_fields", "write_fields", "positive", "non_negative",
+           "proportion", "non_empty", "check_finite"]

@@ -15,23 +15,28 @@ from __future__ import annotations
 import numpy as np
 
 from .affine import (
+    LENIENT_HEADER,
     f32,
     init_learning_rates,
     load_kaldi_object,
     randn,
     read_legacy_is_gradient,
-    read_lenient_header,
-    read_param,
 )
 from .base import (
     Component,
     Flags,
     InputDeps,
     UpdatableComponent,
-    check_finite,
-    read_closing,
     register,
     require,
+)
+from .fields import (
+    REPEATED_OPENING,
+    UPDATABLE_HEADER,
+    Custom,
+    Field,
+    non_empty,
+    skip_optional,
 )
 from .preconditioning import precondition_rows, preconditioners
 from .xp import namespace
@@ -47,22 +52,23 @@ def _add_grad(grad, name: str, value: np.ndarray) -> None:
         grad[name] += value
 
 
-def _read_fixed_vector(r, type_name: str, tag: str, name: str) -> np.ndarray:
-    """Body of FixedScale/FixedBias: an optional repeated opening tag, ``tag`` vector."""
-    start = r.pos
-    tok = r.read_token()
-    if tok == f"<{type_name}>":
-        start = r.pos
-        tok = r.read_token()
-    if tok != tag:
-        raise r.error(f"expected {tag!r}", token=tok, pos=start)
-    pos = r.pos
-    v = r.read_vector()
-    check_finite(r, name, v, pos)
-    read_closing(r, type_name)
-    if v.size == 0:
-        raise r.error(f"{type_name}: empty {tag} vector", pos=pos)
-    return v
+# Old files wrote <IsGradient> after the parameters; Kaldi still accepts it there.
+_LEGACY_IS_GRADIENT = Custom(read_legacy_is_gradient, None)
+
+
+def _multiple_of_offsets(tag: str, dim: int, comp) -> str | None:
+    block = comp.offsets.shape[0]
+    if dim > 0 and block and dim % block == 0:
+        return None
+    return f"{tag} must be a positive multiple of the offsets dim"
+
+
+def _blocks_agree(tag: str, offsets: np.ndarray, comp) -> str | None:
+    """ScaleAndOffset: scales and offsets are one block, and blocks tile the dim."""
+    block = comp.scales.shape[0]
+    if block == 0 or offsets.shape[0] != block or comp.dim % block:
+        return f"<Dim> {comp.dim} / <Scales> / <Offsets> dimensions do not agree"
+    return None
 
 
 # -- fixed (non-trainable) scale and bias ---------------------------------------------
@@ -101,14 +107,14 @@ class FixedScaleComponent(Component):
         cfg.check_all_used()
         return cls(vec)
 
-    @classmethod
-    def read(cls, r) -> FixedScaleComponent:
-        return cls(_read_fixed_vector(r, cls.type_name, "<Scales>", "scales"))
+    kaldi_fields = (
+        REPEATED_OPENING,
+        Field("<Scales>", "scales", "vector", finite="scales", check=non_empty),
+    )
 
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        w.write_tagged("<Scales>", "vector", self.scales)
-        w.write_token(f"</{self.type_name}>")
+    @classmethod
+    def empty_for_read(cls) -> FixedScaleComponent:
+        return cls(np.zeros(0, np.float32))
 
     def propagate(self, indexes, in_value, out_value):
         xp = namespace(in_value)
@@ -151,14 +157,14 @@ class FixedBiasComponent(Component):
         cfg.check_all_used()
         return cls(vec)
 
-    @classmethod
-    def read(cls, r) -> FixedBiasComponent:
-        return cls(_read_fixed_vector(r, cls.type_name, "<Bias>", "bias"))
+    kaldi_fields = (
+        REPEATED_OPENING,
+        Field("<Bias>", "bias", "vector", finite="bias", check=non_empty),
+    )
 
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        w.write_tagged("<Bias>", "vector", self.bias)
-        w.write_token(f"</{self.type_name}>")
+    @classmethod
+    def empty_for_read(cls) -> FixedBiasComponent:
+        return cls(np.zeros(0, np.float32))
 
     def propagate(self, indexes, in_value, out_value):
         xp = namespace(in_value)
@@ -217,25 +223,15 @@ class PerElementScaleComponent(UpdatableComponent):
     def _init_extra(self, cfg) -> None:
         """Subclass hook for extra config options."""
 
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        Field("<Params>", "scales", "vector", finite="scales"),
+        _LEGACY_IS_GRADIENT,
+    )
+
     @classmethod
-    def read(cls, r) -> PerElementScaleComponent:
-        comp = cls(np.zeros(0))
-        comp.read_updatable_common(r)
-        comp.scales = read_param(r, "<Params>", "vector", "scales")
-        comp._read_tail(r)
-        return comp
-
-    def _read_tail(self, r) -> None:
-        read_legacy_is_gradient(self, r)
-        read_closing(r, self.type_name)
-
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<Params>", "vector", self.scales)
-        self._write_tail(w)
-
-    def _write_tail(self, w) -> None:
-        w.write_token(f"</{self.type_name}>")
+    def empty_for_read(cls) -> PerElementScaleComponent:
+        return cls(np.zeros(0, np.float32))
 
     def params(self) -> dict[str, np.ndarray]:
         return {"scales": self.scales}
@@ -275,22 +271,16 @@ class NaturalGradientPerElementScaleComponent(PerElementScaleComponent):
         self.num_samples_history = f32(cfg.get_float("num-samples-history", 2000.0))
         self.alpha = f32(cfg.get_float("alpha", 4.0))
 
-    def _read_tail(self, r) -> None:
-        self.is_gradient = r.read_tagged("<IsGradient>", "bool")
-        self.rank = r.read_tagged("<Rank>", "int")
-        self.update_period = r.read_tagged("<UpdatePeriod>", "int")
-        self.num_samples_history = r.read_tagged("<NumSamplesHistory>", "float")
-        self.alpha = r.read_tagged("<Alpha>", "float")
-        r.read_optional("<MaxChangePerMinibatch>", "float")  # long removed; dropped
-        read_closing(r, self.type_name)
-
-    def _write_tail(self, w) -> None:
-        w.write_tagged("<IsGradient>", "bool", self.is_gradient)
-        w.write_tagged("<Rank>", "int", self.rank)
-        w.write_tagged("<UpdatePeriod>", "int", self.update_period)
-        w.write_tagged("<NumSamplesHistory>", "float", self.num_samples_history)
-        w.write_tagged("<Alpha>", "float", self.alpha)
-        w.write_token(f"</{self.type_name}>")
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        Field("<Params>", "scales", "vector", finite="scales"),
+        Field("<IsGradient>", "is_gradient", "bool"),
+        Field("<Rank>", "rank", "int"),
+        Field("<UpdatePeriod>", "update_period", "int"),
+        Field("<NumSamplesHistory>", "num_samples_history", "float"),
+        Field("<Alpha>", "alpha", "float"),
+        skip_optional("<MaxChangePerMinibatch>", "float"),  # long removed; dropped
+    )
 
 
 # -- trainable per-element offset -----------------------------------------------------
@@ -343,32 +333,20 @@ class PerElementOffsetComponent(UpdatableComponent):
         cfg.check_all_used()
         return comp
 
-    @classmethod
-    def read(cls, r) -> PerElementOffsetComponent:
-        comp = cls(np.zeros(0))
-        comp.read_updatable_common(r)
-        comp.offsets = read_param(r, "<Offsets>", "vector", "offsets")
-        read_legacy_is_gradient(comp, r)
-        if r.peek_token() == "<Dim>":
-            start = r.pos
-            comp.dim = r.read_tagged("<Dim>", "int")
-            comp.use_natural_gradient = r.read_tagged("<UseNaturalGradient>", "bool")
-            block = comp.offsets.shape[0]
-            if comp.dim <= 0 or block == 0 or comp.dim % block:
-                raise r.error("<Dim> must be a positive multiple of the offsets dim",
-                              token=str(comp.dim), pos=start)
-        else:
-            comp.dim = comp.offsets.shape[0]
-            comp.use_natural_gradient = True
-        read_closing(r, cls.type_name)
-        return comp
+    # Old files end after the offsets: dim = block dim, natural gradient on.
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        Field("<Offsets>", "offsets", "vector", finite="offsets"),
+        _LEGACY_IS_GRADIENT,
+        Field("<Dim>", "dim", "int", default=lambda c: c.offsets.shape[0],
+              check=_multiple_of_offsets,
+              then=(Field("<UseNaturalGradient>", "use_natural_gradient", "bool",
+                          default=True),)),
+    )
 
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<Offsets>", "vector", self.offsets)
-        w.write_tagged("<Dim>", "int", self.dim)
-        w.write_tagged("<UseNaturalGradient>", "bool", self.use_natural_gradient)
-        w.write_token(f"</{self.type_name}>")
+    @classmethod
+    def empty_for_read(cls) -> PerElementOffsetComponent:
+        return cls(np.zeros(0, np.float32))
 
     def params(self) -> dict[str, np.ndarray]:
         return {"offsets": self.offsets}
@@ -440,31 +418,18 @@ class ScaleAndOffsetComponent(UpdatableComponent):
         cfg.check_all_used()
         return comp
 
-    @classmethod
-    def read(cls, r) -> ScaleAndOffsetComponent:
-        comp = cls(np.zeros(0), np.zeros(0))
-        comp.read_updatable_common(r)
-        start = r.pos
-        comp.dim = r.read_tagged("<Dim>", "int")
-        comp.scales = read_param(r, "<Scales>", "vector", "scales")
-        comp.offsets = read_param(r, "<Offsets>", "vector", "offsets")
-        comp.use_natural_gradient = r.read_tagged("<UseNaturalGradient>", "bool")
-        comp.rank = r.read_tagged("<Rank>", "int")
-        read_closing(r, cls.type_name)
-        block = comp.scales.shape[0]
-        if block == 0 or comp.offsets.shape[0] != block or comp.dim % block:
-            raise r.error("<Dim> / <Scales> / <Offsets> dimensions do not agree",
-                          token=str(comp.dim), pos=start)
-        return comp
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        Field("<Dim>", "dim", "int"),
+        Field("<Scales>", "scales", "vector", finite="scales"),
+        Field("<Offsets>", "offsets", "vector", finite="offsets", check=_blocks_agree),
+        Field("<UseNaturalGradient>", "use_natural_gradient", "bool"),
+        Field("<Rank>", "rank", "int"),
+    )
 
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<Dim>", "int", self.dim)
-        w.write_tagged("<Scales>", "vector", self.scales)
-        w.write_tagged("<Offsets>", "vector", self.offsets)
-        w.write_tagged("<UseNaturalGradient>", "bool", self.use_natural_gradient)
-        w.write_tagged("<Rank>", "int", self.rank)
-        w.write_token(f"</{self.type_name}>")
+    @classmethod
+    def empty_for_read(cls) -> ScaleAndOffsetComponent:
+        return cls(np.zeros(0, np.float32), np.zeros(0, np.float32))
 
     def params(self) -> dict[str, np.ndarray]:
         return {"scales": self.scales, "offsets": self.offsets}
@@ -539,17 +504,15 @@ class _ConstantBase(UpdatableComponent):
         require(output_dim > 0, cfg, "output-dim must be > 0")
         self.output = randn(rng, output_dim) * np.float32(stddev) + np.float32(mean)
 
-    def _read_output_tail(self, r) -> None:
-        self.output = read_param(r, "<Output>", "vector", "output")
-        self.is_updatable_ = r.read_tagged("<IsUpdatable>", "bool")
-        self.use_natural_gradient = r.read_tagged("<UseNaturalGradient>", "bool")
-        read_closing(r, self.type_name)
+    _OUTPUT_TAIL = (
+        Field("<Output>", "output", "vector", finite="output"),
+        Field("<IsUpdatable>", "is_updatable_", "bool"),
+        Field("<UseNaturalGradient>", "use_natural_gradient", "bool"),
+    )
 
-    def _write_output_tail(self, w) -> None:
-        w.write_tagged("<Output>", "vector", self.output)
-        w.write_tagged("<IsUpdatable>", "bool", self.is_updatable_)
-        w.write_tagged("<UseNaturalGradient>", "bool", self.use_natural_gradient)
-        w.write_token(f"</{self.type_name}>")
+    @classmethod
+    def empty_for_read(cls) -> _ConstantBase:
+        return cls(np.zeros(0, np.float32))
 
     def params(self) -> dict[str, np.ndarray]:
         return {"output": self.output} if self.is_updatable_ else {}
@@ -598,18 +561,11 @@ class ConstantFunctionComponent(_ConstantBase):
         cfg.check_all_used()
         return comp
 
-    @classmethod
-    def read(cls, r) -> ConstantFunctionComponent:
-        comp = cls(np.zeros(0))
-        read_lenient_header(comp, r)
-        comp.input_dim_ = r.read_tagged("<InputDim>", "int")
-        comp._read_output_tail(r)
-        return comp
-
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<InputDim>", "int", self.input_dim_)
-        self._write_output_tail(w)
+    kaldi_fields = (
+        LENIENT_HEADER,
+        Field("<InputDim>", "input_dim_", "int"),
+        *_ConstantBase._OUTPUT_TAIL,
+    )
 
 
 @register
@@ -635,16 +591,7 @@ class ConstantComponent(_ConstantBase):
         cfg.check_all_used()
         return comp
 
-    @classmethod
-    def read(cls, r) -> ConstantComponent:
-        comp = cls(np.zeros(0))
-        read_lenient_header(comp, r)
-        comp._read_output_tail(r)
-        return comp
-
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        self._write_output_tail(w)
+    kaldi_fields = (LENIENT_HEADER, *_ConstantBase._OUTPUT_TAIL)
 
     def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
         # No inputs at all; with no required dependency every output is computable.
