@@ -26,26 +26,24 @@ from .base import (
     Flags,
     InputDeps,
     SameDimComponent,
-    read_closing,
     register,
     require,
 )
+from .fields import Field, non_negative, positive, proportion
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 from .xp import namespace
 
 
-def _check_proportion(r, name: str, value: float, pos: int) -> None:
-    """Kaldi asserts a proportion in [0, 1] before using it; reject it when reading."""
-    if not (0.0 <= value <= 1.0):
-        raise r.error(f"{name} must be in [0, 1], got {value!r}", pos=pos)
+def _block_divides_dim(tag: str, block_dim: int, comp) -> str | None:
+    if block_dim <= 0:
+        return f"{tag} must be positive"
+    if comp.dim % block_dim:
+        return f"{tag} {block_dim} does not divide <Dim> {comp.dim}"
+    return None
 
 
-def _read_positive_int(r, tag: str) -> int:
-    pos = r.pos
-    value = r.read_tagged(tag, "int")
-    if value <= 0:
-        raise r.error(f"{tag} must be positive", token=str(value), pos=pos)
-    return value
+def _at_least_one(tag: str, value: int, comp) -> str | None:
+    return None if value >= 1 else f"{tag} must be >= 1"
 
 
 class RandomComponent(Component):
@@ -123,26 +121,13 @@ class DropoutComponent(RandomComponent, SameDimComponent):
         comp._seed_from(rng)
         return comp
 
-    @classmethod
-    def read(cls, r) -> DropoutComponent:
-        comp = cls()
-        comp.dim = _read_positive_int(r, "<Dim>")
-        pos = r.pos
-        comp.dropout_proportion = r.read_tagged("<DropoutProportion>", "float")
-        _check_proportion(r, "<DropoutProportion>", comp.dropout_proportion, pos)
+    kaldi_fields = (
+        Field("<Dim>", "dim", "int", check=positive),
+        Field("<DropoutProportion>", "dropout_proportion", "float", check=proportion),
         # Both trailing fields are optional in Kaldi's reader (older files lack them).
-        comp.dropout_per_frame = r.read_optional("<DropoutPerFrame>", "bool", False)
-        comp.test_mode = r.read_optional("<TestMode>", "bool", False)
-        read_closing(r, cls.type_name)
-        return comp
-
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        w.write_tagged("<Dim>", "int", self.dim)
-        w.write_tagged("<DropoutProportion>", "float", self.dropout_proportion)
-        w.write_tagged("<DropoutPerFrame>", "bool", self.dropout_per_frame)
-        w.write_tagged("<TestMode>", "bool", self.test_mode)
-        w.write_token(f"</{self.type_name}>")
+        Field("<DropoutPerFrame>", "dropout_per_frame", "bool", default=False),
+        Field("<TestMode>", "test_mode", "bool", default=False),
+    )
 
     def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray) -> None:
         xp = namespace(in_value)
@@ -222,29 +207,12 @@ class DropoutMaskComponent(RandomComponent):
         comp._seed_from(rng)
         return comp
 
-    @classmethod
-    def read(cls, r) -> DropoutMaskComponent:
-        comp = cls()
-        comp.dim = _read_positive_int(r, "<OutputDim>")
-        pos = r.pos
-        comp.dropout_proportion = r.read_tagged("<DropoutProportion>", "float")
-        _check_proportion(r, "<DropoutProportion>", comp.dropout_proportion, pos)
-        comp.test_mode = r.read_optional("<TestMode>", "bool", False)
-        comp.continuous = False
-        if r.peek_token() == "<Continuous>":
-            r.read_token()
-            comp.continuous = True
-        read_closing(r, cls.type_name)
-        return comp
-
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        w.write_tagged("<OutputDim>", "int", self.dim)
-        w.write_tagged("<DropoutProportion>", "float", self.dropout_proportion)
-        w.write_tagged("<TestMode>", "bool", self.test_mode)
-        if self.continuous:
-            w.write_token("<Continuous>")
-        w.write_token(f"</{self.type_name}>")
+    kaldi_fields = (
+        Field("<OutputDim>", "dim", "int", check=positive),
+        Field("<DropoutProportion>", "dropout_proportion", "float", check=proportion),
+        Field("<TestMode>", "test_mode", "bool", default=False),
+        Field("<Continuous>", "continuous", "flag"),
+    )
 
     def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
         """No input at all: every output index is computable on its own."""
@@ -524,57 +492,21 @@ class GeneralDropoutComponent(RandomComponent, SameDimComponent):
         comp._seed_from(rng)
         return comp
 
-    @classmethod
-    def read(cls, r) -> GeneralDropoutComponent:
-        comp = cls()
-        comp.dim = _read_positive_int(r, "<Dim>")
-        pos = r.pos
-        comp.block_dim = _read_positive_int(r, "<BlockDim>")
-        if comp.dim % comp.block_dim:
-            raise r.error(f"<BlockDim> {comp.block_dim} does not divide <Dim> {comp.dim}",
-                          pos=pos)
-        pos = r.pos
-        comp.time_period = r.read_tagged("<TimePeriod>", "int")
-        if comp.time_period < 0:
-            raise r.error("<TimePeriod> must be >= 0", token=str(comp.time_period), pos=pos)
-        pos = r.pos
-        comp.dropout_proportion = r.read_tagged("<DropoutProportion>", "float")
-        _check_proportion(r, "<DropoutProportion>", comp.dropout_proportion, pos)
-        comp.specaugment_max_proportion = 0.0
-        comp.specaugment_max_regions = 1
-        pos = r.pos
-        if r.peek_token() == "<SpecAugmentMaxProportion>":
-            comp.specaugment_max_proportion = r.read_tagged("<SpecAugmentMaxProportion>",
-                                                            "float")
-            _check_proportion(r, "<SpecAugmentMaxProportion>",
-                              comp.specaugment_max_proportion, pos)
-            pos = r.pos
-            comp.specaugment_max_regions = r.read_optional("<SpecAugmentMaxRegions>", "int", 1)
-            if comp.specaugment_max_regions < 1:
-                raise r.error("<SpecAugmentMaxRegions> must be >= 1",
-                              token=str(comp.specaugment_max_regions), pos=pos)
+    kaldi_fields = (
+        Field("<Dim>", "dim", "int", check=positive),
+        Field("<BlockDim>", "block_dim", "int", check=_block_divides_dim),
+        Field("<TimePeriod>", "time_period", "int", check=non_negative),
+        Field("<DropoutProportion>", "dropout_proportion", "float", check=proportion),
+        Field("<SpecAugmentMaxProportion>", "specaugment_max_proportion", "float",
+              default=0.0, check=proportion,
+              write_if=lambda c: c.specaugment_max_proportion != 0.0,
+              then=(Field("<SpecAugmentMaxRegions>", "specaugment_max_regions", "int",
+                          default=1, check=_at_least_one,
+                          write_if=lambda c: c.specaugment_max_regions != 1),)),
         # <TestMode> and <Continuous> are bare flags (no value) in this component.
-        comp.test_mode = _read_flag(r, "<TestMode>")
-        comp.continuous = _read_flag(r, "<Continuous>")
-        read_closing(r, cls.type_name)
-        return comp
-
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        w.write_tagged("<Dim>", "int", self.dim)
-        w.write_tagged("<BlockDim>", "int", self.block_dim)
-        w.write_tagged("<TimePeriod>", "int", self.time_period)
-        w.write_tagged("<DropoutProportion>", "float", self.dropout_proportion)
-        if self.specaugment_max_proportion != 0.0:
-            w.write_tagged("<SpecAugmentMaxProportion>", "float",
-                           self.specaugment_max_proportion)
-            if self.specaugment_max_regions != 1:
-                w.write_tagged("<SpecAugmentMaxRegions>", "int", self.specaugment_max_regions)
-        if self.test_mode:
-            w.write_token("<TestMode>")
-        if self.continuous:
-            w.write_token("<Continuous>")
-        w.write_token(f"</{self.type_name}>")
+        Field("<TestMode>", "test_mode", "flag"),
+        Field("<Continuous>", "continuous", "flag"),
+    )
 
     # -- indexes -------------------------------------------------------------------
     def precompute_indexes(self, input_indexes: np.ndarray, output_indexes: np.ndarray,
@@ -653,13 +585,6 @@ class GeneralDropoutComponent(RandomComponent, SameDimComponent):
         _apply_row_mask(gather, out_deriv, memo, in_deriv, forward=False)
 
 
-def _read_flag(r, tag: str) -> bool:
-    if r.peek_token() == tag:
-        r.read_token()
-        return True
-    return False
-
-
 @register
 class SpecAugmentTimeMaskComponent(RandomComponent, SameDimComponent):
     """The time-masking part of SpecAugment: zeroes whole frames in segments.
@@ -702,26 +627,12 @@ class SpecAugmentTimeMaskComponent(RandomComponent, SameDimComponent):
         comp._seed_from(rng)
         return comp
 
-    @classmethod
-    def read(cls, r) -> SpecAugmentTimeMaskComponent:
-        comp = cls()
-        comp.dim = _read_positive_int(r, "<Dim>")
-        pos = r.pos
-        comp.zeroed_proportion = r.read_tagged("<ZeroedProportion>", "float")
-        _check_proportion(r, "<ZeroedProportion>", comp.zeroed_proportion, pos)
-        comp.time_mask_max_frames = _read_positive_int(r, "<TimeMaskMaxFrames>")
-        comp.test_mode = _read_flag(r, "<TestMode>")
-        read_closing(r, cls.type_name)
-        return comp
-
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        w.write_tagged("<Dim>", "int", self.dim)
-        w.write_tagged("<ZeroedProportion>", "float", self.zeroed_proportion)
-        w.write_tagged("<TimeMaskMaxFrames>", "int", self.time_mask_max_frames)
-        if self.test_mode:
-            w.write_token("<TestMode>")
-        w.write_token(f"</{self.type_name}>")
+    kaldi_fields = (
+        Field("<Dim>", "dim", "int", check=positive),
+        Field("<ZeroedProportion>", "zeroed_proportion", "float", check=proportion),
+        Field("<TimeMaskMaxFrames>", "time_mask_max_frames", "int", check=positive),
+        Field("<TestMode>", "test_mode", "flag"),
+    )
 
     def precompute_indexes(self, input_indexes: np.ndarray, output_indexes: np.ndarray,
                            need_backprop: bool) -> TimeMaskIndexes:
