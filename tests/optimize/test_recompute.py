@@ -266,3 +266,55 @@ def test_realistic_request_case_matches_kaldi_arrays():
         if k.startswith("output:"):
             got = res.outputs[k.split(":", 1)[1]]
             assert np.abs(got - v).max() <= 1e-4 * max(np.abs(v).max(), 1.0), k
+
+
+# -- reached from the network optimizer's options ------------------------------------------
+
+CHAIN = """
+input-node name=input dim=10
+component name=a1 type=AffineComponent input-dim=30 output-dim=24
+component-node name=a1 component=a1 input=Append(Offset(input, -1), input, Offset(input, 1))
+component name=r1 type=RectifiedLinearComponent dim=24
+component-node name=r1 component=r1 input=a1
+component name=b1 type=BatchNormComponent dim=24
+component-node name=b1 component=b1 input=r1
+component name=a2 type=AffineComponent input-dim=72 output-dim=24
+component-node name=a2 component=a2 input=Append(Offset(b1, -2), b1, Offset(b1, 2))
+component name=r2 type=RectifiedLinearComponent dim=24
+component-node name=r2 component=r2 input=a2
+component name=b2 type=BatchNormComponent dim=24
+component-node name=b2 component=b2 input=r2
+component name=a3 type=AffineComponent input-dim=72 output-dim=24
+component-node name=a3 component=a3 input=Append(Offset(b2, -2), b2, Offset(b2, 2))
+component name=r3 type=RectifiedLinearComponent dim=24
+component-node name=r3 component=r3 input=a3
+component name=b3 type=BatchNormComponent dim=24
+component-node name=b3 component=b3 input=r3
+component name=a4 type=AffineComponent input-dim=24 output-dim=5
+component-node name=a4 component=a4 input=b3
+output-node name=output input=a4
+"""
+
+
+def test_network_options_memory_switches_the_pass_on():
+    """NetworkOptions.memory (default on) makes a CachingCompiler with
+    ``network_optimize`` compile training requests with the recompute pass: a lower
+    peak than with ``memory=False``, the same results."""
+    nnet = pynnet3.Nnet.from_config(CHAIN, seed=3)
+    idx = np.array([(n, t, 0) for n in range(2) for t in range(-7, 27)], dtype=np.int64)
+    out = np.array([(n, t, 0) for n in range(2) for t in range(20)], dtype=np.int64)
+    req = pynnet3.ComputationRequest(
+        inputs=[pynnet3.IoSpecification("input", idx)],
+        outputs=[pynnet3.IoSpecification("output", out, has_deriv=True)],
+        need_model_derivative=True)
+    on = pynnet3.CachingCompiler(nnet, network_optimize=pynnet3.NetworkOptions())
+    off = pynnet3.CachingCompiler(nnet, network_optimize=pynnet3.NetworkOptions(memory=False))
+    assert on.options.recompute_cheap_values and not off.options.recompute_cheap_values
+    assert not pynnet3.CachingCompiler(nnet).options.recompute_cheap_values
+    c_on, c_off = on.compile(req), off.compile(req)
+    assert c_on.peak_memory_floats() < c_off.peak_memory_floats()
+    rng = np.random.default_rng(1)
+    inputs = {"input": rng.standard_normal((len(idx), 10))}
+    derivs = {"output": rng.standard_normal((len(out), 5))}
+    _assert_identical(_run(on.compiled_nnet, c_on, inputs, derivs),
+                      _run(off.compiled_nnet, c_off, inputs, derivs))

@@ -25,7 +25,7 @@ import copy
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 
 from ..compiler import check_matrix_sizes, compile_computation
@@ -107,6 +107,11 @@ class CachingCompiler:
             raise PynnetError("network_optimize must be None, a bool or NetworkOptions, got "
                               f"{network_optimize!r}")
         self.network_options = network_optimize
+        if network_optimize is not None and network_optimize.memory \
+                and not optimize.recompute_cheap_values:
+            # the network optimizer's "memory" pass works on the compiled commands
+            # (optimize/recompute.py)
+            self.options = replace(optimize, recompute_cheap_values=True)
         self._compiled_nnet = nnet
         self.capacity = int(capacity)
         # Looped computations are not expanded (Kaldi compiles them in full too).

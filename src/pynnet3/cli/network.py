@@ -22,6 +22,8 @@ _HELP = {
     "arithmetic": "merge Sum terms; move descriptor Scale() into the weights",
     "parameter_fusion": "compute affine layers that read the same input as one GEMM",
     "fusion": "apply the fuse rule registry",
+    "memory": "training: recompute cheap forward values during backprop where that "
+              "lowers the peak memory (a command-level pass)",
     "keep_derivatives": "keep input derivatives exact too (not only outputs)",
     "max_iterations": "cap on repetitions of the whole pass sequence",
     "max_rule_steps": "cap on match-and-rewrite steps of one rule pass",

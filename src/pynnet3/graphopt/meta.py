@@ -38,6 +38,12 @@ from .pruning import prune
 class NetworkOptions:
     """One field per network pass (all on by default: each is exact for inference).
 
+    ``memory`` (seed 003's memory optimizer) rewrites no network: for training
+    requests it has the compiler free cheap forward values between the passes and
+    recompute them exactly during backprop where that lowers the peak memory (the
+    command-level pass :mod:`pynnet3.optimize.recompute`, which a
+    :class:`~pynnet3.CachingCompiler` given these options switches on through
+    ``OptimizeOptions.recompute_cheap_values``; nothing changes for inference).
     ``keep_derivatives``: keep input derivatives exact too (BackpropTruncation,
     NoOp backprop scales and test-mode Dropout's backprop stay).
     ``max_iterations``: cap on repetitions of the whole pass sequence;
@@ -51,6 +57,7 @@ class NetworkOptions:
     arithmetic: bool = True
     parameter_fusion: bool = True
     fusion: bool = True
+    memory: bool = True
     keep_derivatives: bool = False
     max_iterations: int = 10
     max_rule_steps: int = 20
