@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ..io.kaldi_stream import make_reader
-from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
-from .fields import Custom
+from .base import Flags, UpdatableComponent, check_finite, register, require
+from .fields import REPEATED_OPENING, UPDATABLE_HEADER, Custom, Field, positive, skip_optional
 from .preconditioning import precondition_matrix, precondition_product, preconditioners
 from .xp import namespace
 
@@ -79,6 +79,16 @@ def read_legacy_is_gradient(comp: UpdatableComponent, r) -> None:
     """Old files wrote ``<IsGradient>`` after the parameters; Kaldi still accepts it."""
     if r.peek_token() == "<IsGradient>":
         comp.is_gradient = r.read_tagged("<IsGradient>", "bool")
+
+
+# Old files wrote <IsGradient> after the parameters; Kaldi still accepts it there.
+LEGACY_IS_GRADIENT = Custom(read_legacy_is_gradient, None)
+
+# The parameter fields shared by the affine family.
+_LINEAR = Field("<LinearParams>", "linear_params", "matrix", finite="linear_params")
+_BIAS = Field("<BiasParams>", "bias_params", "vector", finite="bias_params")
+_ORTHONORMAL = Field("<OrthonormalConstraint>", "orthonormal_constraint", "float", default=0.0,
+                     write_if=lambda c: c.orthonormal_constraint != 0.0)
 
 
 def expect_one_or_two(r, first: str, second: str) -> None:
@@ -317,37 +327,20 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
         """Subclass hook for extra config options."""
 
     # -- files ---------------------------------------------------------------------
-    @classmethod
-    def read(cls, r) -> AffineComponent:
-        comp = cls(np.zeros((0, 0)), np.zeros(0))
-        comp.read_updatable_common(r)
-        comp.linear_params = read_param(r, "<LinearParams>", "matrix", "linear_params")
-        comp.bias_params = read_param(r, "<BiasParams>", "vector", "bias_params")
-        comp.orthonormal_constraint = 0.0
-        comp._read_tail(r)
-        comp._check_dims(r)
-        return comp
+    kaldi_fields = (UPDATABLE_HEADER, _LINEAR, _BIAS, LEGACY_IS_GRADIENT, _ORTHONORMAL)
 
-    def _read_tail(self, r) -> None:
-        read_legacy_is_gradient(self, r)
-        self.orthonormal_constraint = r.read_optional("<OrthonormalConstraint>", "float", 0.0)
-        read_closing(r, self.type_name)
+    @classmethod
+    def empty_for_read(cls) -> AffineComponent:
+        return cls(np.zeros((0, 0), np.float32), np.zeros(0, np.float32))
+
+    def read_end(self, r) -> None:
+        super().read_end(r)
+        self._check_dims(r)
 
     def _check_dims(self, r) -> None:
         if self.bias_params.shape[0] != self.linear_params.shape[0]:
             raise r.error(f"{self.type_name}: bias dim {self.bias_params.shape[0]} != "
                           f"output dim {self.linear_params.shape[0]}")
-
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<LinearParams>", "matrix", self.linear_params)
-        w.write_tagged("<BiasParams>", "vector", self.bias_params)
-        self._write_tail(w)
-
-    def _write_tail(self, w) -> None:
-        if self.orthonormal_constraint != 0.0:
-            w.write_tagged("<OrthonormalConstraint>", "float", self.orthonormal_constraint)
-        w.write_token(f"</{self.type_name}>")
 
     # -- parameters and math -------------------------------------------------------
     def params(self) -> dict[str, np.ndarray]:
@@ -415,34 +408,32 @@ class NaturalGradientAffineComponent(AffineComponent):
         if self.rank_out < 0:
             self.rank_out = min(80, (self.output_dim + 1) // 2)
 
-    def _read_tail(self, r) -> None:
-        self.rank_in = r.read_tagged("<RankIn>", "int")
-        self.rank_out = r.read_tagged("<RankOut>", "int")
-        self.orthonormal_constraint = r.read_optional("<OrthonormalConstraint>", "float", 0.0)
-        self.update_period = r.read_tagged("<UpdatePeriod>", "int")
-        self.num_samples_history = r.read_tagged("<NumSamplesHistory>", "float")
-        self.alpha = r.read_tagged("<Alpha>", "float")
+    kaldi_fields = (
+        UPDATABLE_HEADER, _LINEAR, _BIAS,
+        Field("<RankIn>", "rank_in", "int"),
+        Field("<RankOut>", "rank_out", "int"),
+        _ORTHONORMAL,
+        Field("<UpdatePeriod>", "update_period", "int"),
+        Field("<NumSamplesHistory>", "num_samples_history", "float"),
+        Field("<Alpha>", "alpha", "float"),
         # Back-compatibility tokens Kaldi still accepts (and drops).
-        r.read_optional("<MaxChangePerSample>", "float")
-        read_legacy_is_gradient(self, r)
+        skip_optional("<MaxChangePerSample>", "float"),
+        LEGACY_IS_GRADIENT,
+        Custom("_skip_update_stats", None),
+    )
+
+    def _skip_update_stats(self, r) -> None:
         if r.peek_token() == "<UpdateCount>":
             for tag in ("<UpdateCount>", "<ActiveScalingCount>", "<MaxChangeScaleStats>"):
                 r.read_tagged(tag, "float")
+
+    def read_end(self, r) -> None:
         # Kaldi accepts any token containing "NaturalGradientAffineComponent>" here.
         start = r.pos
         tok = r.read_token()
         if "NaturalGradientAffineComponent>" not in tok:
             raise r.error("expected </NaturalGradientAffineComponent>", token=tok, pos=start)
-
-    def _write_tail(self, w) -> None:
-        w.write_tagged("<RankIn>", "int", self.rank_in)
-        w.write_tagged("<RankOut>", "int", self.rank_out)
-        if self.orthonormal_constraint != 0.0:
-            w.write_tagged("<OrthonormalConstraint>", "float", self.orthonormal_constraint)
-        w.write_tagged("<UpdatePeriod>", "int", self.update_period)
-        w.write_tagged("<NumSamplesHistory>", "float", self.num_samples_history)
-        w.write_tagged("<Alpha>", "float", self.alpha)
-        w.write_token(f"</{self.type_name}>")
+        self._check_dims(r)
 
 
 # -- LinearComponent ------------------------------------------------------------------
@@ -505,33 +496,21 @@ class LinearComponent(BlockInputMixin, UpdatableComponent):
         cfg.check_all_used()
         return comp
 
-    @classmethod
-    def read(cls, r) -> LinearComponent:
-        comp = cls(np.zeros((0, 0), np.float32))
-        comp.read_updatable_common(r)
-        comp.params_ = read_param(r, "<Params>", "matrix", "params")
-        comp.orthonormal_constraint = r.read_optional("<OrthonormalConstraint>", "float", 0.0)
-        comp.use_natural_gradient = r.read_tagged("<UseNaturalGradient>", "bool")
-        comp.rank_in = r.read_tagged("<RankInOut>", "int")
-        comp.rank_out = r.read_int()
-        comp.alpha = r.read_tagged("<Alpha>", "float")
-        comp.num_samples_history = r.read_tagged("<NumSamplesHistory>", "float")
-        comp.update_period = r.read_tagged("<UpdatePeriod>", "int")
-        read_closing(r, cls.type_name)
-        return comp
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        Field("<Params>", "params_", "matrix", finite="params"),
+        _ORTHONORMAL,
+        Field("<UseNaturalGradient>", "use_natural_gradient", "bool"),
+        Field("<RankInOut>", "rank_in", "int"),
+        Field("", "rank_out", "int"),  # <RankInOut> rank_in rank_out
+        Field("<Alpha>", "alpha", "float"),
+        Field("<NumSamplesHistory>", "num_samples_history", "float"),
+        Field("<UpdatePeriod>", "update_period", "int"),
+    )
 
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<Params>", "matrix", self.params_)
-        if self.orthonormal_constraint != 0.0:
-            w.write_tagged("<OrthonormalConstraint>", "float", self.orthonormal_constraint)
-        w.write_tagged("<UseNaturalGradient>", "bool", self.use_natural_gradient)
-        w.write_tagged("<RankInOut>", "int", self.rank_in)
-        w.write_int(self.rank_out)
-        w.write_tagged("<Alpha>", "float", self.alpha)
-        w.write_tagged("<NumSamplesHistory>", "float", self.num_samples_history)
-        w.write_tagged("<UpdatePeriod>", "int", self.update_period)
-        w.write_token(f"</{self.type_name}>")
+    @classmethod
+    def empty_for_read(cls) -> LinearComponent:
+        return cls(np.zeros((0, 0), np.float32))
 
     def params(self) -> dict[str, np.ndarray]:
         return {"params": self.params_}
@@ -587,23 +566,7 @@ class FixedAffineComponent(AffineComponent):
         cfg.check_all_used()
         return cls(mat[:, :-1].copy(), mat[:, -1].copy())
 
-    @classmethod
-    def read(cls, r) -> FixedAffineComponent:
-        expect_one_or_two(r, "<FixedAffineComponent>", "<LinearParams>")
-        pos = r.pos
-        linear = r.read_matrix()
-        check_finite(r, "linear_params", linear, pos)
-        bias = read_param(r, "<BiasParams>", "vector", "bias_params")
-        read_closing(r, cls.type_name)
-        comp = cls(linear, bias)
-        comp._check_dims(r)
-        return comp
-
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        w.write_tagged("<LinearParams>", "matrix", self.linear_params)
-        w.write_tagged("<BiasParams>", "vector", self.bias_params)
-        w.write_token(f"</{self.type_name}>")
+    kaldi_fields = (REPEATED_OPENING, _LINEAR, _BIAS)
 
     def params(self) -> dict[str, np.ndarray]:
         return {}
@@ -667,28 +630,20 @@ class RepeatedAffineComponent(UpdatableComponent):
         cfg.check_all_used()
         return comp
 
-    @classmethod
-    def read(cls, r) -> RepeatedAffineComponent:
-        comp = cls(np.zeros((0, 0)), np.zeros(0), 1)
-        comp.read_updatable_common(r)
-        start = r.pos
-        comp.num_repeats = r.read_tagged("<NumRepeats>", "int")
-        if comp.num_repeats <= 0:
-            raise r.error("<NumRepeats> must be > 0", token=str(comp.num_repeats), pos=start)
-        comp.linear_params = read_param(r, "<LinearParams>", "matrix", "linear_params")
-        comp.bias_params = read_param(r, "<BiasParams>", "vector", "bias_params")
-        read_legacy_is_gradient(comp, r)
-        read_closing(r, cls.type_name)
-        if comp.bias_params.shape[0] != comp.linear_params.shape[0]:
-            raise r.error(f"{cls.type_name}: bias dim does not match linear params")
-        return comp
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        Field("<NumRepeats>", "num_repeats", "int", check=positive),
+        _LINEAR, _BIAS, LEGACY_IS_GRADIENT,
+    )
 
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<NumRepeats>", "int", self.num_repeats)
-        w.write_tagged("<LinearParams>", "matrix", self.linear_params)
-        w.write_tagged("<BiasParams>", "vector", self.bias_params)
-        w.write_token(f"</{self.type_name}>")
+    @classmethod
+    def empty_for_read(cls) -> RepeatedAffineComponent:
+        return cls(np.zeros((0, 0), np.float32), np.zeros(0, np.float32), 1)
+
+    def read_end(self, r) -> None:
+        super().read_end(r)
+        if self.bias_params.shape[0] != self.linear_params.shape[0]:
+            raise r.error(f"{self.type_name}: bias dim does not match linear params")
 
     def params(self) -> dict[str, np.ndarray]:
         return {"linear_params": self.linear_params, "bias_params": self.bias_params}
@@ -784,30 +739,24 @@ class BlockAffineComponent(UpdatableComponent):
         cfg.check_all_used()
         return comp
 
-    @classmethod
-    def read(cls, r) -> BlockAffineComponent:
-        comp = cls(np.zeros((0, 0)), np.zeros(0), 1)
-        comp.read_updatable_common(r)
-        start = r.pos
-        comp.num_blocks = r.read_tagged("<NumBlocks>", "int")
-        comp.linear_params = read_param(r, "<LinearParams>", "matrix", "linear_params")
-        comp.bias_params = read_param(r, "<BiasParams>", "vector", "bias_params")
-        read_legacy_is_gradient(comp, r)
-        read_closing(r, cls.type_name)
-        rows = comp.linear_params.shape[0]
-        if comp.num_blocks <= 0 or rows % comp.num_blocks:
-            raise r.error("<NumBlocks> must be > 0 and divide the output dim",
-                          token=str(comp.num_blocks), pos=start)
-        if comp.bias_params.shape[0] != rows:
-            raise r.error(f"{cls.type_name}: bias dim does not match linear params")
-        return comp
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        Field("<NumBlocks>", "num_blocks", "int", check=positive),
+        _LINEAR, _BIAS, LEGACY_IS_GRADIENT,
+    )
 
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<NumBlocks>", "int", self.num_blocks)
-        w.write_tagged("<LinearParams>", "matrix", self.linear_params)
-        w.write_tagged("<BiasParams>", "vector", self.bias_params)
-        w.write_token(f"</{self.type_name}>")
+    @classmethod
+    def empty_for_read(cls) -> BlockAffineComponent:
+        return cls(np.zeros((0, 0), np.float32), np.zeros(0, np.float32), 1)
+
+    def read_end(self, r) -> None:
+        super().read_end(r)
+        rows = self.linear_params.shape[0]
+        if rows % self.num_blocks:
+            raise r.error("<NumBlocks> must divide the output dim",
+                          token=str(self.num_blocks))
+        if self.bias_params.shape[0] != rows:
+            raise r.error(f"{self.type_name}: bias dim does not match linear params")
 
     def params(self) -> dict[str, np.ndarray]:
         return {"linear_params": self.linear_params, "bias_params": self.bias_params}

@@ -179,8 +179,13 @@ class Component:
             raise NotImplementedError
         comp = cls.empty_for_read()
         read_fields(r, comp, cls.kaldi_fields)
-        read_closing(r, cls.type_name)
+        comp.read_end(r)
         return comp
+
+    def read_end(self, r) -> None:
+        """After the ``kaldi_fields``: consume ``</TypeName>`` (override for Kaldi's
+        lenient closings, or to check the fields against each other)."""
+        read_closing(r, self.type_name)
 
     @classmethod
     def empty_for_read(cls) -> Component:

@@ -38,14 +38,17 @@ class Field:
 
     ``kind``: int, float, double (written as a C++ double), bool, vector, matrix,
     int_vector, int_pair_vector, token, or flag (a bare ``<Tag>`` that means True,
-    written only when the attribute is true). ``default`` makes the field optional on
-    read (a callable is called with the component, for defaults that depend on
-    earlier fields or must be fresh arrays). ``write_if(comp)`` False skips writing.
-    ``check(tag, value, comp)`` returns a message to refuse the value with (it names
-    the value as the token). ``convert`` maps the value read (e.g. to float32
-    precision). ``aliases`` are other tags accepted in its place on read (legacy
-    names). ``finite`` names the parameter when NaN/inf must be refused. ``then``
-    are fields present exactly when this optional one is (read and written after it).
+    written only when the attribute is true). An empty ``tag`` is a value that
+    follows the previous one untagged (Kaldi's ``<RankInOut> a b``).
+
+    ``default`` makes the field optional on read (a callable is called with the
+    component, for defaults that depend on earlier fields or must be fresh arrays);
+    ``write_if(comp)`` False skips writing. ``check(tag, value, comp)`` returns a
+    message to refuse the value with (a scalar value is named as the token).
+    ``convert`` maps the value read (e.g. to float32 precision). ``aliases`` are
+    other tags accepted in its place on read (legacy names). ``finite`` names the
+    parameter when NaN/inf must be refused. ``then`` are fields present exactly when
+    this optional one is (read and written after it).
     """
 
     tag: str
@@ -148,7 +151,7 @@ def _read_field(r, comp, f: Field) -> None:
         if tok != f.tag and tok not in f.aliases:
             wanted = " or ".join(repr(t) for t in (f.tag, *f.aliases))
             raise r.error(f"expected {wanted}", token=tok, pos=start)
-    else:
+    elif f.tag:
         r.expect_token(f.tag)
     value_pos = r.pos
     value = getattr(r, _READ[f.kind])()
@@ -192,7 +195,9 @@ def _write_field(w, comp, f: Field) -> None:
         if value:
             w.write_token(f.tag)
         return
-    w.write_tagged(f.tag, f.kind, value)
+    if f.tag:
+        w.write_token(f.tag)
+    getattr(w, f"write_{f.kind}")(value)
     for sub in f.then:
         _write_field(w, comp, sub)
 
