@@ -15,12 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 from .affine import (
+    LEGACY_IS_GRADIENT,
     LENIENT_HEADER,
     f32,
     init_learning_rates,
     load_kaldi_object,
     randn,
-    read_legacy_is_gradient,
 )
 from .base import (
     Component,
@@ -33,7 +33,6 @@ from .base import (
 from .fields import (
     REPEATED_OPENING,
     UPDATABLE_HEADER,
-    Custom,
     Field,
     non_empty,
     skip_optional,
@@ -50,10 +49,6 @@ def _blocks(m: np.ndarray, block: int) -> np.ndarray:
 def _add_grad(grad, name: str, value: np.ndarray) -> None:
     if grad is not None and name in grad:
         grad[name] += value
-
-
-# Old files wrote <IsGradient> after the parameters; Kaldi still accepts it there.
-_LEGACY_IS_GRADIENT = Custom(read_legacy_is_gradient, None)
 
 
 def _multiple_of_offsets(tag: str, dim: int, comp) -> str | None:
@@ -226,7 +221,7 @@ class PerElementScaleComponent(UpdatableComponent):
     kaldi_fields = (
         UPDATABLE_HEADER,
         Field("<Params>", "scales", "vector", finite="scales"),
-        _LEGACY_IS_GRADIENT,
+        LEGACY_IS_GRADIENT,
     )
 
     @classmethod
@@ -337,7 +332,7 @@ class PerElementOffsetComponent(UpdatableComponent):
     kaldi_fields = (
         UPDATABLE_HEADER,
         Field("<Offsets>", "offsets", "vector", finite="offsets"),
-        _LEGACY_IS_GRADIENT,
+        LEGACY_IS_GRADIENT,
         Field("<Dim>", "dim", "int", default=lambda c: c.offsets.shape[0],
               check=_multiple_of_offsets,
               then=(Field("<UseNaturalGradient>", "use_natural_gradient", "bool",
