@@ -21,10 +21,17 @@ from __future__ import annotations
 import numpy as np
 
 from . import device_stats
-from .affine import expect_one_or_two, f32
-from .base import Component, Flags, check_finite, read_closing, register, require
+from .affine import f32
+from .base import Component, Flags, check_finite, register, require
 from .device_stats import stats_attribute
+from .fields import REPEATED_OPENING, Custom, Field, positive
 from .xp import namespace
+
+
+def _block_divides_dim(tag: str, block_dim: int, comp) -> str | None:
+    if block_dim > 0 and comp.dim % block_dim == 0:
+        return None
+    return f"{tag} must be positive and divide <Dim> {comp.dim}"
 
 
 @register
@@ -87,32 +94,38 @@ class BatchNormComponent(Component):
             comp._compute_derived(rng)
         return comp
 
+    kaldi_fields = (
+        REPEATED_OPENING,
+        Field("<Dim>", "dim", "int", check=positive),
+        Field("<BlockDim>", "block_dim", "int", check=_block_divides_dim),
+        Field("<Epsilon>", "epsilon", "float", check=positive),
+        Field("<TargetRms>", "target_rms", "float", check=positive),
+        Field("<TestMode>", "test_mode", "bool"),
+        Field("<Count>", "count", "double"),
+        Custom("_read_stats", "_write_stats"),
+    )
+
     @classmethod
-    def read(cls, r) -> BatchNormComponent:
-        expect_one_or_two(r, "<BatchNormComponent>", "<Dim>")
-        start = r.pos
-        dim = r.read_int()
-        block_dim = r.read_tagged("<BlockDim>", "int")
-        epsilon = r.read_tagged("<Epsilon>", "float")
-        target_rms = r.read_tagged("<TargetRms>", "float")
-        if not (dim > 0 and block_dim > 0 and dim % block_dim == 0 and epsilon > 0
-                and target_rms > 0):
-            raise r.error("bad BatchNormComponent dims/epsilon/target-rms", token=str(dim),
-                          pos=start)
-        comp = cls(dim, block_dim, epsilon, target_rms, r.read_tagged("<TestMode>", "bool"))
-        comp.count = r.read_tagged("<Count>", "float")
-        mean, var = [], []
-        for tag, out in (("<StatsMean>", mean), ("<StatsVar>", var)):
+    def empty_for_read(cls) -> BatchNormComponent:
+        return cls(0)
+
+    def _read_stats(self, r) -> None:
+        """<StatsMean> and <StatsVar>, kept as read until the stats change."""
+        stats = []
+        for tag in ("<StatsMean>", "<StatsVar>"):
             r.expect_token(tag)
             pos = r.pos
             v = r.read_vector()
             check_finite(r, tag, v, pos)
-            if v.shape[0] != block_dim:
-                raise r.error(f"{tag} has dim {v.shape[0]}, expected {block_dim}", pos=pos)
-            out.append(v)
-        read_closing(r, cls.type_name)
-        comp._set_stats_from_file(mean[0], var[0])
-        return comp
+            if v.shape[0] != self.block_dim:
+                raise r.error(f"{tag} has dim {v.shape[0]}, expected {self.block_dim}",
+                              pos=pos)
+            stats.append(v)
+        self._written_stats = (stats[0], stats[1])
+
+    def read_end(self, r) -> None:
+        super().read_end(r)
+        self._set_stats_from_file(*self._written_stats)
 
     def _set_stats_from_file(self, mean: np.ndarray, var: np.ndarray) -> None:
         """Sums as Kaldi rebuilds them (in double) from the stored mean/variance."""
@@ -124,18 +137,10 @@ class BatchNormComponent(Component):
         # file's mean/variance), as Kaldi does on reading such a file.
         self._compute_derived(None)
 
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        w.write_tagged("<Dim>", "int", self.dim)
-        w.write_tagged("<BlockDim>", "int", self.block_dim)
-        w.write_tagged("<Epsilon>", "float", self.epsilon)
-        w.write_tagged("<TargetRms>", "float", self.target_rms)
-        w.write_tagged("<TestMode>", "bool", self.test_mode)
-        w.write_tagged("<Count>", "double", self.count)
+    def _write_stats(self, w) -> None:
         mean, var = self._written_stats or self._mean_var_from_sums()
         w.write_tagged("<StatsMean>", "vector", mean)
         w.write_tagged("<StatsVar>", "vector", var)
-        w.write_token(f"</{self.type_name}>")
 
     def _mean_var_from_sums(self) -> tuple[np.ndarray, np.ndarray]:
         """Kaldi's Write: float32 copies of the sums, scaled by 1/count in float32."""
