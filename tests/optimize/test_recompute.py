@@ -23,7 +23,14 @@ from pynnet3.computation import Command
 from pynnet3.computation import CommandType as CT
 from pynnet3.errors import CheckError
 from pynnet3.optimize import OptimizeOptions, OptimizeReport, optimize
-from pynnet3.optimize.recompute import find_candidates, with_recomputed
+from pynnet3.optimize.recompute import (
+    MemoryModel,
+    choose,
+    compatible,
+    find_candidates,
+    live_floats_compressed,
+    with_recomputed,
+)
 from pynnet3.optimize.renumber import renumber
 from pynnet3.testing import case_for_seed
 from pynnet3.testing.differential import UndefinedMemoryBackend, component_state
@@ -63,7 +70,10 @@ def _assert_identical(got, want) -> None:
 def _forced(c, nnet):
     """``c`` with every candidate recomputed (whatever the peak), renumbered and
     checked; and the number of candidates."""
-    cands = find_candidates(c, nnet, _marker(c))
+    cands = []
+    for x in find_candidates(c, nnet, _marker(c)):
+        if compatible(cands, x):
+            cands.append(x)
     out = with_recomputed(c, nnet, cands)
     renumber(out)
     check_computation(out, nnet, context="forced recompute")
@@ -318,3 +328,67 @@ def test_network_options_memory_switches_the_pass_on():
     derivs = {"output": rng.standard_normal((len(out), 5))}
     _assert_identical(_run(on.compiled_nnet, c_on, inputs, derivs),
                       _run(off.compiled_nnet, c_off, inputs, derivs))
+
+
+# A NoOp reading the BatchNorm output: both values are candidates, but recomputing
+# both would have the NoOp's recompute read the BatchNorm value the forward pass
+# freed -- only one of the two may be chosen.
+CHAINED = """
+input-node name=input dim=6
+component name=a1 type=AffineComponent input-dim=6 output-dim=8
+component-node name=a1 component=a1 input=input
+component name=r1 type=RectifiedLinearComponent dim=8
+component-node name=r1 component=r1 input=a1
+component name=b1 type=BatchNormComponent dim=8
+component-node name=b1 component=b1 input=r1
+component name=n1 type=NoOpComponent dim=8
+component-node name=n1 component=n1 input=b1
+component name=a2 type=AffineComponent input-dim=16 output-dim=4
+component-node name=a2 component=a2 input=Append(b1, n1)
+output-node name=output input=a2
+"""
+
+
+def test_chained_values_are_not_both_recomputed():
+    nnet = pynnet3.Nnet.from_config(CHAINED, seed=2)
+    req = _train_request(nnet, 12)
+    c = optimize(compile_computation(nnet, req), nnet,
+                 OptimizeOptions(memory_compression_level=0, propagate_in_place=False))
+    cands = find_candidates(c, nnet, _marker(c))
+    assert sorted(c.commands[x.prop].node for x in cands) == ["b1", "n1"]
+    assert not compatible(cands[:1], cands[1])
+    with pytest.raises(ValueError):
+        with_recomputed(c, nnet, cands)
+    forced, n = _forced(c, nnet)  # (the first of the two)
+    assert n == 1
+    rng = np.random.default_rng(2)
+    inputs = {"input": rng.standard_normal((12, 6))}
+    derivs = {"output": rng.standard_normal((12, 4))}
+    _assert_identical(_run(nnet, forced, inputs, derivs), _run(nnet, c, inputs, derivs))
+
+
+@needs_reference
+@pytest.mark.parametrize("net", ["tdnn_relu_bn", "tdnnf_chain", "xvector", "tdnn_lstm"])
+def test_memory_model_predicts_the_measured_peak(net):
+    """The pass chooses on a model of the live floats (compression as intervals);
+    its peak for the chosen set, and for none, is the one measured on the built
+    computation after the compression pass."""
+    nnet = pynnet3.read_nnet(REF / "realistic" / net / "model.txt")
+    req = _scaling_request(nnet, 2) if net != "xvector" else None
+    if req is None:
+        idx = np.array([(n, t, 0) for t in range(27) for n in range(2)], dtype=np.int64)
+        out = np.array([(n, 0, 0) for n in range(2)], dtype=np.int64)
+        req = pynnet3.ComputationRequest(
+            inputs=[pynnet3.IoSpecification("input", idx)],
+            outputs=[pynnet3.IoSpecification("output", out, has_deriv=True)],
+            need_model_derivative=True)
+    c = optimize(compile_computation(nnet, req), nnet,
+                 OptimizeOptions(memory_compression_level=0))
+    cands = find_candidates(c, nnet, _marker(c))
+    model = MemoryModel(c, nnet, cands, OptimizeOptions())
+    chosen = choose(cands, model)
+    assert chosen
+    for subset in ([], chosen, chosen[:1]):
+        measured = live_floats_compressed(with_recomputed(c, nnet, subset), nnet,
+                                          OptimizeOptions())
+        assert model(subset)[0] == measured.max()

@@ -27,14 +27,19 @@ input nor an output, ``P`` is its only write (every other access reads it), and
 no command between ``P`` and the recompute point writes any part of ``P``'s
 input or frees/swaps its matrix (the analyzer's ``data_invalidated_command``).
 The re-run then sees bit-identical input and writes a bit-identical ``M'``.
+Of two candidates where one reads the value the other frees, at most one is
+chosen (:func:`compatible`).
 
 The pass only changes the computation when that lowers its peak memory
 (:func:`pynnet3.analysis.memory.live_floats`, counted after memory compression
 when that pass follows, since a value read again by a recompute can no longer
-be compressed to its sign): candidates are tried one at a time, latest backward
-use first, kept when they lower the peak (or keep it and lower the memory summed
-over commands), and the kept set is then thinned to those the peak needs. It
-runs after the allocation passes, on the final command order, so the peak it
+be compressed to its sign). It chooses on a :class:`MemoryModel` (the live
+floats of the computation as it is, with each candidate's saving and each lost
+compression as intervals: a few numpy operations per set tried), greedily
+(:func:`choose`), then builds the chosen set once and measures it; where the
+measurement does not confirm a lower peak (or the model does not apply, at
+compression level 2) it chooses by building and measuring each set. It runs
+after the allocation passes, on the final command order, so the peak it
 measures is the computation's.
 """
 
@@ -69,13 +74,15 @@ _FIELDS = ("dst", "src", "in_value", "out_value", "out_deriv", "in_deriv")
 
 @dataclass(frozen=True)
 class Candidate:
-    """Propagate ``prop`` writes matrix ``matrix``; ``last_forward`` is the
+    """Propagate ``prop`` writes matrix ``matrix`` from a part of matrix ``source``;
+    ``last_forward`` is the
     matrix's last access before the marker, ``backward`` the commands after it
     that access it (first = the recompute point), ``end`` the command freeing it
     (DEALLOC_MATRIX, or the SWAP_MATRIX handing its memory on)."""
 
     prop: int
     matrix: int
+    source: int
     last_forward: int
     backward: tuple[int, ...]
     end: int
@@ -94,26 +101,24 @@ def recompute_cheap_values(c: NnetComputation, nnet, options=None) -> str:
     if not cands:
         return ""
     level = 0 if options is None else options.memory_compression_level
-    compress = level > 0 and CT.COMPRESS_MATRIX not in present
+    after = options if level > 0 and CT.COMPRESS_MATRIX not in present else None
 
-    def score(chosen: list[Candidate]) -> tuple[float, float]:
-        live = _live_after(with_recomputed(c, nnet, chosen), nnet, options if compress else None)
+    def exact(chosen: list[Candidate]) -> tuple[float, float]:
+        live = live_floats_compressed(with_recomputed(c, nnet, chosen), nnet, after)
         return (float(live.max()), float(live.sum())) if len(live) else (0.0, 0.0)
 
-    base = best = score([])
-    chosen: list[Candidate] = []
-    # latest backward use first: those values are freed longest before they are needed
-    for cand in sorted(cands, key=lambda x: -x.backward[0]):
-        s = score(chosen + [cand])
-        if s < best:
-            chosen, best = chosen + [cand], s
+    base = exact([])
+    chosen = None
+    if level <= 1:  # choose on the model, then measure once
+        chosen = choose(cands, MemoryModel(c, nnet, cands, after))
+        best = exact(chosen) if chosen else base
+        if best[0] >= base[0]:
+            chosen = None  # (the model was wrong: choose by measuring)
+    if chosen is None:
+        chosen = choose(cands, exact)
+        best = exact(chosen) if chosen else base
     if best[0] >= base[0]:
         return ""
-    for cand in list(chosen):  # keep only those the lower peak needs (each costs time)
-        fewer = [x for x in chosen if x is not cand]
-        s = score(fewer)
-        if s[0] <= best[0]:
-            chosen, best = fewer, s
     names = sorted({c.commands[x.prop].node for x in chosen})
     built = with_recomputed(c, nnet, chosen)
     for name in ("matrices", "submatrices", "indexes_multi", "indexes_blocks", "commands",
@@ -121,6 +126,104 @@ def recompute_cheap_values(c: NnetComputation, nnet, options=None) -> str:
         setattr(c, name, getattr(built, name))
     return (f"recompute {len(chosen)} forward values in the backward pass "
             f"({', '.join(names)}); peak {int(base[0])} -> {int(best[0])} floats")
+
+
+def choose(cands: list[Candidate], score) -> list[Candidate]:
+    """A set of compatible candidates that lowers ``score(set)`` = (peak, floats
+    summed over commands) the most, greedily: latest backward use first (those
+    values are freed longest), each kept when it lowers the score; then each
+    dropped again when the peak stays as low without it (each costs time). Empty
+    when none lowers the peak."""
+    base = best = score([])
+    chosen: list[Candidate] = []
+    for cand in sorted(cands, key=lambda x: -x.backward[0]):
+        if not compatible(chosen, cand):
+            continue
+        s = score(chosen + [cand])
+        if s < best:
+            chosen, best = chosen + [cand], s
+    if best[0] >= base[0]:
+        return []
+    for cand in list(chosen):
+        fewer = [x for x in chosen if x is not cand]
+        s = score(fewer)
+        if s[0] <= best[0]:
+            chosen, best = fewer, s
+    return chosen
+
+
+def compatible(chosen: list[Candidate], cand: Candidate) -> bool:
+    """``cand`` may be recomputed along with ``chosen``: none of them reads the value
+    another one frees (a recompute reads its input where the forward pass left it)."""
+    return all(x.source != cand.matrix and cand.source != x.matrix for x in chosen)
+
+
+class MemoryModel:
+    """The score of a candidate set without building it: live floats after each
+    command of ``c`` (memory compression at level 1 applied as intervals), minus
+    each chosen value over the commands where it is no longer alive, plus the
+    compression lost by an input that a recompute now reads in the backward pass
+    (level 1 compresses a ReLU output only when its ReLU backprop is its only
+    backward reader). Positions are ``c``'s commands; a command inserted before
+    command ``k`` is counted as after ``k - 1`` with its value at its largest."""
+
+    def __init__(self, c: NnetComputation, nnet, cands: list[Candidate], options):
+        live, _ = live_floats(c)
+        self.n = n = len(live)
+        self.compressed: dict[int, tuple[int, int, float]] = {}  # matrix -> lo, hi, saving
+        if options is not None:
+            from .compression import optimize_memory_compression
+
+            t = copy.copy(c)
+            optimize_memory_compression(t, nnet, options)
+            self.compressed = _compression_intervals(c, t)
+        diff = np.zeros(n + 1)
+        for lo, hi, saving in self.compressed.values():
+            diff[lo] -= saving
+            diff[hi] += saving
+        self.base = live + np.cumsum(diff)[:n]
+        self.size = {x.matrix: c.matrices[x.matrix].rows * c.matrices[x.matrix].cols
+                     for x in cands}
+
+    def __call__(self, chosen: list[Candidate]) -> tuple[float, float]:
+        diff = np.zeros(self.n + 1)
+        for x in chosen:
+            lo, hi = x.last_forward + 1, x.backward[0] - 1
+            if lo < hi:
+                diff[lo] -= self.size[x.matrix]
+                diff[hi] += self.size[x.matrix]
+        for m in {x.source for x in chosen} & self.compressed.keys():
+            lo, hi, saving = self.compressed[m]
+            diff[lo] += saving
+            diff[hi] -= saving
+        prof = self.base + np.cumsum(diff)[:self.n]
+        return (float(prof.max()), float(prof.sum())) if self.n else (0.0, 0.0)
+
+
+def _compression_intervals(c: NnetComputation, t: NnetComputation
+                           ) -> dict[int, tuple[int, int, float]]:
+    """Per matrix that ``t`` (``c`` after the compression pass, which only inserts
+    commands) compresses: the positions of ``c`` after which it is compressed,
+    ``[lo, hi)`` (the command before its decompression counted full, where the
+    decompression brings it back), and the floats compression saves."""
+    from ..runtime.compression import bytes_per_element
+
+    out = {}
+    opened: dict[int, tuple[int, float]] = {}
+    k = 0  # commands of c passed
+    originals = c.commands
+    for cmd in t.commands:
+        if k < len(originals) and cmd is originals[k]:
+            k += 1
+            continue
+        sm = t.submatrices[cmd.dst]
+        if cmd.type is CT.COMPRESS_MATRIX:
+            n_el = sm.num_rows * sm.num_cols
+            opened[sm.matrix] = (k, n_el * (1 - bytes_per_element(cmd.compress_kind) / 4))
+        elif cmd.type is CT.DECOMPRESS_MATRIX and sm.matrix in opened:
+            lo, saving = opened.pop(sm.matrix)
+            out[sm.matrix] = (lo, max(lo, k - 1), saving)
+    return out
 
 
 def find_candidates(c: NnetComputation, nnet, middle: int) -> list[Candidate]:
@@ -160,13 +263,18 @@ def find_candidates(c: NnetComputation, nnet, middle: int) -> list[Candidate]:
         # the input must reach the recompute point unchanged and allocated
         if a.data_invalidated_command(i, cmd.in_value) <= bwd[0]:
             continue
-        out.append(Candidate(i, m, fwd[-1], bwd, end))
+        out.append(Candidate(i, m, subs[cmd.in_value].matrix, fwd[-1], bwd, end))
     return out
 
 
 def with_recomputed(c: NnetComputation, nnet, chosen: list[Candidate]) -> NnetComputation:
     """A shallow copy of ``c`` with ``chosen`` applied (``c`` is not modified:
-    lists that change are new lists; changed commands are new objects)."""
+    lists that change are new lists; changed commands are new objects). The
+    candidates must be :func:`compatible`."""
+    for k, x in enumerate(chosen):
+        if not compatible(chosen[:k], x):
+            raise ValueError(f"recompute: candidate at command {x.prop} reads or frees a "
+                             f"value another chosen one frees or reads")
     t = copy.copy(c)
     t.matrices, t.submatrices = list(c.matrices), list(c.submatrices)
     t.indexes_multi, t.indexes_blocks = list(c.indexes_multi), list(c.indexes_blocks)
@@ -231,7 +339,7 @@ def _remapped(t: NnetComputation, cmd: Command, sub) -> Command:
     return new
 
 
-def _live_after(c: NnetComputation, nnet, options) -> np.ndarray:
+def live_floats_compressed(c: NnetComputation, nnet, options) -> np.ndarray:
     """Live floats after each command; with ``options``, of the computation as the
     memory-compression pass (which runs after this one) would leave it."""
     if options is not None:
