@@ -35,7 +35,8 @@ import math
 
 import numpy as np
 
-from .base import Flags, UpdatableComponent, check_finite, read_closing, register, require
+from .base import Flags, UpdatableComponent, register, require
+from .fields import UPDATABLE_HEADER, Custom, Field
 from .preconditioning import (
     backprop_stats,
     precondition_matrix,
@@ -52,20 +53,21 @@ def _scaled(x, scale):
     return x if scale is None else x * scale
 
 
-def _read_checked_matrix(r, tag: str, name: str) -> np.ndarray:
-    r.expect_token(tag)
-    pos = r.pos
-    m = r.read_matrix()
-    check_finite(r, name, m, pos)
-    return m
+def _shape(what: str, *dims):
+    """Field check: the array has shape ``dims`` (ints, or functions of the component)."""
+    def check(tag: str, value: np.ndarray, comp) -> str | None:
+        want = tuple(d(comp) if callable(d) else d for d in dims)
+        return None if value.shape == want else f"{tag} must be {what}"
+    return check
 
 
-def _read_checked_vector(r, tag: str, name: str) -> np.ndarray:
-    r.expect_token(tag)
-    pos = r.pos
-    v = r.read_vector()
-    check_finite(r, name, v, pos)
-    return v
+def _cell_dim(comp) -> int:
+    return comp.cell_dim
+
+
+def _param(tag: str, attr: str, kind: str, check) -> Field:
+    """A parameter or statistics array: NaN/inf refused, shape checked."""
+    return Field(tag, attr, kind, finite=tag, check=check)
 
 
 def _new_updatable(cls):
@@ -156,46 +158,25 @@ class LstmNonlinearityComponent(UpdatableComponent):
             dtype=np.float32)
         return comp
 
-    @classmethod
-    def read(cls, r) -> LstmNonlinearityComponent:
-        comp = _new_updatable(cls)
-        comp.read_updatable_common(r)
-        pos = r.pos
-        comp.params_ = _read_checked_matrix(r, "<Params>", "<Params>")
-        _require_shape(r, comp.params_.ndim == 2 and comp.params_.shape[0] == 3
-                       and comp.params_.shape[1] > 0, "<Params> must have 3 rows", pos)
-        c = comp.params_.shape[1]
-        pos = r.pos
-        comp.value_avg = _read_checked_matrix(r, "<ValueAvg>", "<ValueAvg>")
-        _require_shape(r, comp.value_avg.shape == (5, c), "<ValueAvg> must be 5 x cell-dim", pos)
-        pos = r.pos
-        comp.deriv_avg = _read_checked_matrix(r, "<DerivAvg>", "<DerivAvg>")
-        _require_shape(r, comp.deriv_avg.shape == (5, c), "<DerivAvg> must be 5 x cell-dim", pos)
-        pos = r.pos
-        comp.self_repair_config = _read_checked_vector(r, "<SelfRepairConfig>",
-                                                       "<SelfRepairConfig>")
-        _require_shape(r, comp.self_repair_config.shape == (10,),
-                       "<SelfRepairConfig> must have 10 values", pos)
-        pos = r.pos
-        comp.self_repair_prob = _read_checked_vector(r, "<SelfRepairProb>", "<SelfRepairProb>")
-        _require_shape(r, comp.self_repair_prob.shape == (5,),
-                       "<SelfRepairProb> must have 5 values", pos)
-        comp.use_dropout = bool(r.read_optional("<UseDropout>", "bool", False))
-        comp.count = r.read_tagged("<Count>", "float")
-        read_closing(r, cls.type_name)
-        return comp
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        _param("<Params>", "params_", "matrix",
+               lambda tag, p, c: None if p.shape[0] == 3 and p.shape[1] > 0
+               else f"{tag} must have 3 rows"),
+        _param("<ValueAvg>", "value_avg", "matrix", _shape("5 x cell-dim", 5, _cell_dim)),
+        _param("<DerivAvg>", "deriv_avg", "matrix", _shape("5 x cell-dim", 5, _cell_dim)),
+        _param("<SelfRepairConfig>", "self_repair_config", "vector",
+               _shape("have 10 values", 10)),
+        _param("<SelfRepairProb>", "self_repair_prob", "vector", _shape("have 5 values", 5)),
+        # written only when true, like Kaldi
+        Field("<UseDropout>", "use_dropout", "bool", default=False,
+              write_if=lambda c: c.use_dropout),
+        Field("<Count>", "count", "double"),
+    )
 
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<Params>", "matrix", self.params_)
-        w.write_tagged("<ValueAvg>", "matrix", self.value_avg)
-        w.write_tagged("<DerivAvg>", "matrix", self.deriv_avg)
-        w.write_tagged("<SelfRepairConfig>", "vector", self.self_repair_config)
-        w.write_tagged("<SelfRepairProb>", "vector", self.self_repair_prob)
-        if self.use_dropout:  # written only when true, like Kaldi
-            w.write_tagged("<UseDropout>", "bool", True)
-        w.write_tagged("<Count>", "double", self.count)
-        w.write_token(f"</{self.type_name}>")
+    @classmethod
+    def empty_for_read(cls) -> LstmNonlinearityComponent:
+        return _new_updatable(cls)
 
     # -- parameters ------------------------------------------------------------------
     def params(self) -> dict[str, np.ndarray]:
@@ -331,9 +312,10 @@ class LstmNonlinearityComponent(UpdatableComponent):
 
 # ---------------------------------------------------------------------------------
 class _GruStatsMixin:
-    """Reading/writing of the statistics and self-repair fields shared by the two
-    GRU components (``<ValueAvg> <DerivAvg> <SelfRepairTotal> <Count>
-    <SelfRepairThreshold> <SelfRepairScale> <Alpha>``)."""
+    """The file layout shared by the two GRU components: the dims before ``<w_h>``
+    (``<CellDim>``, and ``<RecurrentDim>`` where ``has_recurrent_dim``) and the
+    statistics and self-repair fields after it (``<ValueAvg> <DerivAvg>
+    <SelfRepairTotal> <Count> <SelfRepairThreshold> <SelfRepairScale> <Alpha>``)."""
 
     def _init_stats(self, cell_dim: int) -> None:
         self.value_avg = np.zeros(cell_dim, dtype=np.float32)
@@ -341,29 +323,44 @@ class _GruStatsMixin:
         self.self_repair_total = 0.0
         self.count = 0.0
 
-    def _read_stats(self, r, cell_dim: int) -> None:
-        pos = r.pos
-        self.value_avg = _read_checked_vector(r, "<ValueAvg>", "<ValueAvg>")
-        _require_shape(r, self.value_avg.shape == (cell_dim,),
-                       "<ValueAvg> must have cell-dim values", pos)
-        pos = r.pos
-        self.deriv_avg = _read_checked_vector(r, "<DerivAvg>", "<DerivAvg>")
-        _require_shape(r, self.deriv_avg.shape == (cell_dim,),
-                       "<DerivAvg> must have cell-dim values", pos)
-        self.self_repair_total = r.read_tagged("<SelfRepairTotal>", "float")
-        self.count = r.read_tagged("<Count>", "float")
-        self.self_repair_threshold = r.read_tagged("<SelfRepairThreshold>", "float")
-        self.self_repair_scale = r.read_tagged("<SelfRepairScale>", "float")
-        self.alpha = r.read_tagged("<Alpha>", "float")
+    _STATS_FIELDS = (
+        _param("<ValueAvg>", "value_avg", "vector", _shape("have cell-dim values", _cell_dim)),
+        _param("<DerivAvg>", "deriv_avg", "vector", _shape("have cell-dim values", _cell_dim)),
+        Field("<SelfRepairTotal>", "self_repair_total", "double"),
+        Field("<Count>", "count", "double"),
+        Field("<SelfRepairThreshold>", "self_repair_threshold", "float"),
+        Field("<SelfRepairScale>", "self_repair_scale", "float"),
+        Field("<Alpha>", "alpha", "float"),
+    )
 
-    def _write_stats(self, w) -> None:
-        w.write_tagged("<ValueAvg>", "vector", self.value_avg)
-        w.write_tagged("<DerivAvg>", "vector", self.deriv_avg)
-        w.write_tagged("<SelfRepairTotal>", "double", self.self_repair_total)
-        w.write_tagged("<Count>", "double", self.count)
-        w.write_tagged("<SelfRepairThreshold>", "float", self.self_repair_threshold)
-        w.write_tagged("<SelfRepairScale>", "float", self.self_repair_scale)
-        w.write_tagged("<Alpha>", "float", self.alpha)
+    @classmethod
+    def empty_for_read(cls):
+        return _new_updatable(cls)
+
+    def _read_dims(self, r) -> None:
+        """<CellDim> [<RecurrentDim>]: kept until <w_h> (which they describe) is read."""
+        pos = r.pos
+        cell_dim = r.read_tagged("<CellDim>", "int")
+        if self.has_recurrent_dim:
+            recurrent_dim = r.read_tagged("<RecurrentDim>", "int")
+            _require_shape(r, 0 < recurrent_dim <= cell_dim,
+                           "need 0 < <RecurrentDim> <= <CellDim>", pos)
+            self._file_w_h_shape = (cell_dim, recurrent_dim)
+        else:
+            _require_shape(r, cell_dim > 0, "<CellDim> must be > 0", pos)
+            self._file_w_h_shape = (cell_dim,)
+
+    def _write_dims(self, w) -> None:
+        w.write_tagged("<CellDim>", "int", self.cell_dim)
+        if self.has_recurrent_dim:
+            w.write_tagged("<RecurrentDim>", "int", self.recurrent_dim)
+
+    @staticmethod
+    def _w_h_matches_dims(tag: str, w_h: np.ndarray, comp) -> str | None:
+        if w_h.shape == comp.__dict__.pop("_file_w_h_shape"):
+            return None
+        return f"{tag} must be " + ("cell-dim x recurrent-dim" if comp.has_recurrent_dim
+                                    else "have cell-dim values")
 
     def zero_stats(self) -> None:
         self.value_avg[:] = 0
@@ -453,38 +450,16 @@ class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         comp.update_period = update_period
         return comp
 
-    @classmethod
-    def read(cls, r) -> GruNonlinearityComponent:
-        comp = _new_updatable(cls)
-        comp.read_updatable_common(r)
-        pos = r.pos
-        cell_dim = r.read_tagged("<CellDim>", "int")
-        recurrent_dim = r.read_tagged("<RecurrentDim>", "int")
-        _require_shape(r, 0 < recurrent_dim <= cell_dim,
-                       "need 0 < <RecurrentDim> <= <CellDim>", pos)
-        pos = r.pos
-        comp.w_h = _read_checked_matrix(r, "<w_h>", "<w_h>")
-        _require_shape(r, comp.w_h.shape == (cell_dim, recurrent_dim),
-                       "<w_h> must be cell-dim x recurrent-dim", pos)
-        comp._read_stats(r, cell_dim)
-        r.expect_token("<RankInOut>")
-        comp.rank_in = r.read_int()
-        comp.rank_out = r.read_int()
-        comp.update_period = r.read_tagged("<UpdatePeriod>", "int")
-        read_closing(r, cls.type_name)
-        return comp
-
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<CellDim>", "int", self.cell_dim)
-        w.write_tagged("<RecurrentDim>", "int", self.recurrent_dim)
-        w.write_tagged("<w_h>", "matrix", self.w_h)
-        self._write_stats(w)
-        w.write_token("<RankInOut>")
-        w.write_int(self.rank_in)
-        w.write_int(self.rank_out)
-        w.write_tagged("<UpdatePeriod>", "int", self.update_period)
-        w.write_token(f"</{self.type_name}>")
+    has_recurrent_dim = True
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        Custom("_read_dims", "_write_dims"),
+        _param("<w_h>", "w_h", "matrix", _GruStatsMixin._w_h_matches_dims),
+        *_GruStatsMixin._STATS_FIELDS,
+        Field("<RankInOut>", "rank_in", "int"),
+        Field("", "rank_out", "int"),  # <RankInOut> rank_in rank_out
+        Field("<UpdatePeriod>", "update_period", "int"),
+    )
 
     def params(self) -> dict[str, np.ndarray]:
         return {"w_h": self.w_h}
@@ -596,30 +571,15 @@ class OutputGruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         comp.alpha, comp.rank, comp.update_period = alpha, rank, update_period
         return comp
 
-    @classmethod
-    def read(cls, r) -> OutputGruNonlinearityComponent:
-        comp = _new_updatable(cls)
-        comp.read_updatable_common(r)
-        pos = r.pos
-        cell_dim = r.read_tagged("<CellDim>", "int")
-        _require_shape(r, cell_dim > 0, "<CellDim> must be > 0", pos)
-        pos = r.pos
-        comp.w_h = _read_checked_vector(r, "<w_h>", "<w_h>")
-        _require_shape(r, comp.w_h.shape == (cell_dim,), "<w_h> must have cell-dim values", pos)
-        comp._read_stats(r, cell_dim)
-        comp.rank = r.read_tagged("<Rank>", "int")
-        comp.update_period = r.read_tagged("<UpdatePeriod>", "int")
-        read_closing(r, cls.type_name)
-        return comp
-
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<CellDim>", "int", self.cell_dim)
-        w.write_tagged("<w_h>", "vector", self.w_h)
-        self._write_stats(w)
-        w.write_tagged("<Rank>", "int", self.rank)
-        w.write_tagged("<UpdatePeriod>", "int", self.update_period)
-        w.write_token(f"</{self.type_name}>")
+    has_recurrent_dim = False
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        Custom("_read_dims", "_write_dims"),
+        _param("<w_h>", "w_h", "vector", _GruStatsMixin._w_h_matches_dims),
+        *_GruStatsMixin._STATS_FIELDS,
+        Field("<Rank>", "rank", "int"),
+        Field("<UpdatePeriod>", "update_period", "int"),
+    )
 
     def params(self) -> dict[str, np.ndarray]:
         return {"w_h": self.w_h}
