@@ -226,7 +226,11 @@ class Nnet:
 
     def modulus(self) -> int:
         """LCM of Round() moduli and Switch() sizes: the network is invariant to
-        time shifts by multiples of this."""
+        time shifts by multiples of this. (Cached like :meth:`context`.)"""
+        key = self._structure_key()
+        cached = getattr(self, "_modulus_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
         m = 1
         for n in self.nodes:
             if n.descriptor is None:
@@ -234,6 +238,8 @@ class Nnet:
             for p in n.descriptor.parts:
                 for v in _moduli(p):
                     m = math.lcm(m, v)  # (Python ints: no int64 overflow)
+        object.__setattr__(self, "_modulus_cache",
+                           (key, m, tuple(n.descriptor for n in self.nodes)))
         return m
 
     def is_recurrent(self) -> bool:
@@ -253,19 +259,28 @@ class Nnet:
     def context(self) -> tuple[int, int]:
         """(left, right) context, with Kaldi's ComputeSimpleNnetContext semantics.
 
-        Cached; the cache is keyed on the node lines and the component objects, so
-        that adding or replacing nodes or components (``read_config``, rewrites)
-        never returns a stale context. (The cache holds the components it was
+        Cached; the cache is keyed on every node field and the component objects, so
+        that adding, replacing or editing nodes or components (``read_config``,
+        rewrites) never returns a stale context. (The cache holds the components it was
         computed for: while it does, no new object can take one's id.)"""
-        key = (tuple(n.config_line() for n in self.nodes),
+        key = (self._structure_key(),
                tuple((name, id(c)) for name, c in self.components.items()))
         cached = getattr(self, "_context_cache", None)
         if cached is None or cached[0] != key:
             from .compiler.context import compute_simple_context
 
-            cached = (key, compute_simple_context(self), tuple(self.components.values()))
+            cached = (key, compute_simple_context(self), tuple(self.components.values()),
+                      tuple(n.descriptor for n in self.nodes))
             object.__setattr__(self, "_context_cache", cached)
         return cached[1]
+
+    def _structure_key(self) -> tuple:
+        """Every field of every node, descriptors by identity (they are frozen): equal
+        keys mean an equal graph. Far cheaper than the config lines (decoders ask per
+        utterance); a cache keyed on it must hold the descriptors it saw, so that no
+        new descriptor can take a stale one's id."""
+        return tuple((n.kind, n.name, id(n.descriptor), n.component, n.dim, n.source,
+                      n.dim_offset, n.objective) for n in self.nodes)
 
     def seed_random_components(self, seed: int) -> None:
         """Give every random component (dropout-like) its own generator, derived from

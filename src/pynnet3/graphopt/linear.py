@@ -94,7 +94,7 @@ def elementwise(comp: Component, keep_derivatives: bool) -> tuple[np.ndarray, np
         reps = dim // comp.offsets.shape[0]
         return np.ones(dim), np.tile(comp.offsets.astype(np.float64), reps)
     if t == "ScaleAndOffsetComponent":
-        s = comp._nonzero_scales()
+        s = comp._nonzero_scales(comp.scales)
         if keep_derivatives and not np.array_equal(s, comp.scales):
             return None  # Kaldi's backprop uses the raw scales
         reps = dim // s.shape[0]
