@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import ComputeError
 from ..index import describe, pack
 from .base import Component, Flags, InputDeps, check_table_rows, register, require
+from .fields import Field
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 from .xp import namespace
 
@@ -469,10 +470,6 @@ def sort_nxt(input_indexes, output_indexes) -> tuple[np.ndarray, np.ndarray]:
     return nxt(input_indexes), nxt(output_indexes)
 
 
-def _read_int(r, tag: str) -> int:
-    return r.read_tagged(tag, "int")
-
-
 @register
 class StatisticsExtractionComponent(Component):
     """Per-period statistics of the input: ``[count, sum x, (sum x^2)]``.
@@ -536,26 +533,22 @@ class StatisticsExtractionComponent(Component):
         require(problem is None, cfg, f"{cls.type_name}: {problem}")
         return cls(input_dim, input_period, output_period, include_variance)
 
-    @classmethod
-    def read(cls, r):
-        start = r.pos
-        input_dim = _read_int(r, "<InputDim>")
-        input_period = _read_int(r, "<InputPeriod>")
-        output_period = _read_int(r, "<OutputPeriod>")
-        include_variance = r.read_tagged("<IncludeVarinance>", "bool")  # sic, Kaldi's spelling
-        r.expect_token(f"</{cls.type_name}>")
-        problem = cls._problem(input_dim, input_period, output_period)
-        if problem is not None:
-            raise r.error(f"invalid {cls.type_name}: {problem}", pos=start)
-        return cls(input_dim, input_period, output_period, include_variance)
+    kaldi_fields = (
+        Field("<InputDim>", "_input_dim", "int"),
+        Field("<InputPeriod>", "input_period", "int"),
+        Field("<OutputPeriod>", "output_period", "int"),
+        Field("<IncludeVarinance>", "include_variance", "bool"),  # sic, Kaldi's spelling
+    )
 
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        w.write_tagged("<InputDim>", "int", self._input_dim)
-        w.write_tagged("<InputPeriod>", "int", self.input_period)
-        w.write_tagged("<OutputPeriod>", "int", self.output_period)
-        w.write_tagged("<IncludeVarinance>", "bool", self.include_variance)
-        w.write_token(f"</{self.type_name}>")
+    @classmethod
+    def empty_for_read(cls) -> StatisticsExtractionComponent:
+        return cls(0)
+
+    def read_end(self, r) -> None:
+        super().read_end(r)
+        problem = self._problem(self._input_dim, self.input_period, self.output_period)
+        if problem is not None:
+            raise r.error(f"invalid {self.type_name}: {problem}")
 
     # -- indexes ---------------------------------------------------------------------
     def _window_start(self, t: np.ndarray) -> np.ndarray:
@@ -723,34 +716,25 @@ class StatisticsPoolingComponent(Component):
         require(problem is None, cfg, f"{cls.type_name}: {problem}")
         return comp
 
-    @classmethod
-    def read(cls, r):
-        start = r.pos
-        comp = cls(
-            input_dim=_read_int(r, "<InputDim>"),
-            input_period=_read_int(r, "<InputPeriod>"),
-            left_context=_read_int(r, "<LeftContext>"),
-            right_context=_read_int(r, "<RightContext>"),
-            num_log_count_features=_read_int(r, "<NumLogCountFeatures>"),
-            output_stddevs=r.read_tagged("<OutputStddevs>", "bool"),
-            variance_floor=r.read_tagged("<VarianceFloor>", "float"),
-        )
-        r.expect_token(f"</{cls.type_name}>")
-        problem = comp._problem()
-        if problem is not None:
-            raise r.error(f"invalid {cls.type_name}: {problem}", pos=start)
-        return comp
+    kaldi_fields = (
+        Field("<InputDim>", "_input_dim", "int"),
+        Field("<InputPeriod>", "input_period", "int"),
+        Field("<LeftContext>", "left_context", "int"),
+        Field("<RightContext>", "right_context", "int"),
+        Field("<NumLogCountFeatures>", "num_log_count_features", "int"),
+        Field("<OutputStddevs>", "output_stddevs", "bool"),
+        Field("<VarianceFloor>", "variance_floor", "float"),
+    )
 
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        w.write_tagged("<InputDim>", "int", self._input_dim)
-        w.write_tagged("<InputPeriod>", "int", self.input_period)
-        w.write_tagged("<LeftContext>", "int", self.left_context)
-        w.write_tagged("<RightContext>", "int", self.right_context)
-        w.write_tagged("<NumLogCountFeatures>", "int", self.num_log_count_features)
-        w.write_tagged("<OutputStddevs>", "bool", self.output_stddevs)
-        w.write_tagged("<VarianceFloor>", "float", self.variance_floor)
-        w.write_token(f"</{self.type_name}>")
+    @classmethod
+    def empty_for_read(cls) -> StatisticsPoolingComponent:
+        return cls(0)
+
+    def read_end(self, r) -> None:
+        super().read_end(r)
+        problem = self._problem()  # Kaldi's Check(), once the whole body is read
+        if problem is not None:
+            raise r.error(f"invalid {self.type_name}: {problem}")
 
     # -- indexes ---------------------------------------------------------------------
     def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
