@@ -162,7 +162,7 @@ def _read_field(r, comp, f: Field) -> None:
     if f.check is not None:
         problem = f.check(f.tag, value, comp)
         if problem:  # a scalar value is the token at fault; an array is named by the tag
-            token = None if isinstance(value, np.ndarray) else str(value)
+            token = str(value) if isinstance(value, (int, float, str)) else None
             raise r.error(problem, token=token, pos=pos)
     setattr(comp, f.attr, value)
     for sub in f.then:

@@ -20,7 +20,8 @@ import numpy as np
 from ..errors import ComputeError
 from ..index import KeySet, pack
 from .affine import matmul_blocks_into
-from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closing, register
+from .base import Flags, InputDeps, UpdatableComponent, register
+from .fields import UPDATABLE_HEADER, Custom, Field
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 from .preconditioning import precondition_product, preconditioners
 from .xp import namespace
@@ -303,6 +304,24 @@ def scatter_add_offset(indexes: OffsetGather, k: int, target, values) -> None:
 
 
 # ----------------------------------------------------------------------------------
+def _unique_offsets(tag: str, offsets: list[int], comp) -> str | None:
+    if offsets and len(set(offsets)) == len(offsets):
+        return None
+    return f"{tag} must be non-empty and unique"
+
+
+def _columns_per_offset(tag: str, linear: np.ndarray, comp) -> str | None:
+    if linear.shape[0] and linear.shape[1] % len(comp.time_offsets) == 0:
+        return None
+    return f"{tag} columns must be a multiple of the number of time offsets"
+
+
+def _bias_empty_or_output_dim(tag: str, bias: np.ndarray, comp) -> str | None:
+    if bias.size in (0, comp.linear_params.shape[0]):
+        return None
+    return f"{tag} must be empty or have output-dim values"
+
+
 @register
 class TdnnComponent(UpdatableComponent):
     """Spliced affine transform over time offsets (see module docstring).
@@ -397,63 +416,37 @@ class TdnnComponent(UpdatableComponent):
         comp.rank_out = rank_out if rank_out >= 0 else min(80, (output_dim + 1) // 2)
         return comp
 
-    @classmethod
-    def read(cls, r) -> TdnnComponent:
-        comp = cls()
-        comp.read_updatable_common(r)
-        r.expect_token("<TimeOffsets>")
-        pos = r.pos
-        comp.time_offsets = [int(v) for v in r.read_int_vector()]
-        if not comp.time_offsets or len(set(comp.time_offsets)) != len(comp.time_offsets):
-            raise r.error("<TimeOffsets> must be non-empty and unique", pos=pos)
-        r.expect_token("<LinearParams>")
-        pos = r.pos
-        comp.linear_params = r.read_matrix()
-        check_finite(r, "<LinearParams>", comp.linear_params, pos)
-        if (comp.linear_params.shape[0] == 0
-                or comp.linear_params.shape[1] % len(comp.time_offsets)):
-            raise r.error("<LinearParams> columns must be a multiple of the number of "
-                          "time offsets", pos=pos)
-        r.expect_token("<BiasParams>")
-        pos = r.pos
-        comp.bias_params = r.read_vector()
-        check_finite(r, "<BiasParams>", comp.bias_params, pos)
-        if comp.bias_params.size not in (0, comp.linear_params.shape[0]):
-            raise r.error("<BiasParams> must be empty or have output-dim values", pos=pos)
-        comp.orthonormal_constraint = r.read_tagged("<OrthonormalConstraint>", "float")
-        comp.use_natural_gradient = r.read_tagged("<UseNaturalGradient>", "bool")
-        comp.num_samples_history = r.read_tagged("<NumSamplesHistory>", "float")
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        Field("<TimeOffsets>", "time_offsets", "int_vector",
+              convert=lambda v: [int(o) for o in v], check=_unique_offsets),
+        Field("<LinearParams>", "linear_params", "matrix", finite="<LinearParams>",
+              check=_columns_per_offset),
+        Field("<BiasParams>", "bias_params", "vector", finite="<BiasParams>",
+              check=_bias_empty_or_output_dim),
+        Field("<OrthonormalConstraint>", "orthonormal_constraint", "float"),
+        Field("<UseNaturalGradient>", "use_natural_gradient", "bool"),
+        Field("<NumSamplesHistory>", "num_samples_history", "float"),
+        Custom("_read_alphas", "_write_alphas"),
+        Field("<RankInOut>", "rank_in", "int"),
+        Field("", "rank_out", "int"),  # <RankInOut> rank_in rank_out
+    )
+
+    def _read_alphas(self, r) -> None:
         pos = r.pos
         tok = r.read_token()
         if tok == "<AlphaInOut>":
-            comp.alpha_in = r.read_float()
-            comp.alpha_out = r.read_float()
+            self.alpha_in = r.read_float()
+            self.alpha_out = r.read_float()
         elif tok == "<Alpha>":  # an older format Kaldi still reads
-            comp.alpha_in = comp.alpha_out = r.read_float()
+            self.alpha_in = self.alpha_out = r.read_float()
         else:
             raise r.error("expected <AlphaInOut>", token=tok, pos=pos)
-        r.expect_token("<RankInOut>")
-        comp.rank_in = r.read_int()
-        comp.rank_out = r.read_int()
-        read_closing(r, cls.type_name)
-        return comp
 
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_token("<TimeOffsets>")
-        w.write_int_vector(self.time_offsets)
-        w.write_tagged("<LinearParams>", "matrix", self.linear_params)
-        w.write_tagged("<BiasParams>", "vector", self.bias_params)
-        w.write_tagged("<OrthonormalConstraint>", "float", self.orthonormal_constraint)
-        w.write_tagged("<UseNaturalGradient>", "bool", self.use_natural_gradient)
-        w.write_tagged("<NumSamplesHistory>", "float", self.num_samples_history)
+    def _write_alphas(self, w) -> None:
         w.write_token("<AlphaInOut>")
         w.write_float(self.alpha_in)
         w.write_float(self.alpha_out)
-        w.write_token("<RankInOut>")
-        w.write_int(self.rank_in)
-        w.write_int(self.rank_out)
-        w.write_token(f"</{self.type_name}>")
 
     # -- parameters ------------------------------------------------------------------
     def params(self) -> dict[str, np.ndarray]:
