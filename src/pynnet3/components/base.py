@@ -50,7 +50,7 @@ import numpy as np
 
 from .. import limits
 from ..errors import ComputeError, ConfigError, FormatError
-from .fields import Step, check_finite, read_fields, write_fields
+from .fields import Field, Step, check_finite, read_fields, write_fields
 
 
 class Flags(enum.IntFlag):
@@ -292,6 +292,11 @@ def output_divides_input(tag: str, value: int, comp: InOutComponent) -> str | No
     return f"bad {comp.type_name} dims {comp._input_dim} -> {value}"
 
 
+# <InputDim> <OutputDim> of a component that reduces groups of inputs (Pnorm, SumBlock).
+REDUCING_DIMS = (Field("<InputDim>", "_input_dim", "int"),
+                 Field("<OutputDim>", "_output_dim", "int", check=output_divides_input))
+
+
 class UpdatableComponent(Component):
     """Shared fields and file header of Kaldi's UpdatableComponent.
 
@@ -391,6 +396,6 @@ def check_table_rows(rows: int, what: str) -> None:
 __all__ = [
     "Component", "UpdatableComponent", "SameDimComponent", "InOutComponent", "Flags",
     "InputDeps", "register", "component_types", "component_class", "read_closing",
-    "output_divides_input", "require", "check_dims", "check_finite", "check_table_rows",
-    "FormatError",
+    "output_divides_input", "REDUCING_DIMS", "require", "check_dims", "check_finite",
+    "check_table_rows", "FormatError",
 ]

@@ -33,11 +33,11 @@ import numpy as np
 from ..errors import ComputeError
 from . import device_stats
 from .base import (
+    REDUCING_DIMS,
     Component,
     Flags,
     InOutComponent,
     SameDimComponent,
-    output_divides_input,
     register,
     require,
 )
@@ -725,10 +725,7 @@ class PnormComponent(InOutComponent):
                 f"output-dim={output_dim}")
         return cls(input_dim, output_dim)
 
-    kaldi_fields = (
-        Field("<InputDim>", "_input_dim", "int"),
-        Field("<OutputDim>", "_output_dim", "int", check=output_divides_input),
-    )
+    kaldi_fields = REDUCING_DIMS
 
     def _groups(self, m: np.ndarray) -> np.ndarray:
         return m.reshape(m.shape[0], self._output_dim, self._input_dim // self._output_dim)

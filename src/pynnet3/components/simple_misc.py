@@ -22,11 +22,11 @@ import numpy as np
 from ..errors import ComputeError, ConfigError
 from . import device_stats
 from .base import (
+    REDUCING_DIMS,
     Component,
     Flags,
     InOutComponent,
     SameDimComponent,
-    output_divides_input,
     read_closing,
     register,
     require,
@@ -43,6 +43,12 @@ from .precomputed import (
     same_rows,
 )
 from .xp import namespace
+
+
+def _positive_sizes(tag: str, sizes: np.ndarray, comp) -> str | None:
+    if sizes.size and np.all(sizes > 0):
+        return None
+    return f"{tag} must be non-empty and positive"
 
 
 def _two_or_more_groups(tag: str, output_dim: int, comp) -> str | None:
@@ -113,25 +119,17 @@ class SumGroupComponent(Component):
                 f"output-dim={output_dim}")
         return cls([input_dim // output_dim] * output_dim)
 
-    @classmethod
-    def read(cls, r) -> SumGroupComponent:
-        r.expect_token("<Sizes>")
-        pos = r.pos
-        sizes = r.read_int_vector()
-        if sizes.size == 0 or np.any(sizes <= 0):
-            raise r.error("<Sizes> must be non-empty and positive", pos=pos)
+    kaldi_fields = (
+        Field("<Sizes>", "sizes", "int_vector", check=_positive_sizes),
+    )
+
+    def read_end(self, r) -> None:
         start = r.pos
         tok = r.read_token()
         # Kaldi accepts a repeated opening token here too (an old writer's bug).
         if tok not in ("</SumGroupComponent>", "<SumGroupComponent>"):
             raise r.error("expected '</SumGroupComponent>'", token=tok, pos=start)
-        return cls(sizes)
-
-    def write(self, w) -> None:
-        w.write_token("<SumGroupComponent>")
-        w.write_token("<Sizes>")
-        w.write_int_vector(self.sizes.tolist())
-        w.write_token("</SumGroupComponent>")
+        self.__init__(self.sizes)  # the group tables follow from the sizes
 
     def propagate(self, indexes, in_value, out_value):
         out_value[...] = namespace(in_value).add_reduceat(in_value, self._starts, axis=1)
@@ -172,11 +170,7 @@ class SumBlockComponent(_InOut):
                 f"invalid values input-dim={input_dim} output-dim={output_dim}")
         return cls(input_dim, output_dim, scale)
 
-    kaldi_fields = (
-        Field("<InputDim>", "_input_dim", "int"),
-        Field("<OutputDim>", "_output_dim", "int", check=output_divides_input),
-        Field("<Scale>", "scale", "float", convert=f32),
-    )
+    kaldi_fields = (*REDUCING_DIMS, Field("<Scale>", "scale", "float", convert=f32))
 
     def propagate(self, indexes, in_value, out_value):
         k = self._input_dim // self._output_dim
