@@ -21,6 +21,7 @@ from .base import (
     register,
     require,
 )
+from .fields import Field
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 from .xp import namespace
 
@@ -66,6 +67,11 @@ class DistributeIndexes:
         return made
 
 
+def _dims_problem(tag: str, output_dim: int, comp) -> str | None:
+    problem = comp._problem(comp._input_dim, output_dim)
+    return None if problem is None else f"invalid {comp.type_name}: {problem}"
+
+
 @register
 class DistributeComponent(InOutComponent):
     """Invariant: input_dim > 0, output_dim > 0, input_dim % output_dim == 0."""
@@ -101,22 +107,14 @@ class DistributeComponent(InOutComponent):
         require(problem is None, cfg, f"{cls.type_name}: {problem}")
         return cls(input_dim, output_dim)
 
-    @classmethod
-    def read(cls, r):
-        start = r.pos
-        input_dim = r.read_tagged("<InputDim>", "int")
-        output_dim = r.read_tagged("<OutputDim>", "int")
-        r.expect_token(f"</{cls.type_name}>")
-        problem = cls._problem(input_dim, output_dim)
-        if problem is not None:
-            raise r.error(f"invalid {cls.type_name}: {problem}", pos=start)
-        return cls(input_dim, output_dim)
+    kaldi_fields = (
+        Field("<InputDim>", "_input_dim", "int"),
+        Field("<OutputDim>", "_output_dim", "int", check=_dims_problem),
+    )
 
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        w.write_tagged("<InputDim>", "int", self._input_dim)
-        w.write_tagged("<OutputDim>", "int", self._output_dim)
-        w.write_token(f"</{self.type_name}>")
+    @classmethod
+    def empty_for_read(cls) -> DistributeComponent:
+        return cls(0, 0)
 
     # -- indexes ---------------------------------------------------------------------
     def _source(self, output_indexes) -> tuple[np.ndarray, np.ndarray]:

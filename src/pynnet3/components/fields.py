@@ -90,6 +90,12 @@ REPEATED_OPENING = Custom(_skip_repeated_opening, None)
 
 Step = Field | Custom
 
+
+def pair(tag: str, attr: str, kind: str) -> tuple[Field, Field]:
+    """Kaldi's ``<XInOut> a b`` (two values after one tag) into ``attr_in`` and
+    ``attr_out``; splice into a field list with ``*pair(...)``."""
+    return Field(tag, f"{attr}_in", kind), Field("", f"{attr}_out", kind)
+
 # The UpdatableComponent header (learning rate and friends), shared by every
 # updatable component: see UpdatableComponent.read_updatable_common.
 UPDATABLE_HEADER = Custom("read_updatable_common", "write_updatable_header")
@@ -203,5 +209,5 @@ def _write_field(w, comp, f: Field) -> None:
 
 
 __all__ = ["Field", "Custom", "Step", "REQUIRED", "UPDATABLE_HEADER", "REPEATED_OPENING",
-           "skip_optional", "read_fields", "write_fields", "positive", "non_negative",
+           "skip_optional", "pair", "read_fields", "write_fields", "positive", "non_negative",
            "proportion", "non_empty", "check_finite"]

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ComputeError
-from .base import Flags, InputDeps, UpdatableComponent, check_finite, read_closing, register
+from .base import Flags, InputDeps, UpdatableComponent, register
+from .fields import UPDATABLE_HEADER, Custom, Field, pair, read_fields, write_fields
 from .preconditioning import precondition_two_sided, preconditioners
 from .tdnn import (
     OffsetGather,
@@ -31,6 +32,19 @@ from .tdnn import (
     time_offset_sources,
 )
 from .xp import namespace
+
+_MODEL_FIELDS = (
+    Field("<NumFiltersIn>", "num_filters_in", "int"),
+    Field("<NumFiltersOut>", "num_filters_out", "int"),
+    Field("<HeightIn>", "height_in", "int"),
+    Field("<HeightOut>", "height_out", "int"),
+    Field("<HeightSubsampleOut>", "height_subsample_out", "int"),
+    Field("<Offsets>", "offsets", "int_pair_vector",
+          convert=lambda v: [(int(a), int(b)) for a, b in v]),
+    # Kaldi keeps these in a std::set: sorted, unique.
+    Field("<RequiredTimeOffsets>", "required_time_offsets", "int_vector",
+          convert=lambda v: sorted({int(t) for t in v})),
+)
 
 
 @dataclass
@@ -97,21 +111,9 @@ class ConvolutionModel:
 
     def read(self, r) -> None:
         pos = r.pos
-        tok = r.read_token()
-        if tok == "<ConvolutionModel>":  # Kaldi accepts the model without this token
-            r.expect_token("<NumFiltersIn>")
-        elif tok != "<NumFiltersIn>":
-            raise r.error("expected <ConvolutionModel>", token=tok, pos=pos)
-        self.num_filters_in = r.read_int()
-        self.num_filters_out = r.read_tagged("<NumFiltersOut>", "int")
-        self.height_in = r.read_tagged("<HeightIn>", "int")
-        self.height_out = r.read_tagged("<HeightOut>", "int")
-        self.height_subsample_out = r.read_tagged("<HeightSubsampleOut>", "int")
-        r.expect_token("<Offsets>")
-        self.offsets = [(int(a), int(b)) for a, b in r.read_int_pair_vector()]
-        r.expect_token("<RequiredTimeOffsets>")
-        # Kaldi keeps these in a std::set: sorted, unique.
-        self.required_time_offsets = sorted({int(v) for v in r.read_int_vector()})
+        if r.peek_token() == "<ConvolutionModel>":  # Kaldi accepts the model without it
+            r.read_token()
+        read_fields(r, self, _MODEL_FIELDS)
         r.expect_token("</ConvolutionModel>")
         bad = self.problem()
         if bad is not None:
@@ -119,15 +121,7 @@ class ConvolutionModel:
 
     def write(self, w) -> None:
         w.write_token("<ConvolutionModel>")
-        w.write_tagged("<NumFiltersIn>", "int", self.num_filters_in)
-        w.write_tagged("<NumFiltersOut>", "int", self.num_filters_out)
-        w.write_tagged("<HeightIn>", "int", self.height_in)
-        w.write_tagged("<HeightOut>", "int", self.height_out)
-        w.write_tagged("<HeightSubsampleOut>", "int", self.height_subsample_out)
-        w.write_token("<Offsets>")
-        w.write_int_pair_vector(self.offsets)
-        w.write_token("<RequiredTimeOffsets>")
-        w.write_int_vector(self.required_time_offsets)
+        write_fields(w, self, _MODEL_FIELDS)
         w.write_token("</ConvolutionModel>")
 
     def info(self) -> str:
@@ -137,6 +131,17 @@ class ConvolutionModel:
                 f"height-in={self.height_in}, height-out={self.height_out}, "
                 f"height-subsample-out={self.height_subsample_out}, "
                 f"{{time,height}}-offsets=[{offs}], required-time-offsets=[{req}]")
+
+
+def _model_param_shape(tag: str, linear: np.ndarray, comp) -> str | None:
+    rows, cols = comp.model.param_shape
+    return None if linear.shape == (rows, cols) else f"{tag} must be {rows} x {cols} for this model"
+
+
+def _one_per_filter(tag: str, bias: np.ndarray, comp) -> str | None:
+    if bias.shape == (comp.model.num_filters_out,):
+        return None
+    return f"{tag} must have num-filters-out values"
 
 
 @register
@@ -258,53 +263,27 @@ class TimeHeightConvolutionComponent(UpdatableComponent):
         comp.rank_out = rank_out if rank_out >= 0 else min(80, (rows + 1) // 2)
         return comp
 
-    @classmethod
-    def read(cls, r) -> TimeHeightConvolutionComponent:
-        comp = cls()
-        comp.read_updatable_common(r)
-        r.expect_token("<Model>")
-        comp.model.read(r)
-        r.expect_token("<LinearParams>")
-        pos = r.pos
-        comp.linear_params = r.read_matrix()
-        check_finite(r, "<LinearParams>", comp.linear_params, pos)
-        if comp.linear_params.shape != comp.model.param_shape:
-            raise r.error(f"<LinearParams> must be {comp.model.param_shape[0]} x "
-                          f"{comp.model.param_shape[1]} for this model", pos=pos)
-        r.expect_token("<BiasParams>")
-        pos = r.pos
-        comp.bias_params = r.read_vector()
-        check_finite(r, "<BiasParams>", comp.bias_params, pos)
-        if comp.bias_params.shape != (comp.model.num_filters_out,):
-            raise r.error("<BiasParams> must have num-filters-out values", pos=pos)
-        comp.max_memory_mb = r.read_tagged("<MaxMemoryMb>", "float")
-        comp.use_natural_gradient = r.read_tagged("<UseNaturalGradient>", "bool")
-        comp.num_minibatches_history = r.read_tagged("<NumMinibatchesHistory>", "float")
-        r.expect_token("<AlphaInOut>")
-        comp.alpha_in = r.read_float()
-        comp.alpha_out = r.read_float()
-        r.expect_token("<RankInOut>")
-        comp.rank_in = r.read_int()
-        comp.rank_out = r.read_int()
-        read_closing(r, cls.type_name)
-        return comp
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        Custom("_read_model", "_write_model"),
+        Field("<LinearParams>", "linear_params", "matrix", finite="<LinearParams>",
+              check=_model_param_shape),
+        Field("<BiasParams>", "bias_params", "vector", finite="<BiasParams>",
+              check=_one_per_filter),
+        Field("<MaxMemoryMb>", "max_memory_mb", "float"),
+        Field("<UseNaturalGradient>", "use_natural_gradient", "bool"),
+        Field("<NumMinibatchesHistory>", "num_minibatches_history", "float"),
+        *pair("<AlphaInOut>", "alpha", "float"),
+        *pair("<RankInOut>", "rank", "int"),
+    )
 
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
+    def _read_model(self, r) -> None:
+        r.expect_token("<Model>")
+        self.model.read(r)
+
+    def _write_model(self, w) -> None:
         w.write_token("<Model>")
         self.model.write(w)
-        w.write_tagged("<LinearParams>", "matrix", self.linear_params)
-        w.write_tagged("<BiasParams>", "vector", self.bias_params)
-        w.write_tagged("<MaxMemoryMb>", "float", self.max_memory_mb)
-        w.write_tagged("<UseNaturalGradient>", "bool", self.use_natural_gradient)
-        w.write_tagged("<NumMinibatchesHistory>", "float", self.num_minibatches_history)
-        w.write_token("<AlphaInOut>")
-        w.write_float(self.alpha_in)
-        w.write_float(self.alpha_out)
-        w.write_token("<RankInOut>")
-        w.write_int(self.rank_in)
-        w.write_int(self.rank_out)
-        w.write_token(f"</{self.type_name}>")
 
     # -- parameters ------------------------------------------------------------------
     def params(self) -> dict[str, np.ndarray]:
