@@ -39,15 +39,21 @@ from pynnet3.cache import CachingCompiler  # noqa: E402
 from pynnet3.computation import CommandType as CT  # noqa: E402
 from pynnet3.optimize import OptimizeOptions  # noqa: E402
 
+_COPIES = (CT.SET_CONST, CT.MATRIX_COPY, CT.COPY_ROWS, CT.COPY_ROWS_MULTI)
+
 
 def _recomputed(comp) -> int:
-    """Propagates after the first backprop: the recomputations."""
+    """Values recomputed: matrices (not derivatives) written after the first
+    backprop by a propagate or a row copy."""
     seen = False
-    n = 0
+    out = set()
     for cmd in comp.commands:
         seen = seen or cmd.type in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
-        n += seen and cmd.type is CT.PROPAGATE
-    return n
+        s = cmd.out_value if cmd.type is CT.PROPAGATE else (
+            cmd.dst if cmd.type in _COPIES else 0)
+        if seen and s and not comp.matrices[comp.submatrices[s].matrix].is_deriv:
+            out.add(comp.submatrices[s].matrix)
+    return len(out)
 
 
 def _step(nnet, comp, inputs, derivs):

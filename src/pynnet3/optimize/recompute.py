@@ -30,6 +30,15 @@ The re-run then sees bit-identical input and writes a bit-identical ``M'``.
 Of two candidates where one reads the value the other frees, at most one is
 chosen (:func:`compatible`).
 
+A matrix filled only by row copies (SET_CONST, MATRIX_COPY, COPY_ROWS,
+COPY_ROWS_MULTI) before it is first read, and only read afterwards, is recomputed
+the same way by re-running those copies (:func:`_gather_candidate`): the spliced
+input of a first TDNN layer, kept for the affine's model gradient, is several
+times the size of the input it was copied from. A source must not be written
+after the copy that reads it; one freed before the recompute point is kept until
+just after it instead (its DEALLOC moves there; where allocate-from-other had
+handed its memory on by a SWAP, the receiver gets an ALLOC of its own).
+
 The pass only changes the computation when that lowers its peak memory
 (:func:`pynnet3.analysis.memory.live_floats`, counted after memory compression
 when that pass follows, since a value read again by a recompute can no longer
@@ -74,18 +83,30 @@ _FIELDS = ("dst", "src", "in_value", "out_value", "out_deriv", "in_deriv")
 
 @dataclass(frozen=True)
 class Candidate:
-    """Propagate ``prop`` writes matrix ``matrix`` from a part of matrix ``source``;
-    ``last_forward`` is the
-    matrix's last access before the marker, ``backward`` the commands after it
-    that access it (first = the recompute point), ``end`` the command freeing it
-    (DEALLOC_MATRIX, or the SWAP_MATRIX handing its memory on)."""
+    """The forward commands ``defs`` (one propagate, or the row copies that fill
+    it) write matrix ``matrix`` from parts of the matrices ``sources``;
+    ``last_forward`` is the matrix's last access before the marker, ``backward``
+    the commands after it that access it (first = the recompute point), ``end``
+    the command freeing it (DEALLOC_MATRIX, or the SWAP_MATRIX handing its memory
+    on). ``extend``: (source, command freeing it) for each source freed before the
+    recompute point, whose life the recompute extends to just after it."""
 
-    prop: int
+    defs: tuple[int, ...]
     matrix: int
-    source: int
+    sources: tuple[int, ...]
     last_forward: int
     backward: tuple[int, ...]
     end: int
+    extend: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def prop(self) -> int:
+        """The first defining command."""
+        return self.defs[0]
+
+    def describe(self, c: NnetComputation) -> str:
+        cmd = c.commands[self.defs[0]]
+        return cmd.node if cmd.type is CT.PROPAGATE else f"{c.matrices[self.matrix].node} (copy)"
 
 
 def recompute_cheap_values(c: NnetComputation, nnet, options=None) -> str:
@@ -119,7 +140,7 @@ def recompute_cheap_values(c: NnetComputation, nnet, options=None) -> str:
         best = exact(chosen) if chosen else base
     if best[0] >= base[0]:
         return ""
-    names = sorted({c.commands[x.prop].node for x in chosen})
+    names = sorted({x.describe(c) for x in chosen})
     built = with_recomputed(c, nnet, chosen)
     for name in ("matrices", "submatrices", "indexes_multi", "indexes_blocks", "commands",
                  "_whole"):
@@ -155,7 +176,7 @@ def choose(cands: list[Candidate], score) -> list[Candidate]:
 def compatible(chosen: list[Candidate], cand: Candidate) -> bool:
     """``cand`` may be recomputed along with ``chosen``: none of them reads the value
     another one frees (a recompute reads its input where the forward pass left it)."""
-    return all(x.source != cand.matrix and cand.source != x.matrix for x in chosen)
+    return all(x.matrix not in cand.sources and cand.matrix not in x.sources for x in chosen)
 
 
 class MemoryModel:
@@ -164,7 +185,8 @@ class MemoryModel:
     each chosen value over the commands where it is no longer alive, plus the
     compression lost by an input that a recompute now reads in the backward pass
     (level 1 compresses a ReLU output only when its ReLU backprop is its only
-    backward reader). Positions are ``c``'s commands; a command inserted before
+    backward reader), plus each source whose life a recompute extends. Positions
+    are ``c``'s commands; a command inserted before
     command ``k`` is counted as after ``k - 1`` with its value at its largest."""
 
     def __init__(self, c: NnetComputation, nnet, cands: list[Candidate], options):
@@ -182,8 +204,8 @@ class MemoryModel:
             diff[lo] -= saving
             diff[hi] += saving
         self.base = live + np.cumsum(diff)[:n]
-        self.size = {x.matrix: c.matrices[x.matrix].rows * c.matrices[x.matrix].cols
-                     for x in cands}
+        mats = {x.matrix for x in cands} | {m for x in cands for m, _ in x.extend}
+        self.size = {m: c.matrices[m].rows * c.matrices[m].cols for m in mats}
 
     def __call__(self, chosen: list[Candidate]) -> tuple[float, float]:
         diff = np.zeros(self.n + 1)
@@ -192,7 +214,14 @@ class MemoryModel:
             if lo < hi:
                 diff[lo] -= self.size[x.matrix]
                 diff[hi] += self.size[x.matrix]
-        for m in {x.source for x in chosen} & self.compressed.keys():
+        until: dict[int, tuple[int, int]] = {}  # extended source -> (freed at, until)
+        for x in chosen:
+            for m, e in x.extend:
+                until[m] = (e, max(until.get(m, (e, 0))[1], x.backward[0]))
+        for m, (e, r) in until.items():
+            diff[e] += self.size[m]
+            diff[r] -= self.size[m]
+        for m in {s for x in chosen for s in x.sources} & self.compressed.keys():
             lo, hi, saving = self.compressed[m]
             diff[lo] += saving
             diff[hi] -= saving
@@ -227,7 +256,8 @@ def _compression_intervals(c: NnetComputation, t: NnetComputation
 
 
 def find_candidates(c: NnetComputation, nnet, middle: int) -> list[Candidate]:
-    """The forward propagates whose output may be recomputed (module doc)."""
+    """The forward values that may be recomputed (module doc): outputs of cheap
+    propagates, and matrices filled by row copies (:func:`_gather_candidate`)."""
     a = Analyzer(c, nnet)
     R, W = AccessType.READ, AccessType.WRITE
     mats = a.matrix_accesses
@@ -252,19 +282,99 @@ def find_candidates(c: NnetComputation, nnet, middle: int) -> list[Candidate]:
         # P is the only write; the rest are reads (the value stays what P made)
         if ma.accesses[0][1] is not W or any(acc is not R for _, acc in ma.accesses[1:]):
             continue
-        fwd = [j for j, _ in ma.accesses if j < middle]
-        bwd = tuple(j for j, _ in ma.accesses if j > middle)
-        end = ma.deallocate_command
-        if not bwd or end < 0 or c.commands[end].type not in (CT.DEALLOC_MATRIX,
-                                                              CT.SWAP_MATRIX):
-            continue
-        if c.commands[end].type is CT.SWAP_MATRIX and c.commands[end].src_matrix != m:
-            continue
+        life = _lifetime(c, ma, middle)
         # the input must reach the recompute point unchanged and allocated
-        if a.data_invalidated_command(i, cmd.in_value) <= bwd[0]:
+        if life is None or a.data_invalidated_command(i, cmd.in_value) <= life[1][0]:
             continue
-        out.append(Candidate(i, m, subs[cmd.in_value].matrix, fwd[-1], bwd, end))
+        out.append(Candidate((i,), m, (subs[cmd.in_value].matrix,), *life))
+    done = {x.matrix for x in out}
+    for m in range(1, len(c.matrices)):
+        if m not in done:
+            cand = _gather_candidate(c, a, m, middle)
+            if cand is not None:
+                out.append(cand)
     return out
+
+
+def _lifetime(c: NnetComputation, ma, middle: int):
+    """(last forward access, backward accesses, end) of a matrix accessed on both
+    sides of the marker and freed by a DEALLOC_MATRIX or a SWAP_MATRIX handing its
+    memory on; None otherwise."""
+    fwd = [j for j, _ in ma.accesses if j < middle]
+    bwd = tuple(j for j, _ in ma.accesses if j > middle)
+    end = ma.deallocate_command
+    if not fwd or not bwd or end < 0:
+        return None
+    e = c.commands[end]
+    if e.type is not CT.DEALLOC_MATRIX and e.type is not CT.SWAP_MATRIX:
+        return None
+    return fwd[-1], bwd, end
+
+
+#: row copies that fill a matrix from others (no arithmetic beyond a scale)
+_GATHERS = (CT.SET_CONST, CT.MATRIX_COPY, CT.COPY_ROWS, CT.COPY_ROWS_MULTI)
+
+
+def _gather_candidate(c: NnetComputation, a: Analyzer, m: int, middle: int):
+    """Matrix ``m`` (not an input or output) when the forward pass fills it only by
+    row copies (SET_CONST, MATRIX_COPY, COPY_ROWS, COPY_ROWS_MULTI writing nothing
+    else), all before it is first read, and reads it afterwards only: e.g. the
+    spliced input of a first TDNN layer, kept for the affine's model gradient
+    while the smaller input it was copied from is freed. Each source must not be
+    written after the copy reading it; one freed before the recompute point is
+    kept until just after it (``extend``)."""
+    ma = a.matrix_accesses[m]
+    if ma.is_input or ma.is_output or not ma.accesses:
+        return None
+    cmds = c.commands
+    W, R = AccessType.WRITE, AccessType.READ
+    defs = []
+    k = 0
+    for j, acc in ma.accesses:
+        if acc is R:
+            break
+        if cmds[j].type not in _GATHERS or not acc & W or j > middle:
+            return None
+        defs.append(j)
+        k += 1
+    if not defs or any(acc is not R for _, acc in ma.accesses[k:]):
+        return None
+    life = _lifetime(c, ma, middle)
+    if life is None:
+        return None
+    r = life[1][0]
+    subs = c.submatrices
+    sources: dict[int, None] = {}
+    extend = []
+    for d in defs:
+        cmd = cmds[d]
+        if subs[cmd.dst].matrix != m:
+            return None
+        if cmd.type is CT.COPY_ROWS_MULTI:
+            tab = c.indexes_multi[cmd.table][:, 0]
+            reads = np.unique(tab[tab > 0]).tolist()
+        else:
+            reads = [cmd.src] if cmd.src else []
+        for s in reads:
+            sm = subs[s].matrix
+            if sm == m or a.last_write_access(s) > d:
+                return None  # (a source written after the copy may differ later)
+            if sm in sources:
+                continue
+            sources[sm] = None
+            src = a.matrix_accesses[sm]
+            end = src.deallocate_command
+            if end < 0 or end > r:
+                continue  # alive at the recompute point
+            e = cmds[end]
+            if e.type is CT.SWAP_MATRIX and a.matrix_accesses[e.matrix].allocate_command \
+                    == end and e.src_matrix == sm:
+                extend.append((sm, end))  # the receiver gets its own allocation instead
+            elif e.type is CT.DEALLOC_MATRIX:
+                extend.append((sm, end))
+            else:
+                return None
+    return Candidate(tuple(defs), m, tuple(sources), *life, extend=tuple(extend))
 
 
 def with_recomputed(c: NnetComputation, nnet, chosen: list[Candidate]) -> NnetComputation:
@@ -279,9 +389,10 @@ def with_recomputed(c: NnetComputation, nnet, chosen: list[Candidate]) -> NnetCo
     t.matrices, t.submatrices = list(c.matrices), list(c.submatrices)
     t.indexes_multi, t.indexes_blocks = list(c.indexes_multi), list(c.indexes_blocks)
     t._whole = dict(c._whole)
-    cmds = list(c.commands)
+    cmds: list[Command | None] = list(c.commands)
     before: dict[int, list[Command]] = {}
     after: dict[int, list[Command]] = {}
+    until: dict[int, tuple[int, int]] = {}  # extended source -> (freed at, until)
     for cand in chosen:
         m = cand.matrix
         info = c.matrices[m]
@@ -302,15 +413,27 @@ def with_recomputed(c: NnetComputation, nnet, chosen: list[Candidate]) -> NnetCo
         e = cmds[cand.end]
         cmds[cand.end] = replace(e, matrix=m2) if e.type is CT.DEALLOC_MATRIX \
             else replace(e, src_matrix=m2)
-        p = c.commands[cand.prop]
-        rec = replace(p, out_value=t.whole(m2), memo=0, alpha=1.0)
+        group = [Command(CT.ALLOC_MATRIX, matrix=m2)]
+        for d in cand.defs:
+            rec = _remapped(t, c.commands[d], sub)
+            if rec.type is CT.PROPAGATE:
+                rec.memo, rec.alpha = 0, 1.0  # (no memo, no stored stats)
+            group.append(rec)
         after.setdefault(cand.last_forward, []).append(Command(CT.DEALLOC_MATRIX, matrix=m))
-        before.setdefault(cand.backward[0], []).extend(
-            [Command(CT.ALLOC_MATRIX, matrix=m2), rec])
+        before.setdefault(cand.backward[0], []).extend(group)
+        for s, end in cand.extend:
+            until[s] = (end, max(until.get(s, (end, 0))[1], cand.backward[0]))
+    for s, (end, r) in until.items():
+        e = c.commands[end]
+        # the source stays; the matrix that took its memory over gets its own
+        cmds[end] = None if e.type is CT.DEALLOC_MATRIX else \
+            Command(CT.ALLOC_MATRIX, matrix=e.matrix)
+        before[r].append(Command(CT.DEALLOC_MATRIX, matrix=s))
     out: list[Command] = []
     for i, cmd in enumerate(cmds):
         out.extend(before.get(i, ()))
-        out.append(cmd)
+        if cmd is not None:
+            out.append(cmd)
         out.extend(after.get(i, ()))
     t.commands = out
     return t
