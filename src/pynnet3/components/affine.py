@@ -24,7 +24,7 @@ import numpy as np
 
 from ..io.kaldi_stream import make_reader
 from .base import Flags, UpdatableComponent, check_finite, register, require
-from .fields import REPEATED_OPENING, UPDATABLE_HEADER, Custom, Field, positive, skip_optional
+from .fields import REPEATED_OPENING, UPDATABLE_HEADER, Custom, Field, pair, positive, skip_optional
 from .preconditioning import precondition_matrix, precondition_product, preconditioners
 from .xp import namespace
 
@@ -501,8 +501,7 @@ class LinearComponent(BlockInputMixin, UpdatableComponent):
         Field("<Params>", "params_", "matrix", finite="params"),
         _ORTHONORMAL,
         Field("<UseNaturalGradient>", "use_natural_gradient", "bool"),
-        Field("<RankInOut>", "rank_in", "int"),
-        Field("", "rank_out", "int"),  # <RankInOut> rank_in rank_out
+        *pair("<RankInOut>", "rank", "int"),
         Field("<Alpha>", "alpha", "float"),
         Field("<NumSamplesHistory>", "num_samples_history", "float"),
         Field("<UpdatePeriod>", "update_period", "int"),

@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 from .base import Flags, UpdatableComponent, register, require
-from .fields import UPDATABLE_HEADER, Custom, Field
+from .fields import UPDATABLE_HEADER, Custom, Field, pair
 from .preconditioning import (
     backprop_stats,
     precondition_matrix,
@@ -456,8 +456,7 @@ class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         Custom("_read_dims", "_write_dims"),
         _param("<w_h>", "w_h", "matrix", _GruStatsMixin._w_h_matches_dims),
         *_GruStatsMixin._STATS_FIELDS,
-        Field("<RankInOut>", "rank_in", "int"),
-        Field("", "rank_out", "int"),  # <RankInOut> rank_in rank_out
+        *pair("<RankInOut>", "rank", "int"),
         Field("<UpdatePeriod>", "update_period", "int"),
     )
 

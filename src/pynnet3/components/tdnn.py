@@ -21,7 +21,7 @@ from ..errors import ComputeError
 from ..index import KeySet, pack
 from .affine import matmul_blocks_into
 from .base import Flags, InputDeps, UpdatableComponent, register
-from .fields import UPDATABLE_HEADER, Custom, Field
+from .fields import UPDATABLE_HEADER, Custom, Field, pair
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 from .preconditioning import precondition_product, preconditioners
 from .xp import namespace
@@ -428,8 +428,7 @@ class TdnnComponent(UpdatableComponent):
         Field("<UseNaturalGradient>", "use_natural_gradient", "bool"),
         Field("<NumSamplesHistory>", "num_samples_history", "float"),
         Custom("_read_alphas", "_write_alphas"),
-        Field("<RankInOut>", "rank_in", "int"),
-        Field("", "rank_out", "int"),  # <RankInOut> rank_in rank_out
+        *pair("<RankInOut>", "rank", "int"),
     )
 
     def _read_alphas(self, r) -> None:
