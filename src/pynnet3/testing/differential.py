@@ -88,9 +88,9 @@ class Finding:
 
 def default_variants(case: RandomCase | None = None) -> list[Variant]:
     """Default options; each bool option switched off in turn; no memory
-    compression; and, given a case, derivative-time limits: a window wider than
-    every time in the request (derivatives must not change) and narrow ones
-    (only outputs compared)."""
+    compression; the recompute pass on; and, given a case, derivative-time
+    limits: a window wider than every time in the request (derivatives must not
+    change) and narrow ones (only outputs compared)."""
     base = OptimizeOptions()
     out = [Variant("default", base)]
     for name in OptimizeOptions.field_names():
@@ -101,6 +101,8 @@ def default_variants(case: RandomCase | None = None) -> list[Variant]:
                 label = ("memory_compression_level=0" if name == "memory_compression_level"
                          else f"without:{name}")
                 out.append(Variant(label, opts))
+    # beyond Kaldi and off by default: switched on
+    out.append(Variant("with:recompute_cheap_values", replace(base, recompute_cheap_values=True)))
     if case is not None:
         ts = np.concatenate([s.indexes[:, 1] for s in case.request.inputs + case.request.outputs])
         lo, hi = int(ts.min()), int(ts.max())
