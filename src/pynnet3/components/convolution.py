@@ -24,11 +24,10 @@ from .base import (
     Component,
     Flags,
     UpdatableComponent,
-    check_finite,
-    read_closing,
     register,
     require,
 )
+from .fields import UPDATABLE_HEADER, Custom, Field, positive
 from .xp import namespace
 
 YZX, ZYX = 0, 1  # Kaldi's TensorVectorizationType values (written as ints)
@@ -62,12 +61,27 @@ class _ColumnScatter:
             dst[:, xp.index(cols, like=dst)] += src[:, xp.index(idx, like=src)]
 
 
-def _read_dim(r, tag: str, minimum: int = 1) -> int:
-    pos = r.pos
-    value = r.read_tagged(tag, "int")
-    if value < minimum:
-        raise r.error(f"{tag} must be >= {minimum}", token=str(value), pos=pos)
-    return value
+def _vectorization(tag: str, value: int, comp) -> str | None:
+    return None if value in (YZX, ZYX) else f"{tag} must be 0 (yzx) or 1 (zyx)"
+
+
+def _filter_shape(tag: str, filters: np.ndarray, comp) -> str | None:
+    if filters.shape[1] == comp.filter_dim and filters.shape[0]:
+        return None
+    return f"{tag} has shape {filters.shape}, expected [num-filters, {comp.filter_dim}]"
+
+
+def _one_bias_per_filter(tag: str, bias: np.ndarray, comp) -> str | None:
+    num_filters = comp.filter_params.shape[0]
+    return None if bias.shape[0] == num_filters else (
+        f"{tag} has dim {bias.shape[0]}, expected {num_filters}")
+
+
+def _raise_at(r):
+    """A ``fail(message)`` for the shared geometry checks: a FormatError here."""
+    def fail(message: str):
+        raise r.error(message)
+    return fail
 
 
 # ----------------------------------------------------------------------------------
@@ -225,59 +239,22 @@ class ConvolutionComponent(UpdatableComponent):
         comp.bias_params = (rng.standard_normal(num_filters) * bias_stddev).astype(np.float32)
         return comp
 
-    @classmethod
-    def read(cls, r) -> ConvolutionComponent:
-        comp = cls()
-        comp.read_updatable_common(r)
-        start = r.pos
-        comp.input_x_dim = _read_dim(r, "<InputXDim>")
-        comp.input_y_dim = _read_dim(r, "<InputYDim>")
-        comp.input_z_dim = _read_dim(r, "<InputZDim>")
-        comp.filt_x_dim = _read_dim(r, "<FiltXDim>")
-        comp.filt_y_dim = _read_dim(r, "<FiltYDim>")
-        comp.filt_x_step = _read_dim(r, "<FiltXStep>")
-        comp.filt_y_step = _read_dim(r, "<FiltYStep>")
-        pos = r.pos
-        comp.input_vectorization = r.read_tagged("<InputVectorization>", "int")
-        if comp.input_vectorization not in (YZX, ZYX):
-            raise r.error("<InputVectorization> must be 0 (yzx) or 1 (zyx)",
-                          token=str(comp.input_vectorization), pos=pos)
-
-        def fail(message):
-            raise r.error(message, pos=start)
-
-        comp._check_geometry(fail)
-        pos = r.pos
-        comp.filter_params = r.read_tagged("<FilterParams>", "matrix")
-        check_finite(r, "<FilterParams>", comp.filter_params, pos)
-        if comp.filter_params.shape[1] != comp.filter_dim or comp.filter_params.shape[0] == 0:
-            raise r.error(f"<FilterParams> has shape {comp.filter_params.shape}, expected "
-                          f"[num-filters, {comp.filter_dim}]", pos=pos)
-        pos = r.pos
-        comp.bias_params = r.read_tagged("<BiasParams>", "vector")
-        check_finite(r, "<BiasParams>", comp.bias_params, pos)
-        if comp.bias_params.shape[0] != comp.filter_params.shape[0]:
-            raise r.error(f"<BiasParams> has dim {comp.bias_params.shape[0]}, expected "
-                          f"{comp.filter_params.shape[0]}", pos=pos)
+    kaldi_fields = (
+        UPDATABLE_HEADER,
+        *(Field(tag, attr, "int", check=positive) for tag, attr in (
+            ("<InputXDim>", "input_x_dim"), ("<InputYDim>", "input_y_dim"),
+            ("<InputZDim>", "input_z_dim"), ("<FiltXDim>", "filt_x_dim"),
+            ("<FiltYDim>", "filt_y_dim"), ("<FiltXStep>", "filt_x_step"),
+            ("<FiltYStep>", "filt_y_step"))),
+        Field("<InputVectorization>", "input_vectorization", "int", check=_vectorization),
+        Custom(lambda comp, r: comp._check_geometry(_raise_at(r)), None),
+        Field("<FilterParams>", "filter_params", "matrix", finite="<FilterParams>",
+              check=_filter_shape),
+        Field("<BiasParams>", "bias_params", "vector", finite="<BiasParams>",
+              check=_one_bias_per_filter),
         # The trailing <IsGradient> is optional on reading; it overrides the header's.
-        comp.is_gradient = r.read_optional("<IsGradient>", "bool", False)
-        read_closing(r, cls.type_name)
-        return comp
-
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<InputXDim>", "int", self.input_x_dim)
-        w.write_tagged("<InputYDim>", "int", self.input_y_dim)
-        w.write_tagged("<InputZDim>", "int", self.input_z_dim)
-        w.write_tagged("<FiltXDim>", "int", self.filt_x_dim)
-        w.write_tagged("<FiltYDim>", "int", self.filt_y_dim)
-        w.write_tagged("<FiltXStep>", "int", self.filt_x_step)
-        w.write_tagged("<FiltYStep>", "int", self.filt_y_step)
-        w.write_tagged("<InputVectorization>", "int", self.input_vectorization)
-        w.write_tagged("<FilterParams>", "matrix", self.filter_params)
-        w.write_tagged("<BiasParams>", "vector", self.bias_params)
-        w.write_tagged("<IsGradient>", "bool", self.is_gradient)
-        w.write_token(f"</{self.type_name}>")
+        Field("<IsGradient>", "is_gradient", "bool", default=False),
+    )
 
     # -- parameters ------------------------------------------------------------------
     def params(self) -> dict[str, np.ndarray]:
@@ -411,25 +388,10 @@ class MaxpoolingComponent(Component):
         comp._check(fail)
         return comp
 
-    @classmethod
-    def read(cls, r) -> MaxpoolingComponent:
-        start = r.pos
-        dims = {name: r.read_tagged(tag, "int")
-                for name, tag in zip(cls._FIELDS, cls._TAGS, strict=True)}
-        comp = cls(**dims)
-
-        def fail(message):
-            raise r.error(message, pos=start)
-
-        comp._check(fail)
-        read_closing(r, cls.type_name)
-        return comp
-
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        for name, tag in zip(self._FIELDS, self._TAGS, strict=True):
-            w.write_tagged(tag, "int", getattr(self, name))
-        w.write_token(f"</{self.type_name}>")
+    kaldi_fields = (
+        *(Field(tag, name, "int") for name, tag in zip(_FIELDS, _TAGS, strict=True)),
+        Custom(lambda comp, r: comp._check(_raise_at(r)), None),
+    )
 
     def _patches(self, in_value):
         column_map, _ = self._patch_map()
