@@ -27,6 +27,7 @@ from ..errors import ComputeError
 from ..index import KeySet, describe, pack
 from . import device_stats
 from .base import Component, Flags, InputDeps, check_finite, check_table_rows, register, require
+from .fields import Custom, Field
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 from .xp import namespace
 
@@ -114,6 +115,10 @@ def _write_double_array(w, arr: np.ndarray) -> None:
         w.write_token("DV")
         w.write_int(arr.size)
     w.raw(np.ascontiguousarray(arr, dtype="<f8").tobytes())
+
+
+def _finite(tag: str, value: float, comp) -> str | None:
+    return None if math.isfinite(value) else f"non-finite {tag}"
 
 
 @register
@@ -243,15 +248,25 @@ class RestrictedAttentionComponent(Component):
         require(problem is None, cfg, f"{cls.type_name}: {problem}")
         return comp
 
+    kaldi_fields = (
+        *(Field(tag, attr, "int") for tag, attr in (
+            ("<NumHeads>", "num_heads"), ("<KeyDim>", "key_dim"), ("<ValueDim>", "value_dim"),
+            ("<NumLeftInputs>", "num_left_inputs"), ("<NumRightInputs>", "num_right_inputs"),
+            ("<TimeStride>", "time_stride"),
+            ("<NumLeftInputsRequired>", "num_left_inputs_required"),
+            ("<NumRightInputsRequired>", "num_right_inputs_required"))),
+        Field("<OutputContext>", "output_context", "bool"),
+        Field("<KeyScale>", "key_scale", "float", check=_finite),
+        Field("<StatsCount>", "stats_count", "double", check=_finite),
+        Custom("_read_stats", "_write_stats"),
+    )
+
     @classmethod
-    def read(cls, r):
-        start = r.pos
-        ints = [r.read_tagged(tag, "int") for tag in (
-            "<NumHeads>", "<KeyDim>", "<ValueDim>", "<NumLeftInputs>", "<NumRightInputs>",
-            "<TimeStride>", "<NumLeftInputsRequired>", "<NumRightInputsRequired>")]
-        output_context = r.read_tagged("<OutputContext>", "bool")
-        key_scale = r.read_tagged("<KeyScale>", "float")
-        stats_count = r.read_tagged("<StatsCount>", "float")
+    def empty_for_read(cls) -> RestrictedAttentionComponent:
+        return cls(0, 0, 0, 0, 0, key_scale=1.0)
+
+    def _read_stats(self, r) -> None:
+        """The entropy and posterior statistics: Kaldi keeps them in double."""
         r.expect_token("<EntropyStats>")
         pos = r.pos
         entropy = _read_double_array(r, matrix=False)
@@ -260,36 +275,20 @@ class RestrictedAttentionComponent(Component):
         pos = r.pos
         posterior = _read_double_array(r, matrix=True)
         check_finite(r, "<PosteriorStats>", posterior, pos)
-        r.expect_token(f"</{cls.type_name}>")
-        if not math.isfinite(key_scale) or not math.isfinite(stats_count):
-            raise r.error("non-finite <KeyScale> or <StatsCount>", pos=start)
-        comp = cls(*ints, output_context=output_context, key_scale=key_scale)
-        comp.stats_count = stats_count
-        comp.entropy_stats = entropy
-        comp.posterior_stats = posterior
-        problem = comp._problem()
-        if problem is not None:
-            raise r.error(f"invalid {cls.type_name}: {problem}", pos=start)
-        return comp
+        self.entropy_stats = entropy
+        self.posterior_stats = posterior
 
-    def write(self, w) -> None:
-        w.write_token(f"<{self.type_name}>")
-        for tag, value in (
-                ("<NumHeads>", self.num_heads), ("<KeyDim>", self.key_dim),
-                ("<ValueDim>", self.value_dim), ("<NumLeftInputs>", self.num_left_inputs),
-                ("<NumRightInputs>", self.num_right_inputs),
-                ("<TimeStride>", self.time_stride),
-                ("<NumLeftInputsRequired>", self.num_left_inputs_required),
-                ("<NumRightInputsRequired>", self.num_right_inputs_required)):
-            w.write_tagged(tag, "int", value)
-        w.write_tagged("<OutputContext>", "bool", self.output_context)
-        w.write_tagged("<KeyScale>", "float", self.key_scale)
-        w.write_tagged("<StatsCount>", "double", self.stats_count)
+    def _write_stats(self, w) -> None:
         w.write_token("<EntropyStats>")
         _write_double_array(w, self.entropy_stats)
         w.write_token("<PosteriorStats>")
         _write_double_array(w, self.posterior_stats)
-        w.write_token(f"</{self.type_name}>")
+
+    def read_end(self, r) -> None:
+        super().read_end(r)
+        problem = self._problem()
+        if problem is not None:
+            raise r.error(f"invalid {self.type_name}: {problem}")
 
     # -- indexes ---------------------------------------------------------------------
     def _offsets(self) -> np.ndarray:
