@@ -398,3 +398,28 @@ def test_memory_model_predicts_the_measured_peak(net):
         measured = live_floats_compressed(with_recomputed(c, nnet, subset), nnet,
                                           OptimizeOptions())
         assert model(subset)[0] == measured.max()
+
+
+def test_torch_backend_bitwise():
+    """The torch backend (CPU tensors) runs the recomputing program to the same bits
+    as the program without the pass."""
+    torch = pytest.importorskip("torch")
+    nnet = pynnet3.Nnet.from_config(CHAIN, seed=4)
+    idx = np.array([(n, t, 0) for n in range(2) for t in range(-7, 27)], dtype=np.int64)
+    out = np.array([(n, t, 0) for n in range(2) for t in range(20)], dtype=np.int64)
+    req = pynnet3.ComputationRequest(
+        inputs=[pynnet3.IoSpecification("input", idx)],
+        outputs=[pynnet3.IoSpecification("output", out, has_deriv=True)],
+        need_model_derivative=True)
+    on = pynnet3.compile(nnet, req, optimize=ON)
+    off = pynnet3.compile(nnet, req, optimize=True)
+    assert on.peak_memory_floats() < off.peak_memory_floats()
+    rng = np.random.default_rng(4)
+    inputs = {"input": rng.standard_normal((len(idx), 10)).astype(np.float32)}
+    derivs = {"output": rng.standard_normal((len(out), 5)).astype(np.float32)}
+    got = pynnet3.run(copy.deepcopy(nnet), on, inputs, derivs, backend="torch")
+    want = pynnet3.run(copy.deepcopy(nnet), off, inputs, derivs, backend="torch")
+    assert torch.equal(got.outputs["output"], want.outputs["output"])
+    for comp, params in want.gradients.items():
+        for p, v in params.items():
+            assert torch.equal(got.gradients[comp][p], v), (comp, p)
