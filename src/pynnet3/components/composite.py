@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .affine import read_lenient_header
-from .base import Component, Flags, UpdatableComponent, read_closing, register, require
+from .affine import LENIENT_HEADER
+from .base import Component, Flags, UpdatableComponent, register, require
+from .fields import Custom, Field
 from .preconditioning import PreconditionedGrad, preconditioners
 from .xp import namespace
 
@@ -109,13 +110,20 @@ class CompositeComponent(UpdatableComponent):
         cfg.check_all_used()
         return cls(components, max_rows)
 
+    kaldi_fields = (
+        LENIENT_HEADER,
+        Field("<MaxRowsProcess>", "max_rows_process", "int"),
+        Custom("_read_components", "_write_components"),
+    )
+
     @classmethod
-    def read(cls, r) -> CompositeComponent:
+    def empty_for_read(cls) -> CompositeComponent:
+        return cls([], 0)
+
+    def _read_components(self, r) -> None:
+        """``<NumComponents> n`` and the n sub-components, each a whole component."""
         from ..io.model_file import read_component
 
-        comp = cls([], 0)
-        read_lenient_header(comp, r)
-        comp.max_rows_process = r.read_tagged("<MaxRowsProcess>", "int")
         start = r.pos
         n = r.read_tagged("<NumComponents>", "int")
         if not 0 < n <= 100000:
@@ -126,20 +134,15 @@ class CompositeComponent(UpdatableComponent):
             if not sub.is_simple():
                 raise r.error("CompositeComponent holds a non-simple component",
                               token=sub.type_name, pos=pos)
-            if comp.components and sub.input_dim != comp.components[-1].output_dim:
+            if self.components and sub.input_dim != self.components[-1].output_dim:
                 raise r.error("CompositeComponent: sub-component dims do not chain",
                               token=sub.type_name, pos=pos)
-            comp.components.append(sub)
-        read_closing(r, cls.type_name)
-        return comp
+            self.components.append(sub)
 
-    def write(self, w) -> None:
-        self.write_updatable_common(w)
-        w.write_tagged("<MaxRowsProcess>", "int", self.max_rows_process)
+    def _write_components(self, w) -> None:
         w.write_tagged("<NumComponents>", "int", len(self.components))
         for c in self.components:
             c.write(w)
-        w.write_token(f"</{self.type_name}>")
 
     def info(self) -> str:
         subs = ", ".join(f"sub-component{i + 1} = {{ {c.info()} }}"
