@@ -11,6 +11,7 @@ the very same input, so not even the summation order can differ)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import numpy as np
@@ -423,3 +424,35 @@ def test_torch_backend_bitwise():
     for comp, params in want.gradients.items():
         for p, v in params.items():
             assert torch.equal(got.gradients[comp][p], v), (comp, p)
+
+
+def test_training_steps_with_the_pass_change_nothing():
+    """Two Trainer steps (quadratic objective, statistics stored, natural gradient)
+    through a CachingCompiler with the pass: parameters and BatchNorm statistics
+    end bit-identical to those of the same steps without it (statistics are not
+    counted again by the recomputing propagates)."""
+    from pynnet3.train import Trainer, TrainerOptions
+
+    text = CHAIN.replace("output-node name=output input=a4",
+                         "output-node name=output input=a4 objective=quadratic")
+    states = []
+    for opts in (ON, OptimizeOptions()):
+        nnet = pynnet3.Nnet.from_config(text, seed=5)
+        cc = pynnet3.CachingCompiler(nnet, optimize=opts)
+        trainer = Trainer(nnet, TrainerOptions(), compiler=cc)
+        req = pynnet3.ComputationRequest.from_frames(range(-7, 27), range(20), 3)
+        rng = np.random.default_rng(5)
+        for _ in range(2):
+            x = rng.standard_normal((3 * 34, 10)).astype(np.float32)
+            y = rng.standard_normal((3 * 20, 5)).astype(np.float32)
+            trainer.train_step(req, inputs={"input": x}, supervision={"output": y})
+        train_req = dataclasses.replace(
+            req, outputs=[dataclasses.replace(o, has_deriv=True) for o in req.outputs],
+            need_model_derivative=True, store_component_stats=True)
+        comp = cc.compile(train_req)
+        states.append((comp.peak_memory_floats(), component_state(nnet)))
+    (peak_on, got), (peak_off, want) = states
+    assert peak_on < peak_off
+    assert want.keys() == got.keys() and any("stats_sum" in k for k in want)
+    for k, v in want.items():
+        assert np.array_equal(got[k], v), k
