@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io.kaldi_stream import make_reader
-from .base import Flags, UpdatableComponent, check_finite, register, require
+from .base import Flags, UpdatableComponent, register, require
 from .fields import REPEATED_OPENING, UPDATABLE_HEADER, Custom, Field, pair, positive, skip_optional
 from .preconditioning import precondition_matrix, precondition_product, preconditioners
 from .xp import namespace
@@ -66,15 +66,6 @@ def read_lenient_header(comp: UpdatableComponent, r) -> None:
 LENIENT_HEADER = Custom(read_lenient_header, "write_updatable_header")
 
 
-def read_param(r, tag: str, kind: str, name: str) -> np.ndarray:
-    """``<Tag> matrix|vector``, rejecting NaN/inf like Kaldi's parameter checks."""
-    r.expect_token(tag)
-    pos = r.pos
-    value = r.read_matrix() if kind == "matrix" else r.read_vector()
-    check_finite(r, name, value, pos)
-    return value
-
-
 def read_legacy_is_gradient(comp: UpdatableComponent, r) -> None:
     """Old files wrote ``<IsGradient>`` after the parameters; Kaldi still accepts it."""
     if r.peek_token() == "<IsGradient>":
@@ -89,17 +80,6 @@ _LINEAR = Field("<LinearParams>", "linear_params", "matrix", finite="linear_para
 _BIAS = Field("<BiasParams>", "bias_params", "vector", finite="bias_params")
 _ORTHONORMAL = Field("<OrthonormalConstraint>", "orthonormal_constraint", "float", default=0.0,
                      write_if=lambda c: c.orthonormal_constraint != 0.0)
-
-
-def expect_one_or_two(r, first: str, second: str) -> None:
-    """Kaldi's ExpectOneOrTwoTokens: an optional repeated opening tag, then ``second``."""
-    start = r.pos
-    tok = r.read_token()
-    if tok == first:
-        start = r.pos
-        tok = r.read_token()
-    if tok != second:
-        raise r.error(f"expected {second!r}", token=tok, pos=start)
 
 
 def load_kaldi_object(cfg, key: str, kind: str) -> np.ndarray:
