@@ -30,14 +30,15 @@ The re-run then sees bit-identical input and writes a bit-identical ``M'``.
 Of two candidates where one reads the value the other frees, at most one is
 chosen (:func:`compatible`).
 
-A matrix filled only by row copies (SET_CONST, MATRIX_COPY, COPY_ROWS,
-COPY_ROWS_MULTI) before it is first read, and only read afterwards, is recomputed
-the same way by re-running those copies (:func:`_gather_candidate`): the spliced
-input of a first TDNN layer, kept for the affine's model gradient, is several
-times the size of the input it was copied from. A source must not be written
-after the copy that reads it; one freed before the recompute point is kept until
-just after it instead (its DEALLOC moves there; where allocate-from-other had
-handed its memory on by a SWAP, the receiver gets an ALLOC of its own).
+A matrix filled only by row copies and additions (SET_CONST, MATRIX_COPY/ADD,
+COPY/ADD_ROWS(_MULTI), ADD_ROW_RANGES) before it is first read, and only read
+afterwards, is recomputed the same way by re-running those commands in order
+(:func:`_gather_candidate`): the spliced input of a first TDNN layer, kept for
+the affine's model gradient, is several times the size of the input it was
+copied from. A source must not be written after the copy that reads it; one
+freed before the recompute point is kept until just after it instead (its
+DEALLOC moves there; where allocate-from-other had handed its memory on by a
+SWAP, the receiver gets an ALLOC of its own).
 
 The pass only changes the computation when that lowers its peak memory
 (:func:`pynnet3.analysis.memory.live_floats`, counted after memory compression
@@ -311,14 +312,17 @@ def _lifetime(c: NnetComputation, ma, middle: int):
     return fwd[-1], bwd, end
 
 
-#: row copies that fill a matrix from others (no arithmetic beyond a scale)
-_GATHERS = (CT.SET_CONST, CT.MATRIX_COPY, CT.COPY_ROWS, CT.COPY_ROWS_MULTI)
+#: row copies and additions that fill a matrix from others (no arithmetic beyond
+#: a scale and a sum; replayed in the same order they give the same bits)
+_GATHERS = (CT.SET_CONST, CT.MATRIX_COPY, CT.COPY_ROWS, CT.COPY_ROWS_MULTI, CT.MATRIX_ADD,
+            CT.ADD_ROWS, CT.ADD_ROWS_MULTI, CT.ADD_ROW_RANGES)
+_MULTI_READS = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI)
 
 
 def _gather_candidate(c: NnetComputation, a: Analyzer, m: int, middle: int):
     """Matrix ``m`` (not an input or output) when the forward pass fills it only by
-    row copies (SET_CONST, MATRIX_COPY, COPY_ROWS, COPY_ROWS_MULTI writing nothing
-    else), all before it is first read, and reads it afterwards only: e.g. the
+    row copies and additions (:data:`_GATHERS`, writing nothing else), all before
+    it is first read, and reads it afterwards only: e.g. the
     spliced input of a first TDNN layer, kept for the affine's model gradient
     while the smaller input it was copied from is freed. Each source must not be
     written after the copy reading it; one freed before the recompute point is
@@ -350,7 +354,7 @@ def _gather_candidate(c: NnetComputation, a: Analyzer, m: int, middle: int):
         cmd = cmds[d]
         if subs[cmd.dst].matrix != m:
             return None
-        if cmd.type is CT.COPY_ROWS_MULTI:
+        if cmd.type in _MULTI_READS:
             tab = c.indexes_multi[cmd.table][:, 0]
             reads = np.unique(tab[tab > 0]).tolist()
         else:
