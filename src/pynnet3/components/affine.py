@@ -561,8 +561,27 @@ class FixedAffineComponent(AffineComponent):
 # -- RepeatedAffineComponent and its natural-gradient twin ------------------------------
 
 
+class _CountedAffine(UpdatableComponent):
+    """File layout shared by RepeatedAffine and BlockAffine: the header, a count
+    (``<NumRepeats>`` / ``<NumBlocks>``), the linear and bias parameters."""
+
+    @staticmethod
+    def counted_fields(tag: str, attr: str) -> tuple:
+        return (UPDATABLE_HEADER, Field(tag, attr, "int", check=positive),
+                _LINEAR, _BIAS, LEGACY_IS_GRADIENT)
+
+    @classmethod
+    def empty_for_read(cls) -> _CountedAffine:
+        return cls(np.zeros((0, 0), np.float32), np.zeros(0, np.float32), 1)
+
+    def read_end(self, r) -> None:
+        super().read_end(r)
+        if self.bias_params.shape[0] != self.linear_params.shape[0]:
+            raise r.error(f"{self.type_name}: bias dim does not match linear params")
+
+
 @register
-class RepeatedAffineComponent(UpdatableComponent):
+class RepeatedAffineComponent(_CountedAffine):
     """The same small affine map applied to each of ``num_repeats`` consecutive
     column blocks: W [output-dim/r, input-dim/r], b [output-dim/r]."""
 
@@ -609,20 +628,7 @@ class RepeatedAffineComponent(UpdatableComponent):
         cfg.check_all_used()
         return comp
 
-    kaldi_fields = (
-        UPDATABLE_HEADER,
-        Field("<NumRepeats>", "num_repeats", "int", check=positive),
-        _LINEAR, _BIAS, LEGACY_IS_GRADIENT,
-    )
-
-    @classmethod
-    def empty_for_read(cls) -> RepeatedAffineComponent:
-        return cls(np.zeros((0, 0), np.float32), np.zeros(0, np.float32), 1)
-
-    def read_end(self, r) -> None:
-        super().read_end(r)
-        if self.bias_params.shape[0] != self.linear_params.shape[0]:
-            raise r.error(f"{self.type_name}: bias dim does not match linear params")
+    kaldi_fields = _CountedAffine.counted_fields("<NumRepeats>", "num_repeats")
 
     def params(self) -> dict[str, np.ndarray]:
         return {"linear_params": self.linear_params, "bias_params": self.bias_params}
@@ -669,7 +675,7 @@ class NaturalGradientRepeatedAffineComponent(RepeatedAffineComponent):
 
 
 @register
-class BlockAffineComponent(UpdatableComponent):
+class BlockAffineComponent(_CountedAffine):
     """A block-diagonal affine map with ``num_blocks`` independent blocks.
 
     ``linear_params`` [output-dim, input-dim/num-blocks] stacks the blocks
@@ -718,24 +724,13 @@ class BlockAffineComponent(UpdatableComponent):
         cfg.check_all_used()
         return comp
 
-    kaldi_fields = (
-        UPDATABLE_HEADER,
-        Field("<NumBlocks>", "num_blocks", "int", check=positive),
-        _LINEAR, _BIAS, LEGACY_IS_GRADIENT,
-    )
-
-    @classmethod
-    def empty_for_read(cls) -> BlockAffineComponent:
-        return cls(np.zeros((0, 0), np.float32), np.zeros(0, np.float32), 1)
+    kaldi_fields = _CountedAffine.counted_fields("<NumBlocks>", "num_blocks")
 
     def read_end(self, r) -> None:
         super().read_end(r)
-        rows = self.linear_params.shape[0]
-        if rows % self.num_blocks:
+        if self.linear_params.shape[0] % self.num_blocks:
             raise r.error("<NumBlocks> must divide the output dim",
                           token=str(self.num_blocks))
-        if self.bias_params.shape[0] != rows:
-            raise r.error(f"{self.type_name}: bias dim does not match linear params")
 
     def params(self) -> dict[str, np.ndarray]:
         return {"linear_params": self.linear_params, "bias_params": self.bias_params}
