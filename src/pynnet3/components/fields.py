@@ -126,14 +126,19 @@ def check_finite(r, name: str, arr: np.ndarray, pos: int) -> None:
 
 
 # -- reading and writing -----------------------------------------------------------------
+def _run_custom(hook, comp, stream) -> None:
+    """One side of a Custom step: a method name, a function, or None (nothing)."""
+    if type(hook) is str:
+        getattr(comp, hook)(stream)
+    elif hook is not None:
+        hook(comp, stream)
+
+
 def read_fields(r, comp, steps: tuple[Step, ...]) -> None:
     """Read ``steps`` in order from the KaldiReader ``r`` into ``comp``'s attributes."""
     for step in steps:
         if type(step) is Custom:
-            if type(step.read) is str:
-                getattr(comp, step.read)(r)
-            elif step.read is not None:
-                step.read(comp, r)
+            _run_custom(step.read, comp, r)
         else:
             _read_field(r, comp, step)
 
@@ -185,10 +190,7 @@ def write_fields(w, comp, steps: tuple[Step, ...]) -> None:
     """Write ``steps`` in order from ``comp``'s attributes to the KaldiWriter ``w``."""
     for step in steps:
         if type(step) is Custom:
-            if type(step.write) is str:
-                getattr(comp, step.write)(w)
-            elif step.write is not None:
-                step.write(comp, w)
+            _run_custom(step.write, comp, w)
         else:
             _write_field(w, comp, step)
 
