@@ -129,13 +129,18 @@ def recompute_cheap_values(c: NnetComputation, nnet, options=None) -> str:
         live = live_floats_compressed(with_recomputed(c, nnet, chosen), nnet, after)
         return (float(live.max()), float(live.sum())) if len(live) else (0.0, 0.0)
 
-    base = exact([])
     chosen = None
     if level <= 1:  # choose on the model, then measure once
-        chosen = choose(cands, MemoryModel(c, nnet, cands, after))
-        best = exact(chosen) if chosen else base
+        model = MemoryModel(c, nnet, cands, after)
+        base = model.measured
+        chosen = choose(cands, model)
+        if not chosen:
+            return ""
+        best = exact(chosen)
         if best[0] >= base[0]:
             chosen = None  # (the model was wrong: choose by measuring)
+    else:
+        base = exact([])
     if chosen is None:
         chosen = choose(cands, exact)
         best = exact(chosen) if chosen else base
@@ -194,12 +199,16 @@ class MemoryModel:
         live, _ = live_floats(c)
         self.n = n = len(live)
         self.compressed: dict[int, tuple[int, int, float]] = {}  # matrix -> lo, hi, saving
+        measured = live
         if options is not None:
             from .compression import optimize_memory_compression
 
             t = copy.copy(c)
             optimize_memory_compression(t, nnet, options)
             self.compressed = _compression_intervals(c, t)
+            measured, _ = live_floats(t)
+        #: (peak, sum) of ``c`` as measured (after compression): what a set must beat
+        self.measured = (float(measured.max()), float(measured.sum())) if n else (0.0, 0.0)
         diff = np.zeros(n + 1)
         for lo, hi, saving in self.compressed.values():
             diff[lo] -= saving
@@ -289,9 +298,10 @@ def find_candidates(c: NnetComputation, nnet, middle: int) -> list[Candidate]:
             continue
         out.append(Candidate((i,), m, (subs[cmd.in_value].matrix,), *life))
     done = {x.matrix for x in out}
+    last_write = _last_writes(a)
     for m in range(1, len(c.matrices)):
         if m not in done:
-            cand = _gather_candidate(c, a, m, middle)
+            cand = _gather_candidate(c, a, m, middle, last_write)
             if cand is not None:
                 out.append(cand)
     return out
@@ -319,7 +329,19 @@ _GATHERS = (CT.SET_CONST, CT.MATRIX_COPY, CT.COPY_ROWS, CT.COPY_ROWS_MULTI, CT.M
 _MULTI_READS = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI)
 
 
-def _gather_candidate(c: NnetComputation, a: Analyzer, m: int, middle: int):
+def _last_writes(a: Analyzer) -> np.ndarray:
+    """Per variable, the last command writing it (-1 if none)."""
+    va = a.variable_accesses
+    nv = len(va.ptr) - 1
+    var = np.repeat(np.arange(nv), np.diff(va.ptr))
+    w = (va.access & AccessType.WRITE) != 0
+    out = np.full(nv, -1, dtype=np.int64)
+    np.maximum.at(out, var[w], va.command[w])
+    return out
+
+
+def _gather_candidate(c: NnetComputation, a: Analyzer, m: int, middle: int,
+                      last_write: np.ndarray):
     """Matrix ``m`` (not an input or output) when the forward pass fills it only by
     row copies and additions (:data:`_GATHERS`, writing nothing else), all before
     it is first read, and reads it afterwards only: e.g. the
@@ -361,7 +383,8 @@ def _gather_candidate(c: NnetComputation, a: Analyzer, m: int, middle: int):
             reads = [cmd.src] if cmd.src else []
         for s in reads:
             sm = subs[s].matrix
-            if sm == m or a.last_write_access(s) > d:
+            vs = a.variables.submatrix_variables(s)
+            if sm == m or (len(vs) and last_write[vs].max() > d):
                 return None  # (a source written after the copy may differ later)
             if sm in sources:
                 continue
