@@ -456,3 +456,22 @@ def test_training_steps_with_the_pass_change_nothing():
     assert want.keys() == got.keys() and any("stats_sum" in k for k in want)
     for k, v in want.items():
         assert np.array_equal(got[k], v), k
+
+
+def test_lossy_compression_level_chooses_by_measuring():
+    """At compression level 2 (int16, lossy: no interval model) the pass chooses by
+    building and measuring; the program checks, and its peak is lower."""
+    nnet = pynnet3.Nnet.from_config(CHAIN, seed=6)
+    req = pynnet3.ComputationRequest.from_frames(range(-7, 27), range(20), 2)
+    req = dataclasses.replace(
+        req, outputs=[dataclasses.replace(o, has_deriv=True) for o in req.outputs],
+        need_model_derivative=True)
+    level2 = OptimizeOptions(memory_compression_level=2)
+    rep = OptimizeReport()
+    on = optimize(compile_computation(nnet, req), nnet,
+                  dataclasses.replace(level2, recompute_cheap_values=True), report=rep,
+                  check=True)
+    off = optimize(compile_computation(nnet, req), nnet, level2)
+    changed = [p.changed for p in rep.passes if p.name == "recompute_cheap_values"][0]
+    assert changed.startswith("recompute")
+    assert on.peak_memory_floats() < off.peak_memory_floats()
