@@ -244,7 +244,7 @@ def test_an_exception_mid_run_leaves_no_output(model, tmp_path, monkeypatch, cap
     monkeypatch.setattr(simple.DecodableNnetSimple, "output", failing)
     out = tmp_path / "out.ark"
     (tmp_path / "out.scp").write_text("old\n")
-    rc = main(["compute", f"--ivectors=ark:{tmp_path}/iv.ark", str(model),
+    rc = main(["compute", "--batch-size=1", f"--ivectors=ark:{tmp_path}/iv.ark", str(model),
                f"ark:{tmp_path}/feats.ark", f"ark,scp:{out},{tmp_path}/out.scp"])
     assert rc == 130
     assert "interrupted after 2 utterances; no output written" in capsys.readouterr().err

@@ -232,8 +232,9 @@ def test_pad_last_chunk_same_rows_one_computation(model, tmp_path, capsys):  # n
     got, compiled = {}, {}
     for flag in ("true", "false"):
         out = tmp_path / f"{flag}.ark"
-        assert main(["compute", f"--pad-last-chunk={flag}", f"--ivectors=ark:{tmp_path}/iv.ark",
-                     str(model), f"ark:{tmp_path}/feats.ark", f"ark:{out}"]) == 0
+        assert main(["compute", "--batch-size=1", f"--pad-last-chunk={flag}",
+                     f"--ivectors=ark:{tmp_path}/iv.ark", str(model),
+                     f"ark:{tmp_path}/feats.ark", f"ark:{out}"]) == 0
         compiled[flag] = capsys.readouterr().err.split("compiled ")[1].split()[0]
         got[flag] = read_ark(out)
     # 50-frame chunks: chunks of 23, 1, 7, 50 and 50 + 11 frames (5 lengths); padded,

@@ -209,7 +209,8 @@ def test_an_interrupted_shard_is_not_marked_done(model, tmp_path, monkeypatch, c
         raise KeyboardInterrupt
 
     monkeypatch.setattr(simple.DecodableNnetSimple, "output", interrupted)
-    result = run_shard(_shard_options(model), str(tmp_path), lines, "", "out.1.ark",
+    options = dict(_shard_options(model), batch_size=1)  # (the unbatched path calls output)
+    result = run_shard(options, str(tmp_path), lines, "", "out.1.ark",
                        "out.1.scp", "out.1.ark.done", "fp")
     capsys.readouterr()
     assert result["error"] == "the job stopped (exit status 130)"

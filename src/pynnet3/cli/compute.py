@@ -18,15 +18,20 @@ DecodableNnetSimpleLooped as nnet3-latgen-faster-looped uses it): state is carri
 from chunk to chunk and nothing is recomputed. The acoustic scale stays the CLI's
 (1.0 by default, as nnet3-compute), not the library's 0.1.
 
-``--batch-size=N`` (beyond nnet3-compute) holds utterances until they have N chunks
-and runs equal-shaped chunks N at a time as the sequences of one request
-(:mod:`pynnet3.runtime.batching`); the outputs equal the unbatched ones
-up to float rounding.
+``--batch-size=N`` (beyond nnet3-compute; default 32) holds utterances until they
+have N chunks and runs equal-shaped chunks N at a time as the sequences of one
+request (:mod:`pynnet3.runtime.batching`); the outputs equal the unbatched ones
+up to float rounding. ``--batch-size=1`` runs one chunk at a time, as Kaldi. (On one
+core, batching 32 chunks measured 3-4x the frames/s of one chunk at a time on the
+compute-timing TDNN-F run: the per-command cost of the Python runtime is paid
+once per 32 chunks.)
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+DEFAULT_BATCH_SIZE = 32
 
 from ..errors import FormatError, PynnetError
 from .jobs import USE_GPU_CHOICES, run_table_job, say
@@ -134,7 +139,7 @@ def cmd_compute(args, stats: dict | None = None) -> int:
 
     if args.ivectors and args.online_ivectors:
         raise PynnetError("give --ivectors or --online-ivectors, not both")
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         raise PynnetError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.jobs < 1:
         raise PynnetError(f"--jobs must be >= 1, got {args.jobs}")
@@ -195,9 +200,10 @@ def cmd_compute(args, stats: dict | None = None) -> int:
                                    pad_last_chunk=pad, **inputs(key, feats))
 
     batcher = None
-    if args.batch_size > 1 and looped is None:
-        batcher = _Batcher(decodable, args.batch_size, args.apply_exp)
-    elif args.batch_size > 1:
+    batch_size = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
+    if batch_size > 1 and looped is None:
+        batcher = _Batcher(decodable, batch_size, args.apply_exp)
+    elif args.batch_size is not None and args.batch_size > 1:
         _say("note", "--batch-size is not used with --looped=true (one utterance at a time)")
     rc = run_table_job("compute", args.features, args.output, process,
                        lambda: 1 if looped is not None else compiler.info()["misses"],
@@ -329,11 +335,12 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
                    help="run the network optimizer on the model first, as nnet3-compute "
                         "runs CollapseModel; outputs equal up to float rounding "
                         "(default: true)")
-    s.add_argument("--batch-size", dest="batch_size", type=int, default=1, metavar="INT",
+    s.add_argument("--batch-size", dest="batch_size", type=int, default=None, metavar="INT",
                    help="beyond nnet3-compute: run up to this many equal-sized chunks, "
                         "from several utterances, as the sequences of one computation; "
-                        "outputs equal to --batch-size=1 up to float rounding; not used "
-                        "with --looped=true (default: 1)")
+                        "outputs equal to --batch-size=1 (one chunk at a time, as Kaldi) "
+                        "up to float rounding; not used with --looped=true "
+                        f"(default: {DEFAULT_BATCH_SIZE})")
     s.add_argument("--pad-last-chunk", dest="pad_last_chunk", type=kaldi_bool, default=True,
                    metavar="true|false",
                    help="beyond nnet3-compute: compute a short last chunk full-size (frames "
