@@ -133,7 +133,8 @@ def main() -> None:
         scp = Path(tmp) / "feats.scp"
         scp.write_text("\n".join(chosen) + "\n")
         for net in args.nets.split(","):
-            variants = [("unbatched", ["--batch-size=1"]), (f"batch={args.batch}", [f"--batch-size={args.batch}"])]
+            variants = [("unbatched", ["--batch-size=1"]),
+                        (f"batch={args.batch}", [f"--batch-size={args.batch}"])]
             if net in args.jobs_nets.split(","):
                 variants.append(("jobs=2", ["--jobs=2"]))
             k_fps, k_mb, k_frames = kaldi_figures(timing, net, frames)

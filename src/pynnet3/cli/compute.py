@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import numpy as np
 
-DEFAULT_BATCH_SIZE = 32
-
 from ..errors import FormatError, PynnetError
 from .jobs import USE_GPU_CHOICES, run_table_job, say
+
+DEFAULT_BATCH_SIZE = 32  # chunks per request (--batch-size)
 
 
 def _say(kind: str, message: str) -> None:
