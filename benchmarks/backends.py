@@ -12,6 +12,10 @@ derivatives, the network as read, as in train_step.py), one thread on the CPU
   tensors as inputs;
 * ``cuda``: the same on ``device="cuda"`` (synchronized after each run), when a
   GPU is present;
+* ``fx`` / ``compiled`` / ``onnxrt`` (decode only, ``--export``, the default): the
+  network exported by ``pynnet3.export`` run eager, ``torch.compile``d (dynamic N;
+  not for the networks in ``--no-compile-nets``: the unrolled LSTM takes minutes to
+  compile) and in onnxruntime (one thread) -- benchmarks/export.py's runners;
 * ``kaldi``: ``forward_ms`` / ``forward_backward_ms`` from ``scaling.json`` (another
   machine: compare ratios);
 
@@ -22,6 +26,7 @@ wall clock). No assertions.
 
     python benchmarks/backends.py [--nets tdnnf_chain,xvector] [--ns 1,8,32,128]
                                   [--shapes decode,train] [--reps 5] [--clock wall|cpu]
+                                  [--export true|false] [--no-compile-nets tdnn_lstm]
 """
 
 from __future__ import annotations
@@ -91,6 +96,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="decode,train")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    ap.add_argument("--export", choices=("true", "false"), default="true",
+                    help="add the exported module's columns (decode)")
+    ap.add_argument("--no-compile-nets", default="tdnn_lstm",
+                    help="networks whose exported module is not torch.compile'd")
     args = ap.parse_args(argv)
     cpu_clock = time.process_time if args.clock == "cpu" else time.perf_counter
     ref = reference_dir()
@@ -98,7 +107,7 @@ def main(argv=None) -> int:
              else e["forward_backward_ms"]
              for e in json.loads((ref / "scaling.json").read_text())}
     rng = np.random.default_rng(0)
-    cols = ("numpy", "torch", "cuda", "kaldi")
+    cols = ("numpy", "torch", "cuda", "fx", "compiled", "onnxrt", "kaldi")
     head = (f"{'network':<13} {'shape':<6} {'N':>4} " + " ".join(f"{c:>8}" for c in cols)
             + f" {'torch/np':>8} {'torch/kaldi':>11}")
     print(f"ms (min of {args.reps}, {args.clock} clock), one CPU thread "
@@ -108,10 +117,16 @@ def main(argv=None) -> int:
     for net in args.nets.split(","):
         nnet = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")
         for shape in args.shapes.split(","):
+            exported = None
             if shape == "decode":
                 model = nnet.copy() if hasattr(nnet, "copy") else nnet
                 model.set_test_mode(True)
                 model = pynnet3.optimize_network(model)
+                if args.export == "true" and importlib.util.find_spec("torch") is not None:
+                    from export import Exported
+
+                    exported = Exported(model, compile_module=net not in
+                                        args.no_compile_nets.split(","))
             else:
                 model = nnet
             for n in map(int, args.ns.split(",")):
@@ -123,9 +138,14 @@ def main(argv=None) -> int:
                     (len(s.indexes), model.output_dim(s.name))).astype(np.float32)
                     for s in req.outputs if s.has_deriv}
                 comp = pynnet3.CachingCompiler(model).compile(req)
+                run = runners(model, comp, inputs, derivs)
+                if exported is not None:
+                    from export import module_inputs
+
+                    run.update(exported.runners(module_inputs(exported.module, inputs, n)))
                 times = {name: best_ms(fn, args.reps,
                                        time.perf_counter if name == "cuda" else cpu_clock)
-                         for name, fn in runners(model, comp, inputs, derivs).items()}
+                         for name, fn in run.items()}
                 times["kaldi"] = kaldi.get((net, shape, n))
 
                 def f(v):
