@@ -80,7 +80,12 @@ def skip_optional(tag: str, kind: str) -> Custom:
 
 
 def _skip_repeated_opening(comp, r) -> None:
-    if r.peek_token() == f"<{comp.type_name}>":
+    # A byte comparison, not a token read and put back: this runs for every
+    # component of such a type in a model.
+    start = r.token_start()
+    opening = b"<" + comp.type_name.encode() + b">"
+    end = start + len(opening)
+    if r.data.startswith(opening, start) and r.data[end:end + 1].isspace():
         r.read_token()
 
 
@@ -145,25 +150,21 @@ def read_fields(r, comp, steps: tuple[Step, ...]) -> None:
 
 def _read_field(r, comp, f: Field) -> None:
     pos = r.pos  # errors about the value point at its tag (as the hand-written readers did)
-    if f.kind == "flag":
-        present = r.peek_token() == f.tag
-        if present:
-            r.read_token()
-        setattr(comp, f.attr, present)
-        return
-    if f.default is not REQUIRED:
-        tok = r.peek_token()
-        if tok != f.tag and tok not in f.aliases:
-            _set_default(comp, f)
-            return
-    if f.aliases:
-        start = r.token_start()
+    if f.tag:
+        # Read the tag once; when it is not this field's, put it back (an optional
+        # field or flag then takes its default) or name it in the error.
+        saved_tag = r.tag
         tok = r.read_token()
         if tok != f.tag and tok not in f.aliases:
+            r.pos, r.tag = pos, saved_tag
+            if f.kind == "flag" or f.default is not REQUIRED:
+                _set_default(comp, f)
+                return
             wanted = " or ".join(repr(t) for t in (f.tag, *f.aliases))
-            raise r.error(f"expected {wanted}", token=tok, pos=start)
-    elif f.tag:
-        r.expect_token(f.tag)
+            raise r.error(f"expected {wanted}", token=tok, pos=r.token_start())
+        if f.kind == "flag":
+            setattr(comp, f.attr, True)
+            return
     value_pos = r.pos
     value = getattr(r, _READ[f.kind])()
     if f.finite is not None:
@@ -176,11 +177,15 @@ def _read_field(r, comp, f: Field) -> None:
             token = str(value) if isinstance(value, (int, float, str)) else None
             raise r.error(problem, token=token, pos=pos)
     setattr(comp, f.attr, value)
-    for sub in f.then:
-        _read_field(r, comp, sub)
+    if f.then:
+        for sub in f.then:
+            _read_field(r, comp, sub)
 
 
 def _set_default(comp, f: Field) -> None:
+    if f.kind == "flag":  # an absent flag is False
+        setattr(comp, f.attr, False)
+        return
     setattr(comp, f.attr, f.default(comp) if callable(f.default) else f.default)
     for sub in f.then:
         _set_default(comp, sub)
