@@ -475,3 +475,32 @@ def test_lossy_compression_level_chooses_by_measuring():
     changed = [p.changed for p in rep.passes if p.name == "recompute_cheap_values"][0]
     assert changed.startswith("recompute")
     assert on.peak_memory_floats() < off.peak_memory_floats()
+
+
+BN_AFTER_AFFINE = """
+input-node name=input dim=6
+component name=a1 type=AffineComponent input-dim=6 output-dim=8
+component-node name=a1 component=a1 input=input
+component name=b1 type=BatchNormComponent dim=8
+component-node name=b1 component=b1 input=a1
+component name=a2 type=AffineComponent input-dim=8 output-dim=4
+component-node name=a2 component=a2 input=b1
+output-node name=output input=a2
+"""
+
+
+def test_freed_input_is_kept_until_the_recompute():
+    """A BatchNorm reading an affine output nothing else needs: the input is freed
+    right after the forward propagate, so recomputing needs it kept (``extend``);
+    forced, the program checks and gives the same bits, stored stats included."""
+    nnet = pynnet3.Nnet.from_config(BN_AFTER_AFFINE, seed=7)
+    req = dataclasses.replace(_train_request(nnet, 12), store_component_stats=True)
+    c = optimize(compile_computation(nnet, req), nnet,
+                 OptimizeOptions(memory_compression_level=0, propagate_in_place=False))
+    (cand,) = find_candidates(c, nnet, _marker(c))
+    assert c.commands[cand.prop].node == "b1" and cand.extend
+    forced, _ = _forced(c, nnet)
+    rng = np.random.default_rng(7)
+    inputs = {"input": rng.standard_normal((12, 6))}
+    derivs = {"output": rng.standard_normal((12, 4))}
+    _assert_identical(_run(nnet, forced, inputs, derivs), _run(nnet, c, inputs, derivs))

@@ -25,7 +25,9 @@ guaranteed) nor ``PROPAGATE_ADDS`` (the output's old contents would matter),
 reads its input as one submatrix of another matrix, and: ``M`` is neither an
 input nor an output, ``P`` is its only write (every other access reads it), and
 no command between ``P`` and the recompute point writes any part of ``P``'s
-input or frees/swaps its matrix (the analyzer's ``data_invalidated_command``).
+input or frees/swaps its matrix (the analyzer's ``data_invalidated_command``),
+or, where its matrix is freed before that point, no command writes it after
+``P`` and the recompute keeps it alive until it has run (``extend``, below).
 The re-run then sees bit-identical input and writes a bit-identical ``M'``.
 Of two candidates where one reads the value the other frees, at most one is
 chosen (:func:`compatible`).
@@ -273,6 +275,7 @@ def find_candidates(c: NnetComputation, nnet, middle: int) -> list[Candidate]:
     mats = a.matrix_accesses
     subs = c.submatrices
     out = []
+    last_write = None
     for i in range(middle):
         cmd = c.commands[i]
         if cmd.type is not CT.PROPAGATE or not cmd.in_value or cmd.table >= 0:
@@ -293,12 +296,21 @@ def find_candidates(c: NnetComputation, nnet, middle: int) -> list[Candidate]:
         if ma.accesses[0][1] is not W or any(acc is not R for _, acc in ma.accesses[1:]):
             continue
         life = _lifetime(c, ma, middle)
-        # the input must reach the recompute point unchanged and allocated
-        if life is None or a.data_invalidated_command(i, cmd.in_value) <= life[1][0]:
+        if life is None:
             continue
-        out.append(Candidate((i,), m, (subs[cmd.in_value].matrix,), *life))
+        # the input must reach the recompute point unchanged and allocated (or be
+        # freed before it, unchanged, and kept until then)
+        extend = ()
+        if a.data_invalidated_command(i, cmd.in_value) <= life[1][0]:
+            if last_write is None:
+                last_write = _last_writes(a)
+            extend = _keep_source(c, a, cmd.in_value, i, life[1][0], last_write)
+            if extend is None:
+                continue
+        out.append(Candidate((i,), m, (subs[cmd.in_value].matrix,), *life, extend=extend))
     done = {x.matrix for x in out}
-    last_write = _last_writes(a)
+    if last_write is None:
+        last_write = _last_writes(a)
     for m in range(1, len(c.matrices)):
         if m not in done:
             cand = _gather_candidate(c, a, m, middle, last_write)
@@ -383,25 +395,37 @@ def _gather_candidate(c: NnetComputation, a: Analyzer, m: int, middle: int,
             reads = [cmd.src] if cmd.src else []
         for s in reads:
             sm = subs[s].matrix
-            vs = a.variables.submatrix_variables(s)
-            if sm == m or (len(vs) and last_write[vs].max() > d):
-                return None  # (a source written after the copy may differ later)
-            if sm in sources:
-                continue
-            sources[sm] = None
-            src = a.matrix_accesses[sm]
-            end = src.deallocate_command
-            if end < 0 or end > r:
-                continue  # alive at the recompute point
-            e = cmds[end]
-            if e.type is CT.SWAP_MATRIX and a.matrix_accesses[e.matrix].allocate_command \
-                    == end and e.src_matrix == sm:
-                extend.append((sm, end))  # the receiver gets its own allocation instead
-            elif e.type is CT.DEALLOC_MATRIX:
-                extend.append((sm, end))
-            else:
+            if sm == m:
                 return None
+            keep = _keep_source(c, a, s, d, r, last_write)
+            if keep is None:
+                return None
+            if sm not in sources:
+                sources[sm] = None
+                extend += keep
     return Candidate(tuple(defs), m, tuple(sources), *life, extend=tuple(extend))
+
+
+def _keep_source(c: NnetComputation, a: Analyzer, s: int, d: int, r: int,
+                 last_write: np.ndarray):
+    """How submatrix ``s``, read by command ``d``, can be read again unchanged at
+    the recompute point ``r``: ``()`` when no command writes it after ``d`` and
+    its matrix is alive at ``r``; ``((matrix, end),)`` when it is freed before
+    ``r`` by ``end`` (a DEALLOC_MATRIX, or a SWAP_MATRIX handing its memory to a
+    matrix it allocates), whose life can be extended; None otherwise."""
+    vs = a.variables.submatrix_variables(s)
+    if len(vs) and last_write[vs].max() > d:
+        return None  # (a source written after the copy may differ later)
+    sm = c.submatrices[s].matrix
+    end = a.matrix_accesses[sm].deallocate_command
+    if end < 0 or end > r:
+        return ()  # alive at the recompute point
+    e = c.commands[end]
+    if e.type is CT.DEALLOC_MATRIX or (
+            e.type is CT.SWAP_MATRIX and e.src_matrix == sm
+            and a.matrix_accesses[e.matrix].allocate_command == end):
+        return ((sm, end),)  # (a swap's receiver gets its own allocation instead)
+    return None
 
 
 def with_recomputed(c: NnetComputation, nnet, chosen: list[Candidate]) -> NnetComputation:
