@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FormatError, PynnetError
-from .jobs import USE_GPU_CHOICES, run_table_job, say
+from .jobs import add_device_flags, choose_backend, run_table_job, say
 
 DEFAULT_BATCH_SIZE = 32  # chunks per request (--batch-size)
 
@@ -147,9 +147,7 @@ def cmd_compute(args, stats: dict | None = None) -> int:
         from .scaleout import run_scaled
 
         return run_scaled(args)
-    if args.use_gpu != "no":
-        _say("note", f"--use-gpu={args.use_gpu} is accepted for Kaldi scripts and ignored: "
-                     "pynnet3 compute runs on the CPU")
+    backend, device = choose_backend(args.use_gpu, args.backend, _say)
     options = _options(args)
     nnet, log_priors = _load_model(args)
     if args.looped:
@@ -189,15 +187,18 @@ def cmd_compute(args, stats: dict | None = None) -> int:
     def process(key: str, feats: np.ndarray) -> np.ndarray:
         kwargs = inputs(key, feats)
         if looped is not None:
-            out = _decode_looped(looped, feats, log_priors, args.acoustic_scale, kwargs)
+            out = _decode_looped(looped, feats, log_priors, args.acoustic_scale,
+                                 dict(kwargs, backend=backend, device=device))
         else:
             out = DecodableNnetSimple(nnet, compiler, feats, options, log_priors=log_priors,
-                                      pad_last_chunk=pad, **kwargs).output()
+                                      pad_last_chunk=pad, backend=backend, device=device,
+                                      **kwargs).output()
         return np.exp(out) if args.apply_exp else out
 
     def decodable(key: str, feats: np.ndarray):
         return DecodableNnetSimple(nnet, compiler, feats, options, log_priors=log_priors,
-                                   pad_last_chunk=pad, **inputs(key, feats))
+                                   pad_last_chunk=pad, backend=backend, device=device,
+                                   **inputs(key, feats))
 
     batcher = None
     batch_size = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
@@ -326,10 +327,7 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
                         "state carried between chunks, no extra context but "
                         "--extra-left-context-initial (-1 means 0 here); the "
                         "--acoustic-scale default stays 1.0 (default: false)")
-    s.add_argument("--use-gpu", dest="use_gpu", choices=USE_GPU_CHOICES, default="no",
-                   metavar="yes|no|optional|wait",
-                   help="accepted for Kaldi scripts and ignored (with a note unless no): "
-                        "compute runs on the CPU (default: no)")
+    add_device_flags(s)
     s.add_argument("--network-optimize", dest="network_optimize", type=kaldi_bool,
                    default=True, metavar="true|false",
                    help="run the network optimizer on the model first, as nnet3-compute "

@@ -1,6 +1,6 @@
 """What the long-running archive commands (compute, xvector-compute) share: the
 utterance loop over a feature table (run_table_job), the progress display,
-SIGTERM handling and the accepted --use-gpu values."""
+SIGTERM handling and the choice of backend from --use-gpu / --backend."""
 
 from __future__ import annotations
 
@@ -14,6 +14,58 @@ import numpy as np
 from ..errors import PynnetError
 
 USE_GPU_CHOICES = ("yes", "no", "optional", "wait")
+BACKEND_CHOICES = ("numpy", "torch")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def add_device_flags(s) -> None:
+    """--use-gpu (Kaldi's values) and --backend on the subparser ``s``."""
+    s.add_argument("--use-gpu", dest="use_gpu", choices=USE_GPU_CHOICES, default="no",
+                   metavar="yes|no|optional|wait",
+                   help="as Kaldi: yes/wait run on a CUDA device (an error without one), "
+                        "optional on one when there is one, no on the CPU; the GPU runs "
+                        "on the torch backend (default: no)")
+    s.add_argument("--backend", choices=BACKEND_CHOICES, default="numpy",
+                   help="beyond Kaldi: the backend on the CPU, numpy or torch "
+                        "(default: numpy)")
+
+
+def choose_backend(use_gpu: str, backend: str, say: Callable[[str, str], None]
+                   ) -> tuple[str, str | None]:
+    """(backend, device) for a run, Kaldi's --use-gpu semantics on the torch backend:
+    ``yes`` / ``wait`` need a CUDA device (PynnetError without one, as Kaldi stops
+    with "no CUDA GPU detected"); ``optional`` takes one when there is one, else
+    the CPU with a note; ``no``: the CPU. On the CPU ``backend`` picks NumPy (the
+    default) or torch. ``say(kind, message)`` prints notes."""
+    if use_gpu not in USE_GPU_CHOICES:
+        raise PynnetError(f"--use-gpu must be one of {', '.join(USE_GPU_CHOICES)}, "
+                          f"got {use_gpu!r}")
+    if backend not in BACKEND_CHOICES:
+        raise PynnetError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}, "
+                          f"got {backend!r}")
+    if use_gpu != "no":
+        if _cuda_available():
+            return "torch", "cuda"
+        if use_gpu in ("yes", "wait"):
+            raise PynnetError(f"--use-gpu={use_gpu}: no CUDA device is available (the GPU "
+                              "runs on the torch backend: pip install 'pynnet3[torch]' "
+                              "with a CUDA build of torch); --use-gpu=no runs on the CPU")
+        say("note", "--use-gpu=optional: no CUDA device is available; running on the CPU")
+    if backend == "torch":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise PynnetError("--backend=torch needs PyTorch: pip install 'pynnet3[torch]'"
+                              ) from None
+        return "torch", "cpu"
+    return "numpy", None
 
 
 class Progress:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PynnetError
-from .jobs import USE_GPU_CHOICES, run_table_job, say
+from .jobs import add_device_flags, choose_backend, run_table_job, say
 
 
 def _say(kind: str, message: str) -> None:
@@ -67,9 +67,11 @@ def _request(num_frames: int):
 
 
 def compute_xvector(nnet, compiler, feats: np.ndarray, chunk_size: int = -1,
-                    min_chunk_size: int = 100, pad_input: bool = True) -> np.ndarray:
+                    min_chunk_size: int = 100, pad_input: bool = True,
+                    backend: str = "numpy", device=None) -> np.ndarray:
     """The x-vector of one utterance (module doc): the chunk outputs averaged with
-    their unpadded lengths as weights, in float32 as Kaldi does."""
+    their unpadded lengths as weights, in float32 as Kaldi does; computed on
+    ``backend`` / ``device``, returned as a NumPy vector."""
     from ..runtime.computer import NnetComputer
 
     feats = np.asarray(feats, dtype=np.float32)
@@ -87,7 +89,8 @@ def compute_xvector(nnet, compiler, feats: np.ndarray, chunk_size: int = -1,
     for start, frames in xvector_chunks(len(feats), chunk_size, min_chunk_size, pad_input):
         chunk = pad_chunk(feats[start:start + frames], min_chunk_size if pad_input else 0)
         computation = compiler.compile(_request(len(chunk)))
-        out = NnetComputer(nnet, computation).run({"input": chunk}).outputs["output"]
+        computer = NnetComputer(nnet, computation, backend, device=device)
+        out = computer.backend.to_numpy(computer.run({"input": chunk}).outputs["output"])
         total += np.float32(frames) * out[0].astype(np.float32)
         weight += frames
     if weight == 0:
@@ -101,9 +104,7 @@ def cmd_xvector_compute(args) -> int:
     from ..graphopt import optimize_network
     from .files import read_model
 
-    if args.use_gpu != "no":
-        _say("note", f"--use-gpu={args.use_gpu} is accepted for Kaldi scripts and ignored: "
-                     "xvector-compute runs on the CPU")
+    backend, device = choose_backend(args.use_gpu, args.backend, _say)
     if args.min_chunk_size <= 0:
         raise PynnetError(f"--min-chunk-size must be positive, got {args.min_chunk_size}")
     nnet = read_model(args.model).copy()
@@ -114,7 +115,7 @@ def cmd_xvector_compute(args) -> int:
 
     def process(key: str, feats: np.ndarray) -> np.ndarray:
         return compute_xvector(nnet, compiler, feats, args.chunk_size, args.min_chunk_size,
-                               args.pad_input)
+                               args.pad_input, backend, device)
 
     return run_table_job("xvector-compute", args.features, args.output, process,
                          lambda: compiler.info()["misses"])
@@ -169,10 +170,7 @@ def add_xvector_command(sub, command, kaldi_bool) -> None:
                    metavar="INT",
                    help="computations kept by the compiler's cache, one per chunk "
                         "length (default: 64)")
-    s.add_argument("--use-gpu", dest="use_gpu", choices=USE_GPU_CHOICES, default="no",
-                   metavar="yes|no|optional|wait",
-                   help="accepted for Kaldi scripts and ignored (with a note unless no): "
-                        "xvector-compute runs on the CPU (default: no)")
+    add_device_flags(s)
     s.add_argument("--network-optimize", dest="network_optimize", type=kaldi_bool,
                    default=True, metavar="true|false",
                    help="run the network optimizer on the model first, as the Kaldi "

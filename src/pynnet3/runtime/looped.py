@@ -108,7 +108,7 @@ class DecodableNnetLooped:
 
     def __init__(self, info: LoopedDecodingInfo, features, ivector=None,
                  online_ivectors=None, online_ivector_period: int = 0,
-                 backend: str = "numpy", dtype=np.float32):
+                 backend: str = "numpy", dtype=np.float32, device=None):
         self.info = info
         feats = np.asarray(features)
         in_dim = info.nnet.input_dim("input")
@@ -140,7 +140,8 @@ class DecodableNnetLooped:
                     raise RuntimeInputError("online_ivectors need online_ivector_period > 0")
         fsf = info.options.frame_subsampling_factor
         self.num_frames = -(-len(feats) // fsf)
-        self.computer = NnetComputer(info.nnet, info.computation, backend, dtype)
+        self.computer = NnetComputer(info.nnet, info.computation, backend, dtype,
+                                     device=device)
         self.chunks_done = 0
         self._current = np.zeros((0, info.output_dim), dtype=dtype)
         self._current_offset = 0

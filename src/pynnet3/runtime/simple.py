@@ -112,8 +112,9 @@ class DecodableNnetSimple:
     def __init__(self, nnet, compiler, features, options: SimpleOptions | None = None,
                  ivector=None, online_ivectors=None, online_ivector_period: int = 0,
                  log_priors=None, backend: str = "numpy", dtype=np.float32,
-                 pad_last_chunk: bool = False):
+                 pad_last_chunk: bool = False, device=None):
         self.pad_last_chunk = pad_last_chunk
+        self.device = device  # (the torch backend's device; None: its default, the CPU)
         self.nnet, self.compiler = nnet, compiler
         self.options = options or SimpleOptions()
         self.frames_per_chunk = fixed_frames_per_chunk(nnet, self.options)
@@ -285,7 +286,7 @@ def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
                                                                     strict=True)])}
     if c0.ivector is not None:
         inputs["ivector"] = np.stack([c.ivector for c in chunks])
-    computer = NnetComputer(d.nnet, computation, d.backend, d.dtype)
+    computer = NnetComputer(d.nnet, computation, d.backend, d.dtype, device=d.device)
     result = computer.run(inputs)
     # (the decodable hands out NumPy rows, whatever backend computed them)
     out = computer.backend.to_numpy(result.outputs["output"])

@@ -254,7 +254,10 @@ class TorchBackend:
         dt = xp_torch.dtype_of(dtype)
         if isinstance(array, torch.Tensor):
             return array.detach().to(device=self.device, dtype=dt, copy=True)
-        return torch.as_tensor(np.asarray(array)).to(device=self.device, dtype=dt, copy=True)
+        array = np.asarray(array)
+        if not array.flags.writeable:  # (as_tensor would warn about sharing it: copy)
+            return torch.tensor(array, dtype=dt, device=self.device)
+        return torch.as_tensor(array).to(device=self.device, dtype=dt, copy=True)
 
     def to_numpy(self, array):
         return array.detach().cpu().numpy()
