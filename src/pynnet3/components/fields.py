@@ -17,7 +17,7 @@ line/offset and the token at fault, like every other reader error.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -61,6 +61,13 @@ class Field:
     aliases: tuple[str, ...] = ()
     finite: str | None = None
     then: tuple[Field, ...] = ()
+    # Derived once, for speed: the tag as written, and the writer's method name.
+    tag_bytes: bytes = field(init=False, repr=False, compare=False)
+    writer: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tag_bytes", self.tag.encode() + b" " if self.tag else b"")
+        object.__setattr__(self, "writer", f"write_{self.kind}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,13 +213,14 @@ def _write_field(w, comp, f: Field) -> None:
     value = getattr(comp, f.attr)
     if f.kind == "flag":
         if value:
-            w.write_token(f.tag)
+            w.raw(f.tag_bytes)
         return
     if f.tag:
-        w.write_token(f.tag)
-    getattr(w, f"write_{f.kind}")(value)
-    for sub in f.then:
-        _write_field(w, comp, sub)
+        w.raw(f.tag_bytes)  # what write_token(tag) writes
+    getattr(w, f.writer)(value)
+    if f.then:
+        for sub in f.then:
+            _write_field(w, comp, sub)
 
 
 __all__ = ["Field", "Custom", "Step", "REQUIRED", "UPDATABLE_HEADER", "REPEATED_OPENING",
