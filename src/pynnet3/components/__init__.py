@@ -2,7 +2,8 @@
 
 Importing this package imports every family module, which registers its types;
 ``component_class("AffineComponent")`` then finds the class. Users add their own
-types with the ``@register`` decorator.
+types with the ``@register`` decorator. A type states its Kaldi file layout as a
+``kaldi_fields`` list (fields.py), which the default ``read``/``write`` walk.
 """
 
 from __future__ import annotations
