@@ -213,10 +213,9 @@ def _write_field(w, comp, f: Field) -> None:
     value = getattr(comp, f.attr)
     if f.kind == "flag":
         if value:
-            w.raw(f.tag_bytes)
+            w.parts.append(f.tag_bytes)
         return
-    if f.tag:
-        w.raw(f.tag_bytes)  # what write_token(tag) writes
+    w.parts.append(f.tag_bytes)  # what write_token(tag) writes (b"" for an untagged value)
     getattr(w, f.writer)(value)
     if f.then:
         for sub in f.then:
