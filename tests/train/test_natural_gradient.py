@@ -249,3 +249,19 @@ def test_torch_tensors_keep_the_state_on_their_device():
     wt, wn = on_torch.W.numpy().astype(np.float64), on_numpy.W.astype(np.float64)
     np.testing.assert_allclose(wt.T @ wt, wn.T @ wn, rtol=0, atol=1e-4)
     assert on_torch.check_invariants() < 1e-3
+
+
+def test_overflowing_statistics_are_a_clear_error():
+    """Rows whose products overflow float32 (a diverged training) make the Fisher
+    update non-finite: a ComputeError naming the preconditioner, not LAPACK's
+    'eigenvalues did not converge'."""
+    from pynnet3.errors import ComputeError
+
+    p = OnlineNaturalGradient(rank=4, update_period=1)
+    p.name = "component 'affine1' (in)"
+    rng = np.random.default_rng(0)
+    p.precondition(rng.standard_normal((32, 12)).astype(np.float32))
+    with pytest.raises(ComputeError, match=r"natural gradient of component 'affine1' \(in\): "
+                                           r"the minibatch's statistics are not finite"):
+        with np.errstate(over="ignore", invalid="ignore"):
+            p.precondition(np.full((32, 12), 3e37, np.float32))

@@ -40,6 +40,7 @@ import math
 import numpy as np
 
 from ..components.blas import gemm_acc
+from ..errors import ComputeError
 
 _NUM_INITIAL_UPDATES = 10  # Kaldi: updates before update_period applies (> 3 init iters)
 _CONDITION_THRESHOLD = 1.0e6
@@ -73,6 +74,7 @@ class OnlineNaturalGradient:
         self.epsilon = 1.0e-10
         self.delta = 5.0e-4
         self.frozen = False
+        self.name = ""                   # what it preconditions, for error messages
         self.t = 0                       # calls so far (0: not initialized)
         self.W: np.ndarray | None = None  # (R, D) float32
         self.rho = -1.0e10
@@ -200,6 +202,11 @@ class OnlineNaturalGradient:
         z = (eta_n * eta_n) * outer * k + (eta_n * eta1) * outer * ell * \
             (d_rho[None, :] + d_rho[:, None])
         z[np.diag_indices(r)] += eta1 * eta1 * d_rho * d_rho
+        if not np.isfinite(z).all():
+            what = f" of {self.name}" if self.name else ""
+            raise ComputeError(f"natural gradient{what}: the minibatch's statistics are not "
+                               "finite (its values overflow float32: the training has "
+                               "diverged, or the input holds inf/NaN)")
         z_scale = max(1.0, float(np.trace(z)))
         c, u = np.linalg.eigh(z / z_scale)
         order = np.argsort(-c, kind="stable")         # Kaldi's SortSvd: largest first

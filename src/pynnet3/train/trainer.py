@@ -115,7 +115,9 @@ class Trainer:
     # -- natural gradient state ----------------------------------------------------------
     def _preconditioners_for(self, name: str, comp) -> dict | None:
         if name not in self.preconditioners:
-            self.preconditioners[name] = make_preconditioners(comp)
+            pre = make_preconditioners(comp)
+            _name_preconditioners(pre, f"component {name!r}")
+            self.preconditioners[name] = pre
         return self.preconditioners[name]
 
     def freeze_natural_gradient(self, frozen: bool) -> None:
@@ -303,3 +305,13 @@ def _num_sequences(request) -> int:
         raise RuntimeInputError(f"inputs/outputs of the request have different numbers of "
                                 f"n values: {sorted(values)}")
     return values.pop() if values else 1
+
+
+def _name_preconditioners(pre, where: str) -> None:
+    """Label every preconditioner of ``pre`` (a make_preconditioners result, nested
+    for composite components) with what it preconditions, for error messages."""
+    for slot, p in (pre or {}).items():
+        if isinstance(p, dict):
+            _name_preconditioners(p, f"{where} part {slot}")
+        elif p is not None:
+            p.name = f"{where} ({slot})"
