@@ -82,6 +82,35 @@ def _check_tensor(what: str, name: str, value, rows: int, cols: int):
     return value
 
 
+def run_dtype(dtype) -> np.dtype:
+    """The NumPy dtype of a run: a NumPy dtype (or its name), or a torch float dtype
+    (``torch.float64``: what a torch user hands the torch backend). Runs compute in
+    floating point; anything else is named here, not deep inside a component."""
+    try:
+        return _RUN_DTYPES[dtype]  # (np.dtype() costs microseconds; runs are small too)
+    except (KeyError, TypeError):
+        pass
+    given = dtype
+    if type(dtype).__module__ == "torch":  # (torch.float32 -> "float32"; no torch import)
+        dtype = str(dtype).removeprefix("torch.")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise RuntimeInputError(f"dtype {given!r}: not a dtype NumPy knows ({e})") from None
+    if dt.kind != "f":
+        raise RuntimeInputError(f"dtype {dt}: runs compute in floating point "
+                                "(float32 or float64)")
+    try:
+        if len(_RUN_DTYPES) < 64:
+            _RUN_DTYPES[given] = dt
+    except TypeError:  # (unhashable)
+        pass
+    return dt
+
+
+_RUN_DTYPES: dict = {}
+
+
 class NnetComputer:
     """Runs one computation; holds its matrices, memos and gradients.
 
@@ -103,7 +132,7 @@ class NnetComputer:
             self.backend = get_backend(backend)
         else:
             self.backend = get_backend(backend, device=device)
-        self.dtype = np.dtype(dtype)
+        self.dtype = run_dtype(dtype)
         self.matrices: dict[int, object] = {}
         self.memos: dict[int, object] = {}
         self.grads: dict[str, dict] = {}
@@ -457,6 +486,7 @@ def run(nnet, computation, inputs: dict, output_derivs: dict | None = None,
     ``network_optimize`` (True or a :class:`~pynnet3.NetworkOptions`; requests
     only): compile and run a network-optimized copy of ``nnet``, kept with the
     network's caches (then statistics accumulate in that copy)."""
+    dtype = run_dtype(dtype)
     if not isinstance(computation, NnetComputation):
         from ..cache import cache_for
 

@@ -43,6 +43,14 @@ def torch_device(device) -> torch.device:
                                     "(or was built without CUDA)")
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type not in ("cpu", "meta"):
+        # (e.g. "mps" on a torch built without it: torch's RuntimeError would come
+        # from the first tensor made there, deep inside a run)
+        try:
+            torch.empty(0, device=dev)
+        except (RuntimeError, AssertionError) as e:
+            raise RuntimeInputError(f"device {str(device)!r}: torch cannot use it here "
+                                    f"({e})") from None
     return dev
 
 

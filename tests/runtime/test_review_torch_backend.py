@@ -1,0 +1,113 @@
+"""Review of the torch backend (issue 17): what a PyTorch user hands ``pynnet3.run``
+(torch dtypes, devices torch cannot use, tensors of odd layouts) gets computed or
+named in a :class:`pynnet3.errors.RuntimeInputError`, never a raw error from deep
+inside a run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pynnet3
+from pynnet3.errors import RuntimeInputError
+from pynnet3.runtime.computer import run_dtype
+from tests.compiler import nets as N
+
+CONFIG = """input-node name=input dim=4
+component name=affine type=AffineComponent input-dim=12 output-dim=5
+component-node name=affine component=affine input=Append(Offset(input, -1), input, Offset(input, 1))
+component name=tanh type=TanhComponent dim=5
+component-node name=tanh component=tanh input=affine
+output-node name=output input=tanh
+"""
+
+
+def _case(seed: int = 0):
+    nnet = pynnet3.Nnet.from_config(CONFIG, seed=seed)
+    req = N.request({"input": N.frames(-1, 7)}, {"output": N.frames(0, 6)}, True, True)
+    comp = pynnet3.compile(nnet, req)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((8, 4))
+    d = rng.standard_normal((6, 5))
+    return nnet, comp, x, d, req
+
+
+def _independent_forward(nnet, x: np.ndarray) -> np.ndarray:
+    """tanh(W [x(t-1), x(t), x(t+1)] + b) in float64, written from the config."""
+    a = nnet.components["affine"]
+    spliced = np.concatenate([x[0:6], x[1:7], x[2:8]], axis=1)
+    return np.tanh(spliced @ np.asarray(a.linear_params, np.float64).T
+                   + np.asarray(a.bias_params, np.float64))
+
+
+def test_run_dtype_maps_numpy_and_torch_names():
+    assert run_dtype(np.float32) == np.float32
+    assert run_dtype("float64") == np.float64
+    with pytest.raises(RuntimeInputError, match="floating point"):
+        run_dtype(np.int32)
+    with pytest.raises(RuntimeInputError, match="not a dtype"):
+        run_dtype("no-such-type")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_torch_dtypes_are_run_dtypes(backend):
+    """dtype=torch.float64 used to be a TypeError ("Cannot interpret 'torch.float64'
+    as a data type") on both backends, compiled-computation and request paths."""
+    torch = pytest.importorskip("torch")
+    nnet, comp, x, d, req = _case()
+    want = _independent_forward(nnet, x)
+    for computation in (comp, req):  # (a request: compiled through the cache)
+        res = pynnet3.run(nnet, computation, {"input": x}, {"output": d}, backend=backend,
+                          dtype=torch.float64)
+        out = res.outputs["output"]
+        out = out.numpy() if isinstance(out, torch.Tensor) else out
+        assert out.dtype == np.float64
+        assert np.abs(out - want).max() < 1e-12
+    res = pynnet3.run(nnet, comp, {"input": x}, {"output": d}, backend=backend,
+                      dtype=torch.float32)
+    out = res.outputs["output"]
+    out = out.numpy() if isinstance(out, torch.Tensor) else out
+    assert out.dtype == np.float32
+    assert np.abs(out - want).max() < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_integer_dtype_is_named(backend):
+    """dtype=np.int32 used to fail inside a component (a UFuncTypeError on NumPy, a
+    torch RuntimeError on torch)."""
+    if backend == "torch":
+        pytest.importorskip("torch")
+    nnet, comp, x, d, req = _case()
+    with pytest.raises(RuntimeInputError, match="dtype int32"):
+        pynnet3.run(nnet, comp, {"input": x}, {"output": d}, backend=backend, dtype=np.int32)
+
+
+def test_device_torch_cannot_use_is_named():
+    """device="mps" on a torch without MPS used to raise torch's RuntimeError from the
+    first tensor made there (inside the run), not a RuntimeInputError."""
+    torch = pytest.importorskip("torch")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        pytest.skip("this torch can use MPS")
+    nnet, comp, x, d, req = _case()
+    with pytest.raises(RuntimeInputError, match="device 'mps'"):
+        pynnet3.run(nnet, comp, {"input": x}, {"output": d}, backend="torch", device="mps")
+
+
+def test_odd_tensor_inputs_equal_the_independent_forward():
+    """Non-contiguous views, float64 tensors into a float32 run, tensors that require
+    grad: all computed as the plain array (and the caller's tensor untouched)."""
+    torch = pytest.importorskip("torch")
+    nnet, comp, x, d, req = _case(1)
+    want = _independent_forward(nnet, x)
+    wide = torch.zeros(8, 8, dtype=torch.float64)
+    wide[:, ::2] = torch.from_numpy(x)
+    leaf = torch.from_numpy(x).float().requires_grad_(True)
+    for given in (wide[:, ::2], torch.from_numpy(x), leaf, torch.from_numpy(x.T.copy()).t()):
+        keep = given.detach().clone()
+        res = pynnet3.run(nnet, comp, {"input": given}, {"output": torch.from_numpy(d)},
+                          backend="torch", device=torch.device("cpu"))
+        out = res.outputs["output"]
+        assert out.dtype == torch.float32 and not out.requires_grad
+        assert np.abs(out.numpy() - want).max() < 1e-5
+        assert torch.equal(given.detach(), keep)
