@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from .jobs import on_sigterm
+from .jobs import Terminated, on_sigterm
 
 
 def _log(message: str) -> None:
@@ -31,15 +31,20 @@ def _cmd_merge_egs(args) -> int:
         old = signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # (not the main thread)
         old = None
+    num_read = 0
     try:
         with ExampleWriter(args.egs_wspecifier) as writer:
-            num_read = 0
             for _, eg in read_examples(args.egs_rspecifier):
                 num_read += 1
                 for key, merged in merger.accept(eg):
                     writer.write(key, merged)
             for key, merged in merger.finish():
                 writer.write(key, merged)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the writer removed its output
+        how = "terminated" if isinstance(e, Terminated) else "interrupted"
+        print(f"ERROR (pynnet3 merge-egs) {how} after {num_read} examples; no output "
+              "written", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
@@ -66,7 +71,7 @@ def add_egs_commands(sub, command, kaldi_bool) -> None:
                         "ark,scp:out.ark,out.scp or ark:-")
     s.add_argument("--minibatch-size", dest="minibatch_size", default="256", metavar="RULES",
                    help="examples per minibatch, Kaldi's syntax: an integer (128), a list of "
-                        "sizes and ranges (64,128 or 1:16:32,64), or rules per example size "
+                        "sizes and ranges (64,128 or 16:32,64,128), or rules per example size "
                         "(128=64:128/256=32:64): the rule of the nearest example size is "
                         "used; at the end of the input the largest allowed size that fits "
                         "is used and the rest discarded (default: 256)")

@@ -16,7 +16,8 @@ import sys
 
 import numpy as np
 
-from .jobs import USE_GPU_CHOICES, on_sigterm
+from ..errors import PynnetError
+from .jobs import USE_GPU_CHOICES, Terminated, on_sigterm
 
 # nnet3-train flags that go to TrainerOptions (as given on the command line).
 _TRAINER_FLAGS = ("momentum", "max-param-change", "l2-regularize-factor",
@@ -94,10 +95,14 @@ def _cmd_train(args) -> int:
     total_weight = 0.0
     try:
         for key, eg in examples if group is None else group.in_step(examples):
-            mb = example_minibatch(nnet, eg, need_model_derivative=True,
-                                   store_component_stats=options.store_component_stats)
-            stats = trainer.train_step(mb.request, inputs=mb.inputs,
-                                       supervision=mb.supervision)
+            try:
+                mb = example_minibatch(nnet, eg, need_model_derivative=True,
+                                       store_component_stats=options.store_component_stats)
+                stats = trainer.train_step(mb.request, inputs=mb.inputs,
+                                           supervision=mb.supervision)
+            except PynnetError as e:  # (say which example: archives hold thousands)
+                e.args = (f"example {key!r}: {e}",)
+                raise
             total_weight += stats.weight
             if not speaks:
                 continue
@@ -118,6 +123,13 @@ def _cmd_train(args) -> int:
                      f"{stats.objective_per_frame:.6g} over {stats.weight:.6g} frames",
                      "VLOG[1]")
             progress.update(key, stats.objective_per_frame)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: no model that looks trained
+        if progress is not None:
+            progress.clear()
+        how = "terminated" if isinstance(e, Terminated) else "interrupted"
+        _log(f"{how} after {trainer.num_minibatches_processed} minibatches; no model "
+             "written", "ERROR")
+        return 143 if isinstance(e, Terminated) else 130
     finally:
         if progress is not None:
             progress.clear()

@@ -28,7 +28,7 @@ from .general_matrix import CompressedMatrix, SparseMatrix, general_matrix_shape
 # -- --minibatch-size ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MinibatchSizeRules:
-    """A parsed ``--minibatch-size``: ``"128"``, ``"64,128"``, ``"1:16:32,64"`` (ranges
+    """A parsed ``--minibatch-size``: ``"128"``, ``"64,128"``, ``"16:32,64,128"`` (ranges
     ``lo:hi``) or per example size ``"128=64:128,256/256=32:64"``. ``rules`` holds
     ``(eg_size, ranges)``; ``eg_size`` is 0 for the single rule without ``=``."""
 

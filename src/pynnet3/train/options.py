@@ -9,6 +9,7 @@ or a value of the wrong kind is a :class:`~pynnet3.errors.ConfigError` naming it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from ..errors import ConfigError
@@ -25,7 +26,8 @@ _IGNORED = {"read-cache", "write-cache", "binary-write-cache", "debug-computatio
 class TrainerOptions:
     """What NnetTrainer does around each minibatch (see :class:`~pynnet3.train.Trainer`).
 
-    Invariants checked by :meth:`validate` (Kaldi's asserts): ``momentum >= 0``,
+    Invariants checked by :meth:`validate` (Kaldi's asserts, and every float
+    finite): ``momentum >= 0``,
     ``max_param_change >= 0``, ``backstitch_training_interval > 0``,
     ``0 <= batchnorm_stats_scale <= 1``, ``print_interval > 0``.
     ``srand`` seeds the trainer's own generator (ConstrainOrthonormal's coin and
@@ -68,6 +70,11 @@ class TrainerOptions:
         return opts
 
     def validate(self) -> None:
+        for f in fields(self):  # (NaN passes or fails the comparisons below by accident)
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"trainer options: {f.name.replace('_', '-')} must be "
+                                  f"finite, got {value}")
         checks = (
             (self.momentum >= 0.0, "momentum must be >= 0"),
             (self.max_param_change >= 0.0, "max-param-change must be >= 0"),

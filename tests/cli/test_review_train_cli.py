@@ -1,0 +1,75 @@
+"""Review of ``pynnet3 train`` / ``merge-egs`` (issue 18) as a Kaldi user breaks them:
+a run stopped by SIGTERM ends with one line and exit status 143 and leaves no model or
+archive that looks finished; an example the network cannot train on is an error that
+names the example's key (archives hold thousands)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pynnet3 import Nnet
+from pynnet3.cli.main import main
+from pynnet3.io.egs import ExampleWriter, NnetExample, NnetIo
+
+_CONFIG = """input-node name=input dim=4
+component name=affine type=NaturalGradientAffineComponent input-dim=12 output-dim=3
+component-node name=affine component=affine input=Append(Offset(input,-1), input, Offset(input,1))
+component name=sm type=LogSoftmaxComponent dim=3
+component-node name=sm component=sm input=affine
+output-node name=output input=sm"""
+
+
+def _example(rng, input_dim: int = 4, output_dim: int = 3) -> NnetExample:
+    return NnetExample([
+        NnetIo.from_matrix("input", -1, rng.standard_normal((10, input_dim), np.float32)),
+        NnetIo.from_labels("output", output_dim, 0, rng.integers(0, 3, 8))])
+
+
+@pytest.fixture
+def files(tmp_path):
+    rng = np.random.default_rng(0)
+    model = tmp_path / "0.raw"
+    Nnet.from_config(_CONFIG, seed=0).write(str(model), binary=True)
+    egs = tmp_path / "egs.ark"
+    with ExampleWriter(f"ark:{egs}") as w:
+        for i in range(6):
+            w.write(f"eg{i}", _example(rng))
+        w.write("eg-wide-labels", _example(rng, output_dim=5))
+    return tmp_path, model, egs
+
+
+def _sigterm_source(egs) -> str:
+    # A pipe whose shell sends SIGTERM to this process (its parent) before any data.
+    return f"ark:kill -TERM $PPID; sleep 2; cat {egs} |"
+
+
+def test_train_stopped_by_sigterm_writes_no_model(files, capsys):
+    tmp, model, egs = files
+    out = tmp / "out.raw"
+    assert main(["train", str(model), _sigterm_source(egs), str(out)]) == 143
+    err = capsys.readouterr().err
+    assert "terminated" in err and "no model written" in err
+    assert "Traceback" not in err
+    assert not out.exists() and sorted(p.name for p in tmp.iterdir()) == [
+        "0.raw", "egs.ark"]
+
+
+def test_merge_egs_stopped_by_sigterm_writes_no_archive(files, capsys):
+    tmp, _, egs = files
+    out = tmp / "merged.ark"
+    assert main(["merge-egs", "--minibatch-size=2", _sigterm_source(egs),
+                 f"ark,scp:{out},{tmp / 'merged.scp'}"]) == 143
+    err = capsys.readouterr().err
+    assert "terminated" in err and "no output written" in err
+    assert sorted(p.name for p in tmp.iterdir()) == ["0.raw", "egs.ark"]
+
+
+def test_train_error_names_the_example(files, capsys):
+    tmp, model, egs = files
+    out = tmp / "out.raw"
+    assert main(["train", str(model), f"ark:{egs}", str(out)]) == 1
+    err = capsys.readouterr().err
+    line = [x for x in err.splitlines() if "error" in x][-1]
+    assert "example 'eg-wide-labels'" in line and "(8, 5)" in line
+    assert not out.exists()
