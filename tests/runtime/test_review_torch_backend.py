@@ -111,3 +111,32 @@ def test_odd_tensor_inputs_equal_the_independent_forward():
         assert out.dtype == torch.float32 and not out.requires_grad
         assert np.abs(out.numpy() - want).max() < 1e-5
         assert torch.equal(given.detach(), keep)
+
+
+def test_decodables_take_tensors_and_torch_dtypes():
+    """Looped and chunked decoding read their features on the host: a tensor that
+    requires grad used to be torch's "Can't call numpy() on Tensor that requires
+    grad" RuntimeError, and dtype=torch.float64 a TypeError in np.zeros. Both now
+    decode exactly as NumPy arrays with dtype=np.float64 do."""
+    torch = pytest.importorskip("torch")
+    from pynnet3.runtime.looped import LoopedOptions, decode_looped
+    from pynnet3.runtime.simple import DecodableNnetSimple, SimpleOptions
+
+    nnet = pynnet3.Nnet.from_config(N.IVECTOR, seed=5)
+    rng = np.random.default_rng(4)
+    feats = rng.standard_normal((19, nnet.input_dim("input")))
+    iv = rng.standard_normal(nnet.input_dim("ivector"))
+    t_feats = torch.from_numpy(feats).requires_grad_(True)
+    t_iv = torch.from_numpy(iv).requires_grad_(True)
+    opts = LoopedOptions(frames_per_chunk=5, frame_subsampling_factor=1, acoustic_scale=1.0)
+    want = decode_looped(nnet, feats, iv, opts, backend="torch", dtype=np.float64)
+    got = decode_looped(nnet, t_feats, t_iv, opts, backend="torch", dtype=torch.float64)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float64
+    assert np.array_equal(got, want)
+
+    sopts = SimpleOptions(frames_per_chunk=8)
+    want = DecodableNnetSimple(nnet, pynnet3.CachingCompiler(nnet), feats, sopts, ivector=iv,
+                               backend="torch", dtype=np.float64).output()
+    got = DecodableNnetSimple(nnet, pynnet3.CachingCompiler(nnet), t_feats, sopts,
+                              ivector=t_iv, backend="torch", dtype=torch.float64).output()
+    assert got.dtype == np.float64 and np.array_equal(got, want)

@@ -111,6 +111,15 @@ def run_dtype(dtype) -> np.dtype:
 _RUN_DTYPES: dict = {}
 
 
+def host_array(value) -> np.ndarray:
+    """``value`` as a NumPy array on the host, for the decodables that read their
+    features there: a torch tensor (on any device, requiring grad or not) is
+    detached and copied to the CPU; anything else goes through ``np.asarray``."""
+    if _is_tensor(value):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
 class NnetComputer:
     """Runs one computation; holds its matrices, memos and gradients.
 

@@ -27,7 +27,7 @@ from ..compiler.looped import (
 )
 from ..errors import RuntimeInputError
 from ..optimize.options import OptimizeOptions
-from .computer import NnetComputer
+from .computer import NnetComputer, host_array, run_dtype
 
 _FLAGS = {"frames-per-chunk": "frames_per_chunk",
           "frame-subsampling-factor": "frame_subsampling_factor",
@@ -110,7 +110,8 @@ class DecodableNnetLooped:
                  online_ivectors=None, online_ivector_period: int = 0,
                  backend: str = "numpy", dtype=np.float32, device=None):
         self.info = info
-        feats = np.asarray(features)
+        dtype = run_dtype(dtype)
+        feats = host_array(features)
         in_dim = info.nnet.input_dim("input")
         if feats.ndim != 2 or feats.shape[1] != in_dim or len(feats) == 0:
             raise RuntimeInputError(f"features: expected a non-empty (frames, {in_dim}) "
@@ -120,8 +121,9 @@ class DecodableNnetLooped:
         self.features = feats
         if ivector is not None and online_ivectors is not None:
             raise RuntimeInputError("give either ivector or online_ivectors, not both")
-        self.ivector = None if ivector is None else np.asarray(ivector).reshape(-1)
-        self.online_ivectors = None if online_ivectors is None else np.asarray(online_ivectors)
+        self.ivector = None if ivector is None else host_array(ivector).reshape(-1)
+        self.online_ivectors = None if online_ivectors is None else \
+            host_array(online_ivectors)
         self.online_ivector_period = online_ivector_period
         if info.has_ivectors:
             iv_dim = info.nnet.input_dim("ivector")

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..compiler.request import ComputationRequest, request_for_frames
 from ..errors import RuntimeInputError
-from .computer import NnetComputer
+from .computer import NnetComputer, host_array, run_dtype
 
 
 @dataclass
@@ -118,7 +118,8 @@ class DecodableNnetSimple:
         self.nnet, self.compiler = nnet, compiler
         self.options = options or SimpleOptions()
         self.frames_per_chunk = fixed_frames_per_chunk(nnet, self.options)
-        feats = np.asarray(features)
+        dtype = run_dtype(dtype)
+        feats = host_array(features)
         in_dim = nnet.input_dim("input")
         if feats.ndim != 2 or len(feats) == 0:
             raise RuntimeInputError(f"features: expected a non-empty matrix, got shape "
@@ -140,7 +141,7 @@ class DecodableNnetSimple:
         if has_iv:
             iv_dim = nnet.input_dim("ivector")
             if ivector is not None:
-                iv = np.asarray(ivector)
+                iv = host_array(ivector)
                 if iv.ndim == 2 and len(iv) == 1:
                     iv = iv[0]
                 if iv.ndim != 1 or len(iv) != iv_dim:
@@ -148,7 +149,7 @@ class DecodableNnetSimple:
                                             f"got shape {iv.shape}")
                 self.ivector = iv.astype(dtype, copy=False)
             else:
-                oi = np.asarray(online_ivectors)
+                oi = host_array(online_ivectors)
                 if oi.ndim != 2 or len(oi) == 0 or oi.shape[1] != iv_dim:
                     raise RuntimeInputError(f"online iVectors: expected a non-empty (rows, "
                                             f"{iv_dim}) matrix, got shape {oi.shape}")
