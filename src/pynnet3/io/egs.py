@@ -369,7 +369,9 @@ def _read_scp(spec) -> Iterator[tuple[str, NnetExample]]:
             if data[offset:offset + 2] == b"\0B":
                 r: KaldiReader = BinaryReader(data, where, pos=offset + 2)
             else:
-                r = TextReader(bytes(data), where, pos=offset)
+                if isinstance(data, mmap.mmap):  # (text errors count lines: need bytes,
+                    data = files[path] = bytes(data)  # made once per file, not per entry)
+                r = TextReader(data, where, pos=offset)
             eg = read_example(r)
         except FormatError as e:
             if spec.permissive:
