@@ -103,6 +103,8 @@ def to_torch(nnet, frames: int, *, output_times: str = "auto", ivector_rows: str
     module.output_names = list(nnet.output_names())
     # (a parameter no output depends on is not in the module: dead code)
     module.param_names = {k: v for k, v in g.param_names.items() if hasattr(module, v)}
+    # (TorchScript cannot type a dict with tuple keys: torch.jit.script skips it)
+    module.__jit_ignored_attributes__ = ["param_names"]
     module.frames = shape.frames
     module.left_context, module.right_context = shape.left, shape.right
     module.input_frames = shape.input_frames
