@@ -73,3 +73,40 @@ def test_train_error_names_the_example(files, capsys):
     line = [x for x in err.splitlines() if "error" in x][-1]
     assert "example 'eg-wide-labels'" in line and "(8, 5)" in line
     assert not out.exists()
+
+
+def test_training_an_acoustic_model_writes_an_acoustic_model(tmp_path, capsys):
+    """``pynnet3 train final.mdl EGS out.mdl`` (the README's example) used to write the
+    bare network to out.mdl, dropping the transition model and priors; now out.mdl is
+    an acoustic model: the same transition model and priors, the trained network
+    equal to training the network alone."""
+    from tests.reference import require_reference
+
+    ref = require_reference()
+    mdl = ref / "am" / "tdnn_relu_bn" / "final.mdl"
+    egs = ref / "train-cli" / "tdnn_relu_bn" / "merged.ark"
+    if not (mdl.exists() and egs.exists()):
+        pytest.skip("kaldi-reference am/tdnn_relu_bn or train-cli/tdnn_relu_bn missing")
+    from pynnet3 import read_am
+    from pynnet3.cli.am import read_am_file
+
+    raw = tmp_path / "in.raw"
+    assert main(["am-copy", "--raw=true", str(mdl), str(raw)]) == 0
+    out_am, out_raw = tmp_path / "out.mdl", tmp_path / "out.raw"
+    assert main(["train", str(mdl), f"ark:{egs}", str(out_am)]) == 0
+    assert main(["train", str(raw), f"ark:{egs}", str(out_raw)]) == 0
+    before, after = read_am(str(mdl)), read_am_file(str(out_am))
+    # (the transition model is what the file holds before the network)
+    assert out_am.read_bytes().split(b"<Nnet3>")[0] == mdl.read_bytes().split(b"<Nnet3>")[0]
+    assert after.priors.size and after.transition_model is not None
+    np.testing.assert_array_equal(after.priors, before.priors)
+    trained = read_am_file(str(out_am)).nnet
+    from pynnet3.cli.files import read_model
+
+    alone = read_model(str(out_raw))
+    changed = 0
+    for name, comp in alone.components.items():
+        for key, p in comp.params().items():
+            np.testing.assert_array_equal(trained.components[name].params()[key], p)
+            changed += not np.array_equal(p, before.nnet.components[name].params()[key])
+    assert changed > 0

@@ -61,7 +61,7 @@ def _cmd_train(args) -> int:
     from ..io.egs import read_examples
     from ..train import Trainer, TrainerOptions
     from ..train.examples import example_minibatch
-    from .files import read_model, write_model
+    from .files import STDIO, write_model
 
     if args.use_gpu in ("yes", "wait"):
         _log(f"--use-gpu={args.use_gpu}: training runs on the CPU (NumPy backend)", "WARNING")
@@ -73,7 +73,7 @@ def _cmd_train(args) -> int:
     from .main import optimize_options_from_args
 
     options = TrainerOptions.from_flags(trainer_flags(args))
-    nnet = read_model(args.model)
+    nnet, am = read_model_or_am(args.model)
     # (--optimization.min-deriv-time etc. shape the training computations, as in Kaldi)
     compiler = CachingCompiler(nnet, optimize=optimize_options_from_args(args))
     examples = read_examples(args.egs_rspecifier)
@@ -140,9 +140,32 @@ def _cmd_train(args) -> int:
     if speaks:
         for line in trainer.total_stats_lines():
             _log(line)
-        write_model(nnet, args.out, args.binary)
+        if am is None:
+            write_model(nnet, args.out, args.binary)
+        elif args.out == STDIO:
+            sys.stdout.buffer.write(am.to_bytes(args.binary))
+            sys.stdout.flush()
+        else:
+            am.write(args.out, binary=args.binary)
         _log(f"Wrote model to {args.out}")
     return 0 if total_weight != 0.0 else 1
+
+
+def read_model_or_am(path: str):
+    """``(network, acoustic model or None)`` from the model file ``path`` (read once:
+    it may be stdin). Training an acoustic model (final.mdl) writes one back, its
+    network trained; writing the bare network would silently drop the transition
+    model and priors from an ``out.mdl``."""
+    from ..am import AcousticModel
+    from ..io.am_file import is_am_bytes
+    from ..nnet import nnet_from_bytes
+    from .files import read_model_bytes
+
+    data, name = read_model_bytes(path)
+    if is_am_bytes(data):
+        am = AcousticModel.from_bytes(data, name)
+        return am.nnet, am
+    return nnet_from_bytes(data, name), None
 
 
 def max_change_lines(nnet, stats, options) -> list[str]:
@@ -234,8 +257,9 @@ def add_train_command(sub, command, kaldi_bool) -> None:
                 usage="pynnet3 train [-h] [options] [--optimization.OPTION=VALUE ...] "
                       "MODEL EGS-RSPECIFIER OUT")
     s.add_argument("model", metavar="MODEL",
-                   help="model to train: Kaldi nnet3 raw model, text or binary (detected), "
-                        "gzipped or not; '-' reads stdin")
+                   help="model to train: Kaldi nnet3 raw model or acoustic model (final.mdl: "
+                        "OUT is then an acoustic model with the same transition model and "
+                        "priors), text or binary (detected), gzipped or not; '-' reads stdin")
     s.add_argument("egs_rspecifier", metavar="EGS-RSPECIFIER",
                    help="training examples: ark:egs.ark, scp:egs.scp, ark:- or "
                         "'ark:pynnet3 merge-egs ark:egs.ark ark:- |'")
