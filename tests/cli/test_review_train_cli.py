@@ -110,3 +110,28 @@ def test_training_an_acoustic_model_writes_an_acoustic_model(tmp_path, capsys):
             np.testing.assert_array_equal(trained.components[name].params()[key], p)
             changed += not np.array_equal(p, before.nnet.components[name].params()[key])
     assert changed > 0
+
+
+def test_averaging_acoustic_models_writes_an_acoustic_model(tmp_path, capsys):
+    """``pynnet3 average a.mdl b.mdl out.mdl`` wrote a bare network too; now an
+    acoustic model with the first model's transition model and priors whose network
+    is the average of the networks (averaged here as raw networks)."""
+    from tests.reference import require_reference
+
+    mdl = require_reference() / "am" / "tdnn_relu_bn" / "final.mdl"
+    if not mdl.exists():
+        pytest.skip("kaldi-reference am/tdnn_relu_bn missing")
+    from pynnet3.cli.am import read_am_file
+    from pynnet3.cli.files import read_model
+
+    raw = tmp_path / "in.raw"
+    assert main(["am-copy", "--raw=true", str(mdl), str(raw)]) == 0
+    out_am, out_raw = tmp_path / "avg.mdl", tmp_path / "avg.raw"
+    assert main(["average", "--weights=1:3", str(mdl), str(raw), str(out_am)]) == 0
+    assert main(["average", "--weights=1:3", str(raw), str(raw), str(out_raw)]) == 0
+    assert out_am.read_bytes().split(b"<Nnet3>")[0] == mdl.read_bytes().split(b"<Nnet3>")[0]
+    got, want = read_am_file(str(out_am)), read_model(str(out_raw))
+    np.testing.assert_array_equal(got.priors, read_am_file(str(mdl)).priors)
+    for name, comp in want.components.items():
+        for key, p in comp.params().items():
+            np.testing.assert_array_equal(got.nnet.components[name].params()[key], p)

@@ -8,7 +8,7 @@ import sys
 
 def _cmd_average(args) -> int:
     from ..train.average import average_nnets, kaldi_weights
-    from .files import read_model, write_model
+    from .files import read_model_or_am, write_model
     from .main import UsageError
 
     if len(args.models) < 2:
@@ -19,8 +19,10 @@ def _cmd_average(args) -> int:
     if total is not None:
         print(f"WARNING (pynnet3 average) Normalizing weights to sum to one, sum was "
               f"{total:.6g}", file=sys.stderr)
-    nnets = [read_model(path) for path in inputs]
-    write_model(average_nnets(nnets, args.weights), out, args.binary)
+    read = [read_model_or_am(path) for path in inputs]
+    nnets = [nnet for nnet, _ in read]
+    # (an acoustic model first: the average is one, with its transition model and priors)
+    write_model(average_nnets(nnets, args.weights), out, args.binary, read[0][1])
     print(f"LOG (pynnet3 average) Averaged parameters of {len(inputs)} neural nets, and wrote "
           f"to {out}", file=sys.stderr)
     return 0
@@ -36,7 +38,8 @@ def add_average_command(sub, command, kaldi_bool) -> None:
                 "statistics (nonlinearity stats, BatchNorm counts and sums, so its mean and\n"
                 "variance are count-weighted averages) are summed with the weights;\n"
                 "options and learning rates are the first model's. The last argument is\n"
-                "the output, written atomically.",
+                "the output, written atomically; when the first model is an acoustic model\n"
+                "(final.mdl) the output is one, with its transition model and priors.",
                 usage="pynnet3 average [-h] [--binary=true|false] [--weights=W1:W2:...] "
                       "MODEL1 [MODEL2 ...] OUT")
     s.add_argument("models", nargs="+", metavar="MODEL",

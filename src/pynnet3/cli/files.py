@@ -79,10 +79,32 @@ def read_config(path: str) -> tuple[str, str]:
         raise ConfigError(f"not UTF-8 text (byte {e.start})", line, source=name) from None
 
 
-def write_model(nnet: Nnet, path: str, binary: bool) -> None:
-    """Write ``nnet`` to ``path`` (atomically) or to stdout for ``-``."""
+def read_model_or_am(path: str):
+    """``(network, acoustic model or None)`` from the model file ``path`` (read once:
+    it may be stdin), for commands that change a network and write it back: given
+    an acoustic model (final.mdl) they write one (:func:`write_model` with ``am``),
+    where writing the bare network would silently drop the transition model and
+    priors from an ``out.mdl``."""
+    from ..am import AcousticModel
+    from ..io.am_file import is_am_bytes
+
+    data, name = read_model_bytes(path)
+    if is_am_bytes(data):
+        am = AcousticModel.from_bytes(data, name)
+        return am.nnet, am
+    return nnet_from_bytes(data, name), None
+
+
+def write_model(nnet: Nnet, path: str, binary: bool, am=None) -> None:
+    """Write ``nnet`` to ``path`` (atomically) or to stdout for ``-``; with ``am`` (an
+    AcousticModel) as an acoustic model: its transition model and priors, ``nnet``."""
+    if am is not None:
+        from ..am import AcousticModel
+
+        am = AcousticModel(am.transition_model, nnet, am.priors, am.left_context,
+                           am.right_context)
     if path == STDIO:
-        sys.stdout.buffer.write(nnet.to_bytes(binary))
+        sys.stdout.buffer.write((am or nnet).to_bytes(binary))
         sys.stdout.flush()
     else:
-        nnet.write(path, binary=binary)
+        (am or nnet).write(path, binary=binary)

@@ -61,7 +61,7 @@ def _cmd_train(args) -> int:
     from ..io.egs import read_examples
     from ..train import Trainer, TrainerOptions
     from ..train.examples import example_minibatch
-    from .files import STDIO, write_model
+    from .files import read_model_or_am, write_model
 
     if args.use_gpu in ("yes", "wait"):
         _log(f"--use-gpu={args.use_gpu}: training runs on the CPU (NumPy backend)", "WARNING")
@@ -140,32 +140,9 @@ def _cmd_train(args) -> int:
     if speaks:
         for line in trainer.total_stats_lines():
             _log(line)
-        if am is None:
-            write_model(nnet, args.out, args.binary)
-        elif args.out == STDIO:
-            sys.stdout.buffer.write(am.to_bytes(args.binary))
-            sys.stdout.flush()
-        else:
-            am.write(args.out, binary=args.binary)
+        write_model(nnet, args.out, args.binary, am)
         _log(f"Wrote model to {args.out}")
     return 0 if total_weight != 0.0 else 1
-
-
-def read_model_or_am(path: str):
-    """``(network, acoustic model or None)`` from the model file ``path`` (read once:
-    it may be stdin). Training an acoustic model (final.mdl) writes one back, its
-    network trained; writing the bare network would silently drop the transition
-    model and priors from an ``out.mdl``."""
-    from ..am import AcousticModel
-    from ..io.am_file import is_am_bytes
-    from ..nnet import nnet_from_bytes
-    from .files import read_model_bytes
-
-    data, name = read_model_bytes(path)
-    if is_am_bytes(data):
-        am = AcousticModel.from_bytes(data, name)
-        return am.nnet, am
-    return nnet_from_bytes(data, name), None
 
 
 def max_change_lines(nnet, stats, options) -> list[str]:
