@@ -100,3 +100,20 @@ def test_onnx_one_frame_n_1_and_5(seed, tmp_path):
         for name, value in zip(module.output_names, got, strict=True):
             assert value.shape == (batch, 1, module.output_dims[name])
             assert max_rel(value, want[name]) < 1e-4, name
+
+
+def test_frames_must_be_a_sane_whole_number():
+    """frames=2.5 used to export F = 2 silently (int() truncation), frames=True
+    F = 1, and a huge F allocated the request's index arrays until the process was
+    killed for memory (frames=10**9 took >23 GB here): now ExportErrors, checked
+    before anything is allocated."""
+    from pynnet3.errors import ExportError
+
+    nnet = example_nnet()
+    for bad in (2.5, True, "3", None):
+        with pytest.raises(ExportError, match="whole number"):
+            to_torch(nnet, frames=bad)
+    with pytest.raises(ExportError, match="max_rows"):
+        to_torch(nnet, frames=2**40)
+    assert to_torch(nnet, frames=np.int64(2)).frames == 2
+    assert to_torch(nnet, frames=2.0).frames == 2

@@ -13,10 +13,12 @@ Interface of every exported graph (``pynnet3.export``):
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
+from .. import limits
 from ..compiler import ComputationRequest, IoSpecification
 from ..errors import ComputeError, ExportError
 
@@ -153,8 +155,7 @@ def export_request(nnet, frames: int, output_times: str = "auto",
     The context is Kaldi's (:func:`export_context`, over every output) when the
     outputs are computable with it, else the smallest that works
     (:func:`search_context`)."""
-    if int(frames) < 1:
-        raise ExportError(f"frames must be >= 1, got {frames}")
+    frames = _frames(frames)
     if output_times not in ("auto", "all", "first"):
         raise ExportError(f"output_times must be auto, all or first, got {output_times!r}")
     if ivector_rows not in ("auto", "first", "all"):
@@ -175,6 +176,22 @@ def export_request(nnet, frames: int, output_times: str = "auto",
     raise ExportError(f"the network's outputs at t = 0..{(1 if first else frames) - 1} are "
                       f"not computable from inputs at t = {-left}..{frames + right - 1}: "
                       f"{error}")
+
+
+def _frames(frames) -> int:
+    """``frames`` as a count of output frames: an integer >= 1 within the request
+    limit (checked before the request's index arrays are made: a huge F used to
+    allocate them, and the unrolled graph, until the machine ran out of memory)."""
+    if isinstance(frames, bool) or not isinstance(frames, numbers.Integral) and not (
+            isinstance(frames, numbers.Real) and float(frames).is_integer()):
+        raise ExportError(f"frames must be a whole number of output frames, got {frames!r}")
+    frames = int(frames)
+    if frames < 1:
+        raise ExportError(f"frames must be >= 1, got {frames}")
+    problem = limits.exceeded("max_rows", frames, "frames")
+    if problem:
+        raise ExportError(problem)
+    return frames
 
 
 def _request_for(nnet, frames: int, left: int, right: int, first: bool, ivector_rows: str):
