@@ -140,3 +140,19 @@ def test_decodables_take_tensors_and_torch_dtypes():
     got = DecodableNnetSimple(nnet, pynnet3.CachingCompiler(nnet), t_feats, sopts,
                               ivector=t_iv, backend="torch", dtype=torch.float64).output()
     assert got.dtype == np.float64 and np.array_equal(got, want)
+
+
+def test_numpy_backend_takes_a_tensor_that_requires_grad():
+    """The NumPy backend takes CPU tensors as inputs and output derivatives; one that
+    requires grad used to be torch's "Can't call numpy() on Tensor that requires
+    grad" RuntimeError."""
+    torch = pytest.importorskip("torch")
+    nnet, comp, x, d, req = _case(2)
+    want = _independent_forward(nnet, x)
+    tx = torch.from_numpy(x).requires_grad_(True)
+    td = torch.from_numpy(d).requires_grad_(True)
+    res = pynnet3.run(nnet, comp, {"input": tx}, {"output": td}, dtype=np.float64)
+    assert isinstance(res.outputs["output"], np.ndarray)
+    assert np.abs(res.outputs["output"] - want).max() < 1e-12
+    ref = pynnet3.run(nnet, comp, {"input": x}, {"output": d}, dtype=np.float64)
+    assert np.array_equal(res.input_derivs["input"], ref.input_derivs["input"])

@@ -33,6 +33,10 @@ class NumpyBackend:
             matrices.pop(key, None)
 
     def from_numpy(self, array, dtype):
+        if type(array).__module__.startswith("torch"):
+            # (a tensor that requires grad, or lives on a GPU, has no NumPy view:
+            # np.array would raise torch's RuntimeError/TypeError)
+            array = array.detach().cpu().numpy()
         return np.array(array, dtype=dtype, copy=True)
 
     def to_numpy(self, array):
