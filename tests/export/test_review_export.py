@@ -117,3 +117,17 @@ def test_frames_must_be_a_sane_whole_number():
         to_torch(nnet, frames=2**40)
     assert to_torch(nnet, frames=np.int64(2)).frames == 2
     assert to_torch(nnet, frames=2.0).frames == 2
+
+
+def test_to_onnx_refuses_a_module_of_other_frames(tmp_path):
+    """to_onnx(nnet, path, frames=5, module=<exported for 3>) used to write the
+    3-frame model silently."""
+    pytest.importorskip("onnx")
+    from pynnet3.errors import ExportError
+    from pynnet3.export import to_onnx
+
+    nnet = example_nnet()
+    module = to_torch(nnet, frames=3)
+    with pytest.raises(ExportError, match="frames=5.*frames=3"):
+        to_onnx(nnet, tmp_path / "m.onnx", frames=5, module=module)
+    assert not (tmp_path / "m.onnx").exists()

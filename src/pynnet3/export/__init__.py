@@ -140,6 +140,11 @@ def to_onnx(nnet, path: str | os.PathLike, frames: int, *, output_times: str = "
     if module is None:
         module = to_torch(nnet, frames, output_times=output_times, ivector_rows=ivector_rows,
                           optimize=optimize)
+    elif getattr(module, "frames", frames) != frames:
+        # (the module's interface is what gets written: a silent mismatch would give
+        # a model of other input/output lengths than asked for)
+        raise ExportError(f"to_onnx: frames={frames}, but the module given was exported "
+                          f"for frames={module.frames}")
 
     class _Tuple(torch.nn.Module):  # ONNX outputs are positional: output_names order
         def __init__(self, inner):
