@@ -1,4 +1,5 @@
-"""Review of the trainer (issue 18): where component statistics go in a training step.
+"""Review of the trainer (issue 18): where component statistics go in a training step
+(the trainer used to store them straight into the model).
 
 Kaldi's NnetComputer stores statistics (kStoreStats: nonlinearity value/derivative sums
 and counts, BatchNorm count and sums, self-repair counters) into ``nnet_to_update``,
@@ -36,15 +37,7 @@ component name=sm type=LogSoftmaxComponent dim=3
 component-node name=sm component=sm input=out
 output-node name=output input=sm"""
 
-_REASON = ("the trainer stores component statistics straight into the model "
-           "(NnetComputer on the model), while Kaldi stores them in the delta network and "
-           "adds them with the update's factor (1 - momentum) x global max-change factor, "
-           "keeping momentum x them in the delta; matching needs the stats increments of "
-           "every non-updatable component routed through the delta as Trainer.delta_stats "
-           "does for LstmNonlinearity, not done in the review's time")
-
-
-def _step(**options):
+def _steps(num_steps: int, **options):
     rng = np.random.default_rng(0)
     egs = [NnetExample([NnetIo.from_matrix("input", -1, rng.standard_normal((10, 4), np.float32)),
                         NnetIo.from_labels("output", 3, 0, rng.integers(0, 3, 8))])
@@ -52,9 +45,14 @@ def _step(**options):
     nnet = Nnet.from_config(_CONFIG, seed=0)
     nnet.set_learning_rate(0.01)
     mb = example_minibatch(nnet, merge_examples(egs))
-    stats = Trainer(nnet, TrainerOptions(**options)).train_step(mb.request, mb.inputs,
-                                                                mb.supervision)
+    trainer = Trainer(nnet, TrainerOptions(**options))
+    for _ in range(num_steps):
+        stats = trainer.train_step(mb.request, mb.inputs, mb.supervision)
     return nnet, stats
+
+
+def _step(**options):
+    return _steps(1, **options)
 
 
 def test_plain_step_stores_the_minibatch_stats():
@@ -64,15 +62,36 @@ def test_plain_step_stores_the_minibatch_stats():
     assert nnet.components["bn"].count == pytest.approx(0.8 * 32.0)
 
 
-@pytest.mark.xfail(strict=True, reason=_REASON)
+
 def test_momentum_scales_the_stats_reaching_the_model():
     nnet, _ = _step(momentum=0.5)
     assert nnet.components["relu"].count == pytest.approx(0.5 * 32.0)
     assert nnet.components["bn"].count == pytest.approx(0.8 * 0.5 * 32.0)
 
 
-@pytest.mark.xfail(strict=True, reason=_REASON)
+
 def test_global_max_change_scales_the_stats_reaching_the_model():
     nnet, stats = _step(max_param_change=1e-4)
     assert stats.global_scale < 0.01
     assert nnet.components["relu"].count == pytest.approx(stats.global_scale * 32.0, rel=1e-5)
+
+
+def test_momentum_carries_the_stats_in_the_delta():
+    # step 1: model 0.5 * 32, delta keeps 0.5 * 32; step 2: delta 16 + 32, model + 0.5 * 48
+    nnet, _ = _steps(2, momentum=0.5)
+    assert nnet.components["relu"].count == pytest.approx(16.0 + 0.5 * 48.0)
+    assert nnet.components["bn"].count == pytest.approx(0.8 * (0.8 * 16.0 + 0.5 * 48.0))
+
+
+def test_backstitch_passes_add_minus_s_then_one_plus_s_times_their_stats():
+    # both passes see the same minibatch: -0.3 * 32 + 1.3 * 32 rows
+    nnet, stats = _step(backstitch_training_scale=0.3, backstitch_training_interval=1)
+    assert stats.backstitch_outputs
+    assert nnet.components["relu"].count == pytest.approx(32.0)
+    assert nnet.components["bn"].count == pytest.approx(0.8 * 32.0)
+
+
+def test_no_stats_stored_leaves_them_alone():
+    nnet, _ = _step(momentum=0.5, store_component_stats=False)
+    assert nnet.components["relu"].count == 0.0
+    assert nnet.components["bn"].count == 0.0

@@ -27,6 +27,7 @@ from .objective import compute_objective
 from .options import TrainerOptions
 from .preconditioners import make_preconditioners, skips_update
 from .progress import MaxChangeCounts, ObjectiveInfo
+from .stored_stats import StoredStats
 from .update import (
     add_backprop_stats,
     apply_l2_regularization,
@@ -104,6 +105,8 @@ class Trainer:
         # the statistics Kaldi's delta network collects in backprop (LstmNonlinearity):
         # added to the model with the parameter delta's factor, carried like it
         self.delta_stats: dict[str, dict] = {}
+        # the other components' stored statistics, which Kaldi keeps in the delta too
+        self.stored_stats = StoredStats()
         self.objective_info: dict[str, ObjectiveInfo] = {}
         self.max_change_counts = MaxChangeCounts()
         if self.options.learning_rate is not None:
@@ -189,6 +192,7 @@ class Trainer:
                 for collected in self.delta_stats.values():
                     for key in collected:
                         collected[key] = collected[key] * opts.momentum
+                self.stored_stats.scale(opts.momentum)
             else:
                 self._zero_delta()
         stats.objective = sum(o.objective for o in stats.outputs.values())
@@ -244,6 +248,8 @@ class Trainer:
         for spec in computation.request.inputs if computation.request else []:
             if spec.name not in inputs:
                 raise RuntimeInputError(f"no value given for input {spec.name!r}")
+        self.stored_stats.before_pass(nnet, bool(computation.request and
+                                                 computation.request.store_component_stats))
         for name, value in inputs.items():
             computer.accept_input(name, value)
         computer.run_until_io()
@@ -258,6 +264,7 @@ class Trainer:
             computer.accept_input(spec.name, deriv, is_deriv=True)
         while not computer.finished:
             computer.run_until_io()
+        self.stored_stats.after_pass(nnet)
         for name, comp in updatable_components(nnet):
             lrs = learning_rates(comp)
             delta = self.delta.get(name)
@@ -281,6 +288,7 @@ class Trainer:
         stats.max_change_scales = result.scales
         stats.global_scale = result.global_scale
         if result.applied:
+            self.stored_stats.add_to(self.nnet, scale * result.global_scale)
             for name, collected in self.delta_stats.items():
                 add_backprop_stats(self.nnet.components[name], result.factors[name],
                                    collected)
@@ -295,6 +303,7 @@ class Trainer:
             for a in d.values():
                 a[...] = 0.0
         self.delta_stats.clear()
+        self.stored_stats.scale(0.0)
 
 
 def _num_sequences(request) -> int:

@@ -1,0 +1,71 @@
+"""Component statistics a training step stores, routed as Kaldi's delta network does.
+
+Kaldi's NnetComputer stores statistics (kStoreStats: nonlinearity value/derivative
+sums and counts, self-repair counters, BatchNorm count and sums, truncation and
+clipping counters) into the network being updated, i.e. the trainer's delta network.
+UpdateNnetWithMaxChange then adds each non-updatable component of the delta to the
+model times ``scale`` (``1 - momentum``, or the backstitch scale, times the global
+max-param-change factor; nothing when the change was not finite), and the delta
+keeps ``momentum`` times them (ScaleNnet). pynnet3's computer stores into the model
+itself; :class:`StoredStats` moves each step's increment out of the model into a
+delta of its own and adds it back with Kaldi's factor.
+
+Invariant: outside a step, ``delta[name]`` holds what Kaldi's delta network holds
+in that component's statistics (``Component::Scale`` / ``Add`` semantics, from
+:mod:`pynnet3.train.average`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..components.batchnorm import BatchNormComponent
+from .average import _INT_STATS, _SUM_STATS, _stat_names, add_component, scale_component
+
+
+def stats_components(nnet) -> list[tuple[str, object]]:
+    """``(name, component)`` of the non-updatable components that store statistics
+    (updatable ones: LstmNonlinearity's travel with its gradient in the trainer)."""
+    return [(name, c) for name, c in nnet.components.items()
+            if not c.is_updatable() and (isinstance(c, BatchNormComponent) or
+                                         _stat_names(c, _SUM_STATS) or
+                                         _stat_names(c, _INT_STATS))]
+
+
+class StoredStats:
+    """The statistics part of Kaldi's delta network (see the module doc)."""
+
+    def __init__(self):
+        self.delta: dict[str, object] = {}
+        self._before: dict[str, object] = {}
+
+    def before_pass(self, nnet, storing: bool) -> None:
+        """Call before a forward/backward pass that stores stats when ``storing``."""
+        self._before = ({name: copy.deepcopy(c) for name, c in stats_components(nnet)}
+                        if storing else {})
+
+    def after_pass(self, nnet) -> None:
+        """Move what the pass stored from the model into the delta."""
+        for name, before in self._before.items():
+            comp = nnet.components[name]
+            increment = copy.deepcopy(comp)
+            add_component(increment, -1.0, before)
+            comp.__dict__.update(before.__dict__)  # (the model as before the pass)
+            if name in self.delta:
+                add_component(self.delta[name], 1.0, increment)
+            else:
+                self.delta[name] = increment
+        self._before = {}
+
+    def add_to(self, nnet, factor: float) -> None:
+        """The update: the model's statistics += ``factor`` * the delta's."""
+        for name, d in self.delta.items():
+            add_component(nnet.components[name], factor, d)
+
+    def scale(self, momentum: float) -> None:
+        """After the update: keep ``momentum`` times the delta (0 clears it)."""
+        if momentum == 0.0:
+            self.delta.clear()
+            return
+        for d in self.delta.values():
+            scale_component(d, momentum)
