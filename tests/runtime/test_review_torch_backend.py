@@ -156,3 +156,32 @@ def test_numpy_backend_takes_a_tensor_that_requires_grad():
     assert np.abs(res.outputs["output"] - want).max() < 1e-12
     ref = pynnet3.run(nnet, comp, {"input": x}, {"output": d}, dtype=np.float64)
     assert np.array_equal(res.input_derivs["input"], ref.input_derivs["input"])
+
+
+def test_index_tables_are_uploaded_once_not_every_run(monkeypatch):
+    """Each run makes a new TorchBackend; its plans of the computation's index tables
+    were per instance, so every run uploaded every table again (on a GPU a copy from
+    pageable host memory that makes the host wait: against "no per-command host
+    synchronisation"). Now a device's plans are shared while the table lives."""
+    torch = pytest.importorskip("torch")
+    from pynnet3.runtime import torch_backend as tb
+
+    nnet = pynnet3.Nnet.from_config(N.IVECTOR, seed=5)
+    req = N.request({"input": N.frames(-4, 12), "ivector": N.frames(0, 1)},
+                    {"output": N.frames(0, 8)})
+    comp = pynnet3.compile(nnet, req)
+    rng = np.random.default_rng(0)
+    inputs = {"input": rng.standard_normal((16, nnet.input_dim("input"))),
+              "ivector": rng.standard_normal((1, nnet.input_dim("ivector")))}
+    uploads = []
+    real = tb.TorchBackend._dev
+    monkeypatch.setattr(tb.TorchBackend, "_dev", lambda self, a: uploads.append(1)
+                        or real(self, a))
+    want = pynnet3.run(nnet, comp, dict(inputs), dtype=np.float64)
+    first = pynnet3.run(nnet, comp, dict(inputs), backend="torch", dtype=np.float64)
+    made = len(uploads)
+    assert made > 0  # (the case has row tables: the ivector repeated over frames)
+    again = pynnet3.run(nnet, comp, dict(inputs), backend="torch", dtype=torch.float64)
+    assert len(uploads) == made
+    for res in (first, again):
+        assert np.abs(res.outputs["output"].numpy() - want.outputs["output"]).max() < 1e-12

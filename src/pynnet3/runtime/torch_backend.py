@@ -162,6 +162,10 @@ class _RangePlan:
     __slots__ = ("ref", "lo", "hi")
 
 
+#: device -> plans of index tables (TorchBackend._plan), forgotten with their table
+_PLANS: dict[torch.device, dict[tuple, object]] = {}
+
+
 class TorchBackend:
     """Matrices as torch tensors on ``device`` (see the module docstring)."""
 
@@ -169,7 +173,9 @@ class TorchBackend:
 
     def __init__(self, device=None):
         self.device = torch_device(device)
-        self._plans: dict[tuple, object] = {}
+        # (shared by the backends of one device: every run makes a new backend, and a
+        # per-instance dict re-uploaded each table on every run, a host wait on a GPU)
+        self._plans: dict[tuple, object] = _PLANS.setdefault(self.device, {})
 
     def __repr__(self) -> str:
         return f"TorchBackend(device={str(self.device)!r})"
