@@ -92,6 +92,10 @@ def test_device_torch_cannot_use_is_named():
     nnet, comp, x, d, req = _case()
     with pytest.raises(RuntimeInputError, match="device 'mps'"):
         pynnet3.run(nnet, comp, {"input": x}, {"output": d}, backend="torch", device="mps")
+    if not hasattr(torch, "hpu"):  # (torch.hpu missing: the first tensor's ImportError)
+        with pytest.raises(RuntimeInputError, match="device 'hpu'"):
+            pynnet3.run(nnet, comp, {"input": x}, {"output": d}, backend="torch",
+                        device="hpu")
 
 
 def test_odd_tensor_inputs_equal_the_independent_forward():
