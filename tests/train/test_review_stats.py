@@ -95,3 +95,27 @@ def test_no_stats_stored_leaves_them_alone():
     nnet, _ = _step(momentum=0.5, store_component_stats=False)
     assert nnet.components["relu"].count == 0.0
     assert nnet.components["bn"].count == 0.0
+
+
+def _affine_after(num_steps: int, self_repair_scale: float) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    egs = [NnetExample([NnetIo.from_matrix("input", -1, rng.standard_normal((10, 4), np.float32)),
+                        NnetIo.from_labels("output", 3, 0, rng.integers(0, 3, 8))])
+           for _ in range(4)]
+    nnet = Nnet.from_config(_CONFIG.replace("self-repair-scale=0",
+                                            f"self-repair-scale={self_repair_scale}"), seed=0)
+    nnet.set_learning_rate(0.01)
+    mb = example_minibatch(nnet, merge_examples(egs))
+    trainer = Trainer(nnet)
+    for _ in range(num_steps):
+        trainer.train_step(mb.request, mb.inputs, mb.supervision)
+    return nnet.components["affine"].params()["linear_params"].copy()
+
+
+def test_first_minibatch_backprop_sees_no_stats_of_its_own():
+    """Kaldi's self-repair reads the model's stats, which do not hold the minibatch
+    being trained (it went to the delta), so with stats zeroed at the start the first
+    step repairs nothing (RepairGradients returns at count 0); the trainer used to
+    repair there from the stats its own forward had just stored."""
+    np.testing.assert_array_equal(_affine_after(1, 0.5), _affine_after(1, 0.0))
+    assert not np.array_equal(_affine_after(2, 0.5), _affine_after(2, 0.0))

@@ -253,6 +253,11 @@ class Trainer:
         for name, value in inputs.items():
             computer.accept_input(name, value)
         computer.run_until_io()
+        # (the forward's stats leave the model now: the backward's self-repair reads
+        # the model's stats without this minibatch, as Kaldi's does)
+        self.stored_stats.after_pass(nnet)
+        self.stored_stats.before_pass(nnet, bool(computation.request and
+                                                 computation.request.store_component_stats))
         outputs = {}
         request = computation.request
         for spec in request.outputs:
