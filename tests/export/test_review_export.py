@@ -131,3 +131,25 @@ def test_to_onnx_refuses_a_module_of_other_frames(tmp_path):
     with pytest.raises(ExportError, match="frames=5.*frames=3"):
         to_onnx(nnet, tmp_path / "m.onnx", frames=5, module=module)
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_unsupported_part_of_a_composite_names_the_node(monkeypatch):
+    """An unsupported sub-component of a CompositeComponent named the component and
+    the type but not the node (every other unsupported component names its node)."""
+    from pynnet3 import Nnet
+    from pynnet3.errors import ExportError
+    from pynnet3.export import ops
+
+    config = """input-node name=input dim=4
+component name=comp type=CompositeComponent num-components=2 \
+component1='type=AffineComponent input-dim=4 output-dim=3' \
+component2='type=TanhComponent dim=3'
+component-node name=layer1 component=comp input=input
+output-node name=output input=layer1
+"""
+    nnet = Nnet.from_config(config.replace("\\\n", ""), seed=0)
+    assert to_torch(nnet, frames=2).frames == 2
+    monkeypatch.delitem(ops.OPS, "TanhComponent")
+    with pytest.raises(ExportError, match=r"node 'layer1'.*sub-component 1 of type "
+                                          r"TanhComponent"):
+        to_torch(nnet, frames=2)

@@ -51,7 +51,12 @@ def propagate_op(g, node: str, name: str, comp, pre, x: fx.Node, rows_out: int) 
     if getattr(comp, "test_mode", True) is False and comp.type_name in _NEEDS_TEST_MODE:
         raise ExportError(f"node {node!r}: component {name!r} ({comp.type_name}) is in "
                           "training mode; export computes test mode (set it first)")
-    return fn(g, name, comp, pre, x, rows_out)
+    try:
+        return fn(g, name, comp, pre, x, rows_out)
+    except ExportError as e:  # (a CompositeComponent's part: say which node holds it)
+        if str(e).startswith("node "):
+            raise
+        raise ExportError(f"node {node!r}: {e}") from None
 
 
 _NEEDS_TEST_MODE = {"BatchNormComponent", "DropoutComponent", "DropoutMaskComponent",
