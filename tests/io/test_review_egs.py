@@ -7,6 +7,7 @@ back equal to what was written."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import pynnet3.io.egs as egs_module
 from pynnet3.io.egs import ExampleWriter, NnetExample, NnetIo, read_examples
@@ -39,3 +40,21 @@ def test_text_scp_converts_each_archive_once(tmp_path, monkeypatch):
     for (_, eg), want in zip(got, egs, strict=True):
         np.testing.assert_allclose(eg["input"].dense(), want["input"].dense(), rtol=1e-6)
         np.testing.assert_array_equal(eg["output"].dense(), want["output"].dense())
+
+
+def test_text_indexes_at_the_int32_limits_read_back():
+    """An index of -2147483648 (int32's minimum, valid in Kaldi's Index) was rejected
+    by the text reader as 'out of the int32 range' (it compared abs() with 2^31 - 1);
+    both limits now read back, and one past them is still an error."""
+    from pynnet3.errors import FormatError
+    from pynnet3.io.egs import examples_bytes, parse_examples
+
+    idx = np.array([[2**31 - 1, -2**31, 0], [0, 2**31 - 1, -2**31]], np.int32)
+    eg = NnetExample([NnetIo("input", idx, np.ones((2, 3), np.float32))])
+    for binary in (True, False):
+        data = examples_bytes({"k": eg}, binary)
+        ((_, back),) = parse_examples(data)
+        np.testing.assert_array_equal(back["input"].indexes, idx)
+    text = examples_bytes({"k": eg}, False).replace(b"-2147483648", b"-2147483649", 1)
+    with pytest.raises(FormatError, match="int32"):
+        list(parse_examples(text))

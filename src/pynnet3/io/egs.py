@@ -201,7 +201,7 @@ def _read_index_vector_text(r: KaldiReader) -> np.ndarray:
             raise r.error("bad integer in an index", pos=m.start(1),
                           token=b" ".join(m.groups()).decode(errors="replace")) from None
         r.pos = m.end()
-    if size and (np.abs(out) > 2**31 - 1).any():
+    if size and ((out < -2**31) | (out > 2**31 - 1)).any():
         raise r.error("index out of the int32 range", pos=start)
     return out.astype(np.int32)
 
