@@ -189,3 +189,23 @@ def test_index_tables_are_uploaded_once_not_every_run(monkeypatch):
     assert len(uploads) == made
     for res in (first, again):
         assert np.abs(res.outputs["output"].numpy() - want.outputs["output"]).max() < 1e-12
+
+
+def test_decode_looped_takes_the_device():
+    """decode_looped(backend="torch") had no device argument: looped decoding could
+    not be put on a GPU through it (DecodableNnetLooped takes one)."""
+    torch = pytest.importorskip("torch")
+    from pynnet3.runtime.looped import LoopedOptions, decode_looped
+
+    nnet = pynnet3.Nnet.from_config(N.IVECTOR, seed=5)
+    rng = np.random.default_rng(6)
+    feats = rng.standard_normal((13, nnet.input_dim("input")))
+    iv = rng.standard_normal(nnet.input_dim("ivector"))
+    opts = LoopedOptions(frames_per_chunk=4, frame_subsampling_factor=1, acoustic_scale=1.0)
+    want = decode_looped(nnet, feats, iv, opts, dtype=np.float64)
+    got = decode_looped(nnet, feats, iv, opts, backend="torch", dtype=np.float64,
+                        device=torch.device("cpu"))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeInputError, match="no CUDA device"):
+            decode_looped(nnet, feats, iv, opts, backend="torch", device="cuda")

@@ -207,14 +207,15 @@ class DecodableNnetLooped:
 
 
 def decode_looped(nnet, features, ivector=None, options: LoopedOptions | None = None,
-                  backend: str = "numpy", dtype=np.float32) -> np.ndarray:
+                  backend: str = "numpy", dtype=np.float32, device=None) -> np.ndarray:
     """Outputs of ``nnet`` for one utterance by looped decoding, shape
     ``(ceil(frames / frame_subsampling_factor), output_dim)``.
 
     With ``options=None`` the outputs are multiplied by 0.1: LoopedOptions keeps
     Kaldi's default ``acoustic_scale=0.1``. Pass ``LoopedOptions(acoustic_scale=1.0)``
     for the raw network output (what ``pynnet3 compute --looped=true`` writes by
-    default, like nnet3-compute)."""
+    default, like nnet3-compute). ``device``: the torch backend's (``"cuda"``, ...;
+    default the CPU)."""
     info = LoopedDecodingInfo(nnet, options)
     return DecodableNnetLooped(info, features, ivector, backend=backend,
-                               dtype=dtype).output()
+                               dtype=dtype, device=device).output()
