@@ -209,3 +209,25 @@ def test_decode_looped_takes_the_device():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeInputError, match="no CUDA device"):
             decode_looped(nnet, feats, iv, opts, backend="torch", device="cuda")
+
+
+def test_reversed_numpy_views_as_inputs_and_parameters():
+    """x[::-1] (time reversal) as an input or output derivative, and a parameter that
+    is a reversed view, used to be torch's ValueError "At least one stride in the
+    given numpy array is negative" on the torch backend (NumPy's took them)."""
+    pytest.importorskip("torch")
+    nnet, comp, x, d, req = _case(3)
+    a = nnet.components["affine"]
+    a.linear_params = np.ascontiguousarray(a.linear_params[::-1])[::-1]  # same values
+    assert a.linear_params.strides[0] < 0
+    rev_x = np.ascontiguousarray(x[::-1])[::-1]
+    rev_d = np.ascontiguousarray(d[::-1])[::-1]
+    want = _independent_forward(nnet, x)
+    ref = pynnet3.run(nnet, comp, {"input": x}, {"output": d}, dtype=np.float64)
+    for dtype in (np.float64, np.float32):
+        res = pynnet3.run(nnet, comp, {"input": rev_x}, {"output": rev_d}, backend="torch",
+                          dtype=dtype)
+        tol = 1e-12 if dtype == np.float64 else 1e-5
+        assert np.abs(res.outputs["output"].numpy() - want).max() < tol
+        got = res.input_derivs["input"].numpy()
+        assert np.abs(got - ref.input_derivs["input"]).max() < tol * 10

@@ -487,7 +487,10 @@ def param(a, like):
         return a.to(device=like.device, dtype=like.dtype)
     dev = like.device
     if dev.type == "cpu":  # share the memory (always current), cast when needed
-        t = torch.from_numpy(np.asarray(a))
+        a = np.asarray(a)
+        if _builtins.min(a.strides, default=0) < 0:  # (a reversed view: torch cannot share)
+            a = np.ascontiguousarray(a)
+        t = torch.from_numpy(a)
         return t if t.dtype == like.dtype else t.to(like.dtype)
     key = (id(a), dev, like.dtype)
     entry = _lookup(_PARAMS, a, key)
