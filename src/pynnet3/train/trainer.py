@@ -21,6 +21,7 @@ import numpy as np
 
 from ..cache import CachingCompiler
 from ..components.preconditioning import PreconditionedGrad
+from ..computation import CommandType as CT
 from ..errors import RuntimeInputError
 from ..runtime.computer import NnetComputer
 from .objective import compute_objective
@@ -260,13 +261,18 @@ class Trainer:
                                                  computation.request.store_component_stats))
         outputs = {}
         request = computation.request
+        # (a network with no updatable component compiles without a backward pass:
+        # no derivative to give; Kaldi's would take one and do nothing with it)
+        takes_deriv = {cmd.node for cmd in computation.commands
+                       if cmd.type is CT.ACCEPT_INPUT and cmd.is_deriv}
         for spec in request.outputs:
             out = np.asarray(be.to_numpy(computer.get_output(spec.name)))
             objective_type = nnet.node(spec.name).objective
             objf, weight, deriv = compute_objective(objective_type, out,
                                                     supervision[spec.name], spec.name)
             outputs[spec.name] = OutputObjective(objf, weight)
-            computer.accept_input(spec.name, deriv, is_deriv=True)
+            if spec.name in takes_deriv:
+                computer.accept_input(spec.name, deriv, is_deriv=True)
         while not computer.finished:
             computer.run_until_io()
         self.stored_stats.after_pass(nnet)
