@@ -231,3 +231,21 @@ def test_reversed_numpy_views_as_inputs_and_parameters():
         assert np.abs(res.outputs["output"].numpy() - want).max() < tol
         got = res.input_derivs["input"].numpy()
         assert np.abs(got - ref.input_derivs["input"]).max() < tol * 10
+
+
+def test_big_endian_arrays_as_inputs_and_parameters():
+    """Arrays of non-native byte order ('>f4', e.g. from np.load of such a file) used
+    to be torch's ValueError "given numpy array has byte order different from the
+    native byte order" on the torch backend (NumPy's took them)."""
+    pytest.importorskip("torch")
+    nnet, comp, x, d, req = _case(4)
+    a = nnet.components["affine"]
+    swapped = ">" if np.little_endian else "<"
+    a.linear_params = a.linear_params.astype(a.linear_params.dtype.newbyteorder(swapped))
+    assert not a.linear_params.dtype.isnative
+    want = _independent_forward(nnet, x)
+    for dtype in (np.float64, np.float32):
+        res = pynnet3.run(nnet, comp, {"input": x.astype(swapped + "f8")},
+                          {"output": d.astype(swapped + "f4")}, backend="torch", dtype=dtype)
+        tol = 1e-12 if dtype == np.float64 else 1e-5
+        assert np.abs(res.outputs["output"].numpy() - want).max() < tol

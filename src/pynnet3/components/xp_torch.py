@@ -488,8 +488,9 @@ def param(a, like):
     dev = like.device
     if dev.type == "cpu":  # share the memory (always current), cast when needed
         a = np.asarray(a)
-        if _builtins.min(a.strides, default=0) < 0:  # (a reversed view: torch cannot share)
-            a = np.ascontiguousarray(a)
+        if _builtins.min(a.strides, default=0) < 0 or not a.dtype.isnative:
+            # (a reversed view, or '>f4': torch cannot share it)
+            a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("="))
         t = torch.from_numpy(a)
         return t if t.dtype == like.dtype else t.to(like.dtype)
     key = (id(a), dev, like.dtype)

@@ -269,8 +269,9 @@ class TorchBackend:
         if isinstance(array, torch.Tensor):
             return array.detach().to(device=self.device, dtype=dt, copy=True)
         array = np.asarray(array)
-        if min(array.strides, default=0) < 0:  # (x[::-1]: torch has no negative strides)
-            array = np.ascontiguousarray(array)
+        if min(array.strides, default=0) < 0 or not array.dtype.isnative:
+            # (x[::-1]: torch has no negative strides; nor other byte orders ('>f4'))
+            array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
         if not array.flags.writeable:  # (as_tensor would warn about sharing it: copy)
             return torch.tensor(array, dtype=dt, device=self.device)
         return torch.as_tensor(array).to(device=self.device, dtype=dt, copy=True)
