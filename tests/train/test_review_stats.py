@@ -119,3 +119,34 @@ def test_first_minibatch_backprop_sees_no_stats_of_its_own():
     repair there from the stats its own forward had just stored."""
     np.testing.assert_array_equal(_affine_after(1, 0.5), _affine_after(1, 0.0))
     assert not np.array_equal(_affine_after(2, 0.5), _affine_after(2, 0.0))
+
+
+def test_a_failed_step_leaves_no_statistics_behind():
+    """A step that fails after its forward (supervision of the wrong shape) leaves the
+    model's statistics and the next step's result as if it had never been called."""
+    from pynnet3.errors import RuntimeInputError
+
+    def run(with_failure: bool):
+        rng = np.random.default_rng(0)
+        egs = [NnetExample([
+            NnetIo.from_matrix("input", -1, rng.standard_normal((10, 4), np.float32)),
+            NnetIo.from_labels("output", 3, 0, rng.integers(0, 3, 8))]) for _ in range(4)]
+        nnet = Nnet.from_config(_CONFIG, seed=0)
+        nnet.set_learning_rate(0.01)
+        mb = example_minibatch(nnet, merge_examples(egs))
+        trainer = Trainer(nnet, TrainerOptions(momentum=0.5))
+        trainer.train_step(mb.request, mb.inputs, mb.supervision)
+        if with_failure:
+            with pytest.raises(RuntimeInputError, match="supervision"):
+                trainer.train_step(mb.request, mb.inputs,
+                                   {"output": mb.supervision["output"][:, :2]})
+            assert nnet.components["relu"].count == pytest.approx(16.0)
+        trainer.train_step(mb.request, mb.inputs, mb.supervision)
+        return nnet
+
+    a, b = run(False), run(True)
+    for name in ("relu", "bn"):
+        assert a.components[name].count == b.components[name].count
+    np.testing.assert_array_equal(a.components["bn"].stats_sum, b.components["bn"].stats_sum)
+    np.testing.assert_array_equal(a.components["affine"].params()["linear_params"],
+                                  b.components["affine"].params()["linear_params"])

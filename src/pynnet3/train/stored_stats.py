@@ -38,6 +38,7 @@ class StoredStats:
     def __init__(self):
         self.delta: dict[str, object] = {}
         self._before: dict[str, object] = {}
+        self._step: dict[str, object] = {}  # this step's increments, until commit()
 
     def before_pass(self, nnet, storing: bool) -> None:
         """Call before a forward/backward pass that stores stats when ``storing``."""
@@ -45,17 +46,33 @@ class StoredStats:
                         if storing else {})
 
     def after_pass(self, nnet) -> None:
-        """Move what the pass stored from the model into the delta."""
+        """Move what the pass stored out of the model (into the step's increments)."""
         for name, before in self._before.items():
             comp = nnet.components[name]
             increment = copy.deepcopy(comp)
             add_component(increment, -1.0, before)
             comp.__dict__.update(before.__dict__)  # (the model as before the pass)
+            if name in self._step:
+                add_component(self._step[name], 1.0, increment)
+            else:
+                self._step[name] = increment
+        self._before = {}
+
+    def commit(self) -> None:
+        """The step's passes all ran: their increments join the delta."""
+        for name, increment in self._step.items():
             if name in self.delta:
                 add_component(self.delta[name], 1.0, increment)
             else:
                 self.delta[name] = increment
-        self._before = {}
+        self._step = {}
+
+    def abort(self, nnet) -> None:
+        """A pass failed: the model's stats as before it, the step's increments
+        dropped (a failed step leaves no statistics behind)."""
+        for name, before in self._before.items():
+            nnet.components[name].__dict__.update(before.__dict__)
+        self._before, self._step = {}, {}
 
     def add_to(self, nnet, factor: float) -> None:
         """The update: the model's statistics += ``factor`` * the delta's."""

@@ -233,6 +233,15 @@ class Trainer:
     def _forward_backward(self, computation, inputs: dict, supervision: dict) -> dict:
         """Run the computation with gradient targets that accumulate
         ``momentum * delta + lr * (preconditioned) gradient`` into ``self.delta``."""
+        try:
+            outputs = self._run_passes(computation, inputs, supervision)
+        except BaseException:
+            self.stored_stats.abort(self.nnet)
+            raise
+        self.stored_stats.commit()
+        return outputs
+
+    def _run_passes(self, computation, inputs: dict, supervision: dict) -> dict:
         nnet = self.nnet
         computer = NnetComputer(nnet, computation, self.backend, np.float32,
                                 device=self.device)
