@@ -18,6 +18,7 @@ import numpy as np
 from .errors import FormatError, GraphError
 from .io.am_file import AmParts, TransitionModel, parse_am_bytes, write_am_parts
 from .io.atomic import atomic_write
+from .io.model_file import gunzip_if_compressed
 from .nnet import Nnet
 
 
@@ -111,6 +112,8 @@ class AcousticModel:
 
 
 def read_am(path: str | os.PathLike) -> AcousticModel:
-    """Read a Kaldi acoustic model (``final.mdl``), text or binary (detected)."""
+    """Read a Kaldi acoustic model (``final.mdl``), text or binary (detected; also
+    gzip-compressed)."""
     path = Path(path)
-    return AcousticModel.from_bytes(path.read_bytes(), str(path))
+    return AcousticModel.from_bytes(gunzip_if_compressed(path.read_bytes(), str(path)),
+                                    str(path))

@@ -28,7 +28,7 @@ from .descriptor import Descriptor, RoundOf, SwitchOf, parse_descriptor
 from .errors import ConfigError, DescriptorError, DimensionError, GraphError
 from .io.am_file import is_am_bytes
 from .io.atomic import atomic_write  # (also importable from here, as before)
-from .io.model_file import ModelParts, parse_model_bytes, write_model_parts
+from .io.model_file import ModelParts, gunzip_if_compressed, parse_model_bytes, write_model_parts
 
 NODE_KINDS = ("input-node", "component-node", "dim-range-node", "output-node")
 
@@ -496,7 +496,8 @@ def _node_from_config(cl: ConfigLine, names: set[str]) -> Node:
 
 def read_nnet(path: str | os.PathLike) -> Nnet:
     """Read a Kaldi nnet3 model, text or binary (auto-detected by the ``\\0B`` marker):
-    a raw network, or the network of an acoustic model (``final.mdl``)."""
+    a raw network, or the network of an acoustic model (``final.mdl``); gzip-compressed
+    files (``final.mdl.gz``) are read transparently."""
     path = Path(path)
     return nnet_from_bytes(path.read_bytes(), str(path))
 
@@ -505,6 +506,7 @@ def nnet_from_bytes(data: bytes, source: str = "<bytes>") -> Nnet:
     """A network from the bytes of a Kaldi model file, text or binary, raw or an
     acoustic model (its network; :func:`pynnet3.read_am` keeps the rest); ``source``
     names it in error messages."""
+    data = gunzip_if_compressed(data, source)
     if is_am_bytes(data):
         from .am import AcousticModel
 

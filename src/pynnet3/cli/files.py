@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from ..errors import ConfigError, FormatError
+from ..io.model_file import gunzip_if_compressed
 from ..nnet import Nnet, nnet_from_bytes
 
 STDIO = "-"
@@ -50,14 +51,7 @@ def read_model_bytes(path: str) -> tuple[bytes, str]:
     """A model file's bytes as :func:`read_bytes`, gunzipped when gzip-compressed
     (``final.mdl.gz``); an empty file is a FormatError."""
     data, name = read_bytes(path)
-    if data[:2] == b"\x1f\x8b":
-        import gzip
-        import zlib
-
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as e:
-            raise FormatError(f"broken gzip data: {e}", name) from None
+    data = gunzip_if_compressed(data, name)
     if not data:
         raise FormatError("empty model file", name)
     return data, name

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..components import component_class
 from ..components.base import Component, check_dims
+from ..errors import FormatError
 from .kaldi_stream import KaldiReader, KaldiWriter, make_reader, make_writer
 
 
@@ -97,3 +98,18 @@ def write_model_parts(parts: ModelParts, binary: bool) -> bytes:
 
 def parse_model_bytes(data: bytes, source: str = "<string>") -> ModelParts:
     return read_model_parts(make_reader(data, source))
+
+
+def gunzip_if_compressed(data: bytes, source: str) -> bytes:
+    """``data`` gunzipped when it is gzip-compressed (``final.mdl.gz``: Kaldi's tools
+    read those through ``gunzip -c |``), else as it is; broken gzip data is a
+    FormatError naming ``source``."""
+    if data[:2] != b"\x1f\x8b":
+        return data
+    import gzip
+    import zlib
+
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:
+        raise FormatError(f"broken gzip data: {e}", source) from None
