@@ -268,3 +268,22 @@ def test_xvector_run_matches_kaldi_where_it_can(tmp_path, capsys):
     o_mb, o_overall, _, _ = _kaldi_log_numbers(err)
     np.testing.assert_allclose([v for _, v, _ in o_mb], [v for _, v, _ in k_mb], rtol=5e-6)
     assert o_overall == pytest.approx(k_overall, rel=1e-5)
+
+
+def test_torch_backend_trains_the_same_model(tiny, tmp_path, capsys):
+    """--backend=torch (the CPU; a CUDA device is taken with --use-gpu when there is
+    one): the same parameters as the NumPy backend, up to float rounding."""
+    pytest.importorskip("torch")
+    models = {}
+    for backend in ("numpy", "torch"):
+        out = tmp_path / f"{backend}.mdl"
+        assert main(["train", "--use-gpu=no", f"--backend={backend}", "--srand=0",
+                     str(tiny / "in.mdl"), f"ark:{tiny / 'egs.ark'}", str(out)]) == 0, \
+            capsys.readouterr().err
+        models[backend] = read_model(str(out)).components["affine"].params()
+    before = read_model(str(tiny / "in.mdl")).components["affine"].params()
+    for name, want in models["numpy"].items():
+        change = want - before[name]
+        assert np.abs(change).max() > 1e-3  # (it trained)
+        np.testing.assert_allclose(models["torch"][name] - before[name], change,
+                                   rtol=0, atol=1e-4 * np.abs(change).max())

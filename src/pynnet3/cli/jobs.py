@@ -17,6 +17,11 @@ USE_GPU_CHOICES = ("yes", "no", "optional", "wait")
 BACKEND_CHOICES = ("numpy", "torch")
 
 
+def cuda_available() -> bool:
+    """Whether torch is installed and sees a CUDA device."""
+    return _cuda_available()
+
+
 def _cuda_available() -> bool:
     try:
         import torch

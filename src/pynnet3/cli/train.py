@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from ..errors import PynnetError
-from .jobs import USE_GPU_CHOICES, Terminated, on_sigterm
+from .jobs import BACKEND_CHOICES, USE_GPU_CHOICES, Terminated, cuda_available, on_sigterm
 
 # nnet3-train flags that go to TrainerOptions (as given on the command line).
 _TRAINER_FLAGS = ("momentum", "max-param-change", "l2-regularize-factor",
@@ -63,8 +63,14 @@ def _cmd_train(args) -> int:
     from ..train.examples import example_minibatch
     from .files import read_model_or_am, write_model
 
-    if args.use_gpu in ("yes", "wait"):
-        _log(f"--use-gpu={args.use_gpu}: training runs on the CPU (NumPy backend)", "WARNING")
+    backend, device = ("torch", "cpu") if args.backend == "torch" else ("numpy", None)
+    if args.use_gpu != "no" and cuda_available():
+        backend, device = "torch", "cuda"
+    elif args.use_gpu in ("yes", "wait"):
+        # (Kaldi's nnet3-train defaults to yes and stops without a GPU; we warn and train
+        # on the CPU, so the default works on any machine)
+        _log(f"--use-gpu={args.use_gpu}: no CUDA device is available; training runs on the "
+             f"CPU ({backend} backend)", "WARNING")
     for flag in ("read_cache", "write_cache"):
         if getattr(args, flag):
             _log(f"--{flag.replace('_', '-')} is accepted and ignored (pynnet3 compiles in "
@@ -81,10 +87,11 @@ def _cmd_train(args) -> int:
     if group is not None:
         from ..train.distributed import DistributedTrainer, shard
 
-        trainer = DistributedTrainer(nnet, options, reduce=args.distributed_reduce)
+        trainer = DistributedTrainer(nnet, options, reduce=args.distributed_reduce,
+                                     backend=backend, device=device)
         examples = shard(examples, group.rank, group.world_size)
     else:
-        trainer = Trainer(nnet, options)
+        trainer = Trainer(nnet, options, backend=backend, device=device)
     trainer.compiler = compiler
     speaks = group is None or group.rank == 0  # (one log and one model for all ranks)
     progress = _Progress() if speaks else None
@@ -244,7 +251,12 @@ def add_train_command(sub, command, kaldi_bool) -> None:
     s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
                    help="write the model in binary (true) or text (false) (default: true)")
     s.add_argument("--use-gpu", dest="use_gpu", choices=USE_GPU_CHOICES, default="yes",
-                   help="accepted for compatibility; training runs on the CPU (default: yes)")
+                   help="yes/wait/optional: train on a CUDA device (the torch backend) when "
+                        "there is one; without one, yes/wait warn and train on the CPU "
+                        "(default: yes)")
+    s.add_argument("--backend", choices=BACKEND_CHOICES, default="numpy",
+                   help="beyond Kaldi: the backend on the CPU, numpy or torch "
+                        "(default: numpy)")
     s.add_argument("--verbose", type=int, default=0, metavar="INT",
                    help="1 or more: also one line per minibatch (default: 0)")
     d = s.add_argument_group("data-parallel training (torch.distributed; start the ranks "
