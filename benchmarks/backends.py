@@ -49,21 +49,11 @@ if importlib.util.find_spec("pynnet3") is None:
     sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from gemm import best_ms  # noqa: E402
 from realistic import NETS, reference_dir, scaling_request  # noqa: E402
 
 import pynnet3  # noqa: E402
 from pynnet3.runtime.computer import NnetComputer  # noqa: E402
-
-
-def best_ms(fn, reps: int, clock=time.perf_counter) -> float:
-    """The fastest of ``reps`` runs after a warm-up, in ms."""
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = clock()
-        fn()
-        best = min(best, clock() - t0)
-    return best * 1e3
 
 
 def runners(model, comp, inputs: dict, derivs: dict) -> dict:

@@ -60,7 +60,7 @@ def test_xvector_torch_backend_equals_numpy(xvector_model, tmp_path, capsys):  #
 @pytest.mark.parametrize("value", ["yes", "wait"])
 def test_use_gpu_yes_without_cuda_is_an_error_and_writes_nothing(tmp_path, capsys,
                                                                  monkeypatch, value):
-    monkeypatch.setattr(jobs, "_cuda_available", lambda: False)
+    monkeypatch.setattr(jobs, "cuda_available", lambda: False)
     rc, got = _compute(tmp_path, "out", f"--use-gpu={value}")
     err = capsys.readouterr().err
     assert rc == 1 and got == {}
@@ -69,7 +69,7 @@ def test_use_gpu_yes_without_cuda_is_an_error_and_writes_nothing(tmp_path, capsy
 
 
 def test_use_gpu_optional_without_cuda_runs_on_the_cpu(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(jobs, "_cuda_available", lambda: False)
+    monkeypatch.setattr(jobs, "cuda_available", lambda: False)
     rc, got = _compute(tmp_path, "out", "--use-gpu=optional")
     err = capsys.readouterr().err
     assert rc == 0 and len(got) > 0
@@ -82,23 +82,23 @@ def test_choose_backend():
     def say(kind, message):
         notes.append((kind, message))
 
-    real = jobs._cuda_available
+    real = jobs.cuda_available
     try:
-        jobs._cuda_available = lambda: True
+        jobs.cuda_available = lambda: True
         assert jobs.choose_backend("yes", "numpy", say) == ("torch", "cuda")
         assert jobs.choose_backend("optional", "numpy", say) == ("torch", "cuda")
-        jobs._cuda_available = lambda: False
+        jobs.cuda_available = lambda: False
         assert jobs.choose_backend("no", "numpy", say) == ("numpy", None)
         assert jobs.choose_backend("optional", "numpy", say) == ("numpy", None)
     finally:
-        jobs._cuda_available = real
+        jobs.cuda_available = real
     assert notes == [("note", "--use-gpu=optional: no CUDA device is available; running "
                               "on the CPU")]
     with pytest.raises(PynnetError, match="--backend must be one of numpy, torch"):
         jobs.choose_backend("no", "jax", say)
 
 
-@pytest.mark.skipif(not jobs._cuda_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not jobs.cuda_available(), reason="needs a CUDA device")
 def test_use_gpu_yes_on_a_gpu_equals_the_cpu(tmp_path, capsys):
     rc, want = _compute(tmp_path, "cpu")
     assert rc == 0

@@ -19,10 +19,6 @@ BACKEND_CHOICES = ("numpy", "torch")
 
 def cuda_available() -> bool:
     """Whether torch is installed and sees a CUDA device."""
-    return _cuda_available()
-
-
-def _cuda_available() -> bool:
     try:
         import torch
     except ImportError:
@@ -56,7 +52,7 @@ def choose_backend(use_gpu: str, backend: str, say: Callable[[str, str], None]
         raise PynnetError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}, "
                           f"got {backend!r}")
     if use_gpu != "no":
-        if _cuda_available():
+        if cuda_available():
             return "torch", "cuda"
         if use_gpu in ("yes", "wait"):
             raise PynnetError(f"--use-gpu={use_gpu}: no CUDA device is available (the GPU "
