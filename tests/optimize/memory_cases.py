@@ -35,6 +35,8 @@ class _UndefinedBackend(NumpyBackend):
     def zeros(self, rows, cols, dtype):
         return np.full((rows, cols), np.nan, dtype=dtype)
 
+    alloc = zeros  # (ALLOC_MATRIX asks for alloc)
+
 
 register_backend(UNDEFINED, _UndefinedBackend)
 

@@ -157,6 +157,8 @@ class NnetComputer:
         # Backends that reuse freed matrices (NumPy: runtime/matrix_pool) take them
         # back here; the others just drop them.
         self._release = getattr(self.backend, "release_matrix", None) or _drop
+        # ALLOC_MATRIX: contents undefined where the backend can skip the zeroing
+        self._alloc = getattr(self.backend, "alloc", None) or self.backend.zeros
 
     # -- validation -------------------------------------------------------------
     def _check(self, what: str, name: str, value, rows: int, cols: int):
@@ -256,7 +258,7 @@ class NnetComputer:
                 comp.store_stats(iv, ov, memo)
         elif t is CT.ALLOC_MATRIX:
             info = self.c.matrices[cmd.matrix]
-            self.matrices[cmd.matrix] = be.zeros(info.rows, info.cols, self.dtype)
+            self.matrices[cmd.matrix] = self._alloc(info.rows, info.cols, self.dtype)
         elif t is CT.DEALLOC_MATRIX:
             self._release(self.matrices, cmd.matrix)
         elif t is CT.SWAP_MATRIX:

@@ -24,10 +24,17 @@ class NumpyBackend:
         arr.fill(0)
         return arr
 
+    def alloc(self, rows, cols, dtype):
+        """A new matrix whose contents are undefined (ALLOC_MATRIX: the compiler
+        zeroes with SET_CONST where a matrix is read before it is fully written,
+        and the checker proves the rest), so a pooled buffer is not cleared."""
+        arr = POOL.take(rows, cols, dtype)
+        return np.empty((rows, cols), dtype=dtype) if arr is None else arr
+
     def release_matrix(self, matrices: dict, key) -> None:
         """Drop ``matrices[key]`` (DEALLOC_MATRIX); its buffer goes to the pool
-        when nothing else holds it, and when this backend's zeros() takes from it."""
-        if type(self).zeros is NumpyBackend.zeros:
+        when nothing else holds it, and when this backend's alloc() takes from it."""
+        if type(self).alloc is NumpyBackend.alloc:
             POOL.release(matrices, key)
         else:
             matrices.pop(key, None)
@@ -73,10 +80,16 @@ class NumpyBackend:
                 # (3x faster than a gather then a copy; mode="clip" skips the buffer
                 # that bounds checking needs: _all_rows checked them)
                 np.take(src, table, axis=0, out=dst, mode="clip")
+                if alpha != 1.0:
+                    dst *= alpha
+                return
+            # a column block or an overlap: gather (np.take: ~2.5x faster than
+            # fancy indexing), then one pass that also scales
+            vals = np.take(src, table, axis=0, mode="clip")
+            if alpha == 1.0:
+                dst[...] = vals
             else:
-                dst[...] = src[table]
-            if alpha != 1.0:
-                dst *= alpha
+                np.multiply(vals, alpha, out=dst)
             return
         ok = table >= 0
         vals = src[table[ok]]
@@ -85,7 +98,7 @@ class NumpyBackend:
 
     def add_rows(self, dst, src, table, alpha):
         if _all_rows(table, src):  # no boolean masks: a gather and one add
-            vals = np.take(src, table, axis=0)
+            vals = np.take(src, table, axis=0, mode="clip")
             if alpha != 1.0:
                 vals *= alpha
             dst += vals

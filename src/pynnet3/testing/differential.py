@@ -50,6 +50,8 @@ class UndefinedMemoryBackend(NumpyBackend):
         self._count += 1
         return np.full((rows, cols), 0.5 + 0.125 * (self._count % 11), dtype=dtype)
 
+    alloc = zeros
+
 
 register_backend(UndefinedMemoryBackend.name, UndefinedMemoryBackend)
 
