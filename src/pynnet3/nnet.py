@@ -24,7 +24,7 @@ from . import limits
 from .components import component_class
 from .components.base import Component, check_dims
 from .config import ConfigLine, is_valid_name, split_config_lines
-from .descriptor import Descriptor, RoundOf, SwitchOf, parse_descriptor
+from .descriptor import Descriptor, NodeRef, RoundOf, SwitchOf, parse_descriptor
 from .errors import ConfigError, DescriptorError, DimensionError, GraphError
 from .io.am_file import is_am_bytes
 from .io.atomic import atomic_write  # (also importable from here, as before)
@@ -160,8 +160,14 @@ class Nnet:
         return nnet
 
     def to_model_parts(self) -> ModelParts:
-        return ModelParts(config_lines=[(0, n.config_line()) for n in self.nodes],
-                          components=list(self.components.items()))
+        """The config lines and components a Kaldi file holds. A runtime-only
+        component (one with ``unfused``: the network optimizer's fused kernels) is
+        written as the chain of standard nodes and components it stands for."""
+        nodes, comps = self.nodes, self.components
+        if any(getattr(c, "unfused", None) for c in comps.values()):
+            nodes, comps = _unfused_form(self)
+        return ModelParts(config_lines=[(0, n.config_line()) for n in nodes],
+                          components=list(comps.items()))
 
     # -- files ---------------------------------------------------------------------
     def write(self, path: str | os.PathLike, binary: bool = False) -> None:
@@ -512,3 +518,40 @@ def nnet_from_bytes(data: bytes, source: str = "<bytes>") -> Nnet:
 
         return AcousticModel.from_bytes(data, source).nnet
     return Nnet.from_model_parts(parse_model_bytes(data, source), source)
+
+
+def _unfused_form(nnet: Nnet) -> tuple[list[Node], dict[str, Component]]:
+    """``nnet``'s nodes and components with every node of a runtime-only component
+    replaced by its ``unfused`` chain (parts first to last; the last keeps the
+    node's name, so consumers need no rewiring). Names the network already uses
+    for something else get a numeric suffix."""
+    used_nodes = {n.name for n in nnet.nodes}
+    comps = {name: c for name, c in nnet.components.items() if not getattr(c, "unfused", None)}
+
+    def fresh(name: str, taken) -> str:
+        out, k = name, 1
+        while out in taken:
+            k += 1
+            out = f"{name}.{k}"
+        return out
+
+    nodes: list[Node] = []
+    for n in nnet.nodes:
+        parts = getattr(nnet.components[n.component], "unfused", None) \
+            if n.kind == "component-node" else None
+        if not parts:
+            nodes.append(n)
+            continue
+        desc = n.descriptor
+        for i, part in enumerate(parts):
+            cname = part.component_name
+            if comps.get(cname, part.component) is not part.component:
+                cname = fresh(cname, comps)
+            comps[cname] = part.component
+            last = i == len(parts) - 1
+            name = n.name if last else fresh(part.node, used_nodes)
+            used_nodes.add(name)
+            nodes.append(Node("component-node", name, component=cname, descriptor=desc))
+            desc = Descriptor((NodeRef(name),))
+    return nodes, comps
+

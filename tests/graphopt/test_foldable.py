@@ -78,7 +78,7 @@ def test_all_passes_shrink_it(nnet, tmp_path):
     rules = report.rules_applied()
     for rule in ("fold-batchnorm-into-next-linear", "fold-fixedscale-into-previous-linear",
                  "fold-scaleandoffset-into-next-linear", "fold-fixedbias-into-previous-linear",
-                 "shatter-composite", "fuse-sibling-affines"):
+                 "shatter-composite", "fuse-sibling-affines", "fuse-affine-relu"):
         assert rules.get(rule, 0) >= 1, (rule, rules)
     pruned = " ".join(n for p in report.passes if p.name == "pruning" for n in p.notes)
     for what in ("drop1 (GeneralDropoutComponent)", "full3 (full-width dim-range)",
@@ -86,13 +86,14 @@ def test_all_passes_shrink_it(nnet, tmp_path):
         assert what in pruned, pruned
     # a fold into the next layer drops the map's node, a fold into the previous layer
     # the layer's node (the map's node keeps its name and computes both); the
-    # composite's BatchNorm part (named comp4) folds into out and out2, which fuse
+    # composite's BatchNorm part (named comp4) folds into out and out2, which fuse;
+    # a layer and its ReLU become one kernel under the ReLU's name
     names = [n.name for n in opt.nodes]
-    for gone in ("bn1", "drop1", "td2", "so2", "lin3", "full3", "comp4", "d4"):
+    for gone in ("bn1", "drop1", "td2", "so2", "lin3", "full3", "comp4", "d4", "a1", "fs2"):
         assert gone not in names, gone
-    assert {"fs2", "fb3", "noop3", "comp4.part0"} <= set(names)
-    # a1, relu1, fs2 (td2 + fs2), relu2, fb3 (lin3 + fb3), noop3 (its Sum is read
-    # twice), comp4.part0 (tanh) and the fused out.out2
-    assert component_nodes(opt) == 8
+    assert {"relu1", "relu2", "fb3", "noop3", "comp4.part0"} <= set(names)
+    # relu1 (a1 as a TDNN + relu1), relu2 (td2 + fs2 + relu2), fb3 (lin3 + fb3), noop3
+    # (its Sum is read twice), comp4.part0 (tanh) and the fused out.out2
+    assert component_nodes(opt) == 6
     assert_equivalent(nnet, opt, frames=5)
     assert_roundtrip(nnet, opt, tmp_path)

@@ -343,10 +343,18 @@ def test_preserve_keeps_a_node():
     node = opt.node("n")
     assert node.kind == "component-node" and types_of(opt)["n"] == "NoOpComponent"
     assert_equivalent(nnet, opt)
-    opt, _ = optimize(nnet, preserve=("bn",))
+    opt, _ = optimize(nnet, preserve=("bn",), options=NetworkOptions(
+        disable_rules=("fuse-affine-relu-map",)))
     # bn stays (its value is what preserve promises); its reader still absorbs its map
     assert types_of(opt)["bn"] == "BatchNormComponent"
     assert "bn" not in opt.node("c").descriptor.node_names()
+    assert_equivalent(nnet, opt)
+    # with kernel fusion, bn's node computes bn's value as one kernel with the layer and
+    # ReLU before it, and its reader keeps reading it (a fold would save nothing)
+    opt, report = optimize(nnet, preserve=("bn",))
+    assert types_of(opt)["bn"] == "AffineReluComponent"
+    assert "bn" in opt.node("c").descriptor.node_names()
+    assert any("stays for 'preserve'" in d for p in report.passes for d in p.declined)
     assert_equivalent(nnet, opt)
 
 
@@ -395,9 +403,10 @@ def user_rule():
     assert rule.name not in REGISTRIES["fuse"]
 
 
+# (a is no linear layer: the built-in fuse-affine-relu would take r1 first)
 RELU_RELU = """
 input-node name=input dim=4
-component name=a type=AffineComponent input-dim=4 output-dim=4
+component name=a type=SigmoidComponent dim=4
 component-node name=a component=a input=input
 component name=r1 type=RectifiedLinearComponent dim=4
 component-node name=r1 component=r1 input=a

@@ -337,3 +337,16 @@ def _composite(g, name, comp, pre, x, rows_out):
 
 
 from . import ops_time  # noqa: E402,F401  (registers the row-mixing components)
+
+
+@register("AffineReluComponent")
+def _affine_relu(g, name, comp, pre, x, rows_out):
+    """The network optimizer's fused kernel: its linear layer, then max with the floor."""
+    fn = OPS.get(comp.linear.type_name)
+    if fn is None:
+        raise ExportError(f"component {name!r}: its linear part {comp.linear.type_name} has "
+                          "no standard-op export")
+    y = fn(g, name, comp.linear, pre, x, rows_out)
+    if not comp.floor.any():
+        return _call(g, torch.relu, y)
+    return _call(g, torch.maximum, y, g.param(name, "floor", comp.floor))

@@ -38,6 +38,7 @@ from .linear import (
     linear_params,
     with_linear_params,
 )
+from .relu_fusion import absorbed_by_relu_fusion
 
 _TEST_MODE_ONLY = {"BatchNormComponent": {"test_mode": True},
                    "DropoutComponent": {"test_mode": True}}
@@ -75,6 +76,9 @@ def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | st
     ew = elementwise(ew_comp, ctx.keep_derivatives)
     if ew is None:
         return f"{inner!r} ({ew_comp.type_name}) is not a fixed elementwise map in its mode"
+    absorbed = absorbed_by_relu_fusion(ctx, inner)
+    if absorbed is not None:
+        return absorbed
     s, o = ew
     desc = match.inputs[0]
     w, b = linear_params(lin)

@@ -29,6 +29,7 @@ from ..rewrite.rewriter import NetworkRewriter
 from ..rewrite.rules import REGISTRIES
 from . import folding as _folding  # noqa: F401  (registers the fold rules)
 from . import fusion as _fusion  # noqa: F401  (registers the fuse / parameter rules)
+from . import relu_fusion as _relu_fusion  # noqa: F401  (registers the fuse-affine-relu rules)
 from . import shatter as _shatter  # noqa: F401  (registers the shatter rules)
 from .arithmetic import simplify
 from .pruning import prune
