@@ -1,0 +1,53 @@
+"""The pynnet3 package: its public names load on first use (PEP 562), so a program
+imports only what it uses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pynnet3
+
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys\n"
+                          "print(' '.join(sorted(sys.modules)))"],
+                         capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_every_public_name_resolves():
+    for name in pynnet3.__all__:
+        assert getattr(pynnet3, name) is not None, name
+    assert set(pynnet3.__all__) <= set(dir(pynnet3))
+    assert pynnet3.Nnet.__module__ == "pynnet3.nnet"
+    assert pynnet3.export.__name__ == "pynnet3.export"
+    assert pynnet3.check_computation.__module__.startswith("pynnet3.analysis")
+
+
+def test_star_import_gives_the_public_names():
+    namespace: dict = {}
+    exec("from pynnet3 import *", namespace)
+    assert {"Nnet", "compile", "run", "export", "train"} <= set(namespace)
+
+
+def test_submodules_are_attributes_and_unknown_names_are_errors():
+    assert pynnet3.graphopt.optimize_network is pynnet3.optimize_network
+    for name in ("no_such_thing", "_private"):
+        try:
+            getattr(pynnet3, name)
+        except AttributeError as e:
+            assert name in str(e)
+        else:
+            raise AssertionError(name)
+
+
+def test_import_pynnet3_loads_nothing_heavy():
+    loaded = _modules_after("import pynnet3")
+    assert "numpy" not in loaded
+    assert not {m for m in loaded if m.startswith("pynnet3.")} - {"pynnet3.errors"}
+
+
+def test_the_command_line_does_not_load_export_or_training():
+    loaded = _modules_after("import pynnet3.cli.main")
+    assert not {m for m in loaded if m.startswith(("pynnet3.export", "pynnet3.train"))}
