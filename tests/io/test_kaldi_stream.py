@@ -175,6 +175,72 @@ def test_read_optional_and_tagged_and_peek():
 
 
 # ----------------------------------------------------------------------------------
+# Text numbers are converted in whole-array steps: the same floats as float() gives
+# ----------------------------------------------------------------------------------
+
+number_words = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    finite32.map(lambda v: "%.7g" % v),  # noqa: UP031 (Kaldi's text: C's %.7g)
+    finite32.map(lambda v: "%.9e" % v),  # noqa: UP031
+    st.floats(-1e6, 1e6).map(lambda v: "%.4f" % v),  # noqa: UP031
+    st.integers(-10**20, 10**20).map(str),
+    st.tuples(st.sampled_from(["", "+", "-"]), st.text("0123456789", max_size=20),
+              st.sampled_from(["", "."]), st.text("0123456789", max_size=20),
+              st.sampled_from(["", "e", "E", "e+", "e-", "E-"]),
+              st.text("0123456789", max_size=5)).map("".join).filter(bool),
+)
+
+
+@given(st.lists(number_words, min_size=1, max_size=40),
+       st.sampled_from([" ", "  ", "\t", "\n", " \r\n ", "\x0b", "\x0c"]))
+@settings(max_examples=400, deadline=None)
+def test_text_vectors_read_as_float_then_float32(words, sep):
+    body = sep.join(words).encode()
+    try:  # what Kaldi's reading means: the correctly rounded float, then float32
+        want = np.array([float(w) for w in words], dtype=np.float64)
+    except ValueError:
+        want = None
+    if want is not None:
+        with np.errstate(over="ignore"):
+            want = want.astype(np.float32)
+    r = TextReader(b" [ " + body + b" ]\n")
+    if want is None or not np.isfinite(want).all():
+        with pytest.raises(FormatError):
+            r.read_vector()
+        return
+    got = r.read_vector()
+    assert got.dtype == np.float32 and got.tobytes() == want.tobytes()  # (bits: -0.0 too)
+
+
+@pytest.mark.parametrize("word, value", [
+    ("0", 0.0), ("-0", -0.0), ("+0.0", 0.0), (".5", 0.5), ("5.", 5.0), ("-.25e1", -2.5),
+    ("1e22", 1e22), ("1e23", 1e23), ("1e-22", 1e-22), ("1.5e-30", 1.5e-30),
+    ("9007199254740993", 9007199254740993.0), ("12345678901234567890", 1.2345678901234567e19),
+    ("0.000000000000000000000000001", 1e-27), ("1E+0005", 1e5), ("3.402823e+38", 3.402823e38),
+])
+def test_text_numbers_at_the_edges_of_the_fast_conversion(word, value):
+    got = TextReader(f"[ 1 {word} 2 ]".encode()).read_vector()
+    want = np.array([1.0, value, 2.0]).astype(np.float32)
+    assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("word", ["1e", "e5", "-", "+-1", "1-2", "1.2.3", "1e5e5", "1e-",
+                                  ".", "-.e1", "1e1.5", "0x10", "--1", "1e+-5"])
+def test_text_words_that_are_not_numbers_are_errors(word):
+    with pytest.raises(FormatError, match="bad number"):
+        TextReader(f"[ 1 {word} 2 ]".encode(), "src.txt").read_vector()
+    with pytest.raises(FormatError, match="bad number"):
+        TextReader(f"[\n  1 2 \n  {word} 4 ]".encode(), "src.txt").read_matrix()
+
+
+def test_text_matrix_rows_by_line_with_any_whitespace():
+    text = b" [ \r\n  1\t2 \r\n\n   \n  -3e0 +4. ]\n"
+    assert TextReader(text).read_matrix().tolist() == [[1.0, 2.0], [-3.0, 4.0]]
+    assert TextReader(b" [ 1 2 3 ]").read_matrix().tolist() == [[1.0, 2.0, 3.0]]
+    assert TextReader(b" [ \n ]").read_matrix().shape == (0, 0)
+
+
+# ----------------------------------------------------------------------------------
 # Errors name the source, line / byte offset and the token
 # ----------------------------------------------------------------------------------
 
