@@ -14,6 +14,7 @@ component-node to an existing component, and dimensions agree.
 from __future__ import annotations
 
 import math
+import operator
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,11 @@ class Node:
         if self.descriptor is not None:
             return self.descriptor.node_names()
         return []
+
+
+# every field of a Node, in one C-level call (Nnet._structure_key)
+_NODE_FIELDS = operator.attrgetter("kind", "name", "descriptor", "component", "dim", "source",
+                                   "dim_offset", "objective")
 
 
 @dataclass
@@ -244,8 +250,7 @@ class Nnet:
             for p in n.descriptor.parts:
                 for v in _moduli(p):
                     m = math.lcm(m, v)  # (Python ints: no int64 overflow)
-        object.__setattr__(self, "_modulus_cache",
-                           (key, m, tuple(n.descriptor for n in self.nodes)))
+        object.__setattr__(self, "_modulus_cache", (key, m))
         return m
 
     def is_recurrent(self) -> bool:
@@ -269,24 +274,21 @@ class Nnet:
         that adding, replacing or editing nodes or components (``read_config``,
         rewrites) never returns a stale context. (The cache holds the components it was
         computed for: while it does, no new object can take one's id.)"""
-        key = (self._structure_key(),
-               tuple((name, id(c)) for name, c in self.components.items()))
+        key = (self._structure_key(), tuple(self.components),
+               tuple(map(id, self.components.values())))
         cached = getattr(self, "_context_cache", None)
         if cached is None or cached[0] != key:
             from .compiler.context import compute_simple_context
 
-            cached = (key, compute_simple_context(self), tuple(self.components.values()),
-                      tuple(n.descriptor for n in self.nodes))
+            cached = (key, compute_simple_context(self), tuple(self.components.values()))
             object.__setattr__(self, "_context_cache", cached)
         return cached[1]
 
     def _structure_key(self) -> tuple:
-        """Every field of every node, descriptors by identity (they are frozen): equal
-        keys mean an equal graph. Far cheaper than the config lines (decoders ask per
-        utterance); a cache keyed on it must hold the descriptors it saw, so that no
-        new descriptor can take a stale one's id."""
-        return tuple((n.kind, n.name, id(n.descriptor), n.component, n.dim, n.source,
-                      n.dim_offset, n.objective) for n in self.nodes)
+        """Every field of every node (descriptors are frozen: the same object compares
+        equal at once): equal keys mean an equal graph. Far cheaper than the config
+        lines (decoders ask per utterance; one C-level getter per node)."""
+        return tuple(map(_NODE_FIELDS, self.nodes))
 
     def seed_random_components(self, seed: int) -> None:
         """Give every random component (dropout-like) its own generator, derived from
