@@ -59,8 +59,7 @@ def _load_model(args):
                             "nothing is subtracted")
     else:
         nnet = read_model(args.model)
-    nnet = nnet.copy()
-    nnet.set_test_mode(True)
+    nnet.set_test_mode(True)  # (in place: the network was just read, nothing shares it)
     if args.network_optimize:
         nnet = optimize_network(nnet)
     return nnet, log_priors

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FormatError
-from .atomic import _host, remove_stale_temporaries, temp_prefix
+from .atomic import _host, random_hex, remove_stale_temporaries, temp_prefix
 
 # Kaldi's table options (util/kaldi-table.h): read-side and write-side.
 _READ_OPTIONS = {"ark", "scp", "t", "b", "s", "ns", "cs", "ncs", "o", "no", "p", "np", "bg"}
@@ -218,6 +218,9 @@ class _ScpTable(Mapping):
             raise FormatError(f"entry {key!r}: cannot read {where!r}: {_why(e)}",
                               self._spec.text) from None
 
+    def __contains__(self, key) -> bool:  # (Mapping's would load the entry)
+        return key in self._where
+
     def __iter__(self):
         return iter(self._where)
 
@@ -237,11 +240,9 @@ def random_access_table(rspecifier: str) -> Mapping[str, np.ndarray]:
 
 # -- writing -------------------------------------------------------------------------------------
 def _temp_path(path: str) -> Path:
-    import secrets
-
     p = Path(path)
     folder = p.parent if str(p.parent) else Path(".")
-    return folder / f"{temp_prefix(p)}{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+    return folder / f"{temp_prefix(p)}{_host()}-{os.getpid()}-{random_hex()}"
 
 
 class TableWriter:

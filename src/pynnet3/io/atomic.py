@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import socket
 import time
 from pathlib import Path
 
@@ -24,7 +22,19 @@ _NAME_CHARS = 100  # of the target's name kept in a temporary's name (NAME_MAX i
 
 
 def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:64] or "host"
+    if hasattr(os, "uname"):  # (what socket.gethostname() gives, without loading socket)
+        name = os.uname().nodename
+    else:
+        import socket
+
+        name = socket.gethostname()
+    return re.sub(r"[^A-Za-z0-9_.]", "_", name)[:64] or "host"
+
+
+def random_hex() -> str:
+    """8 random hex digits for a temporary's name (as secrets.token_hex(4), without
+    loading secrets and hashlib)."""
+    return os.urandom(4).hex()
 
 
 def temp_prefix(path: str | os.PathLike) -> str:
@@ -84,7 +94,7 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     remove_stale_temporaries(path)
     base = f"{temp_prefix(path)}{_host()}-{os.getpid()}-"
     while True:
-        tmp = folder / (base + secrets.token_hex(4))
+        tmp = folder / (base + random_hex())
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             break
