@@ -99,6 +99,9 @@ def precondition_product(grad, weight_key: str, bias_key: str | None, in_value,
     pre = preconditioners(grad)
     if pre is None:
         return False
+    if _implicit_ok(pre, grad, weight_key, bias_key, in_value, out_deriv):
+        _precondition_product_implicit(pre, grad, weight_key, bias_key, in_value, out_deriv)
+        return True
     x_hat, in_scale = pre["in"].precondition(_augmented(in_value, bias_key is not None),
                                              overwrite=True)
     dy_hat, out_scale = pre["out"].precondition(out_deriv)
@@ -112,6 +115,56 @@ def precondition_product(grad, weight_key: str, bias_key: str | None, in_value,
     if bias_key is not None:
         _add(grad[bias_key], scale * (dy_hat.T @ x_hat[:, cols]))
     return True
+
+
+def _implicit_ok(pre, grad, weight_key, bias_key, in_value, out_deriv) -> bool:
+    """Whether the product can take :func:`_precondition_product_implicit`: NumPy
+    float32 arrays throughout and preconditioners that offer ``precondition_implicit``."""
+    blocks = in_value if isinstance(in_value, list) else [in_value]
+    arrays = [grad[weight_key], out_deriv, *blocks]
+    if bias_key is not None:
+        arrays.append(grad[bias_key])
+    return (all(type(a) is np.ndarray and a.dtype == np.float32 and a.ndim == 2
+                for a in arrays[:2] + blocks) and
+            (bias_key is None or type(arrays[-1]) is np.ndarray) and
+            hasattr(pre["in"], "precondition_implicit") and
+            hasattr(pre["out"], "precondition_implicit"))
+
+
+def _precondition_product_implicit(pre, grad, weight_key, bias_key, in_value,
+                                   out_deriv) -> None:
+    """:func:`precondition_product` with the products reordered (NumPy): with
+    ``X_hat = X (I - W_in^T W_in)`` and ``dY_hat = dY (I - W_out^T W_out)``,
+    ``dY_hat^T X_hat = (I - W_out^T W_out) (dY^T X) (I - W_in^T W_in)``: the
+    N-row products are ``dY^T X`` (the plain gradient's) and each side's ``H = X W^T``
+    (and ``J = H^T X`` when its estimate updates), instead of also forming both
+    ``X_hat`` and ``dY_hat`` (2 N D R flops each); the rest is O x D x R."""
+    blocks = in_value if isinstance(in_value, list) else [in_value]
+    bias = bias_key is not None
+    x_hat, w_in, in_scale = pre["in"].precondition_implicit(blocks, bias)
+    dy_hat, w_out, out_scale = pre["out"].precondition_implicit([out_deriv])
+    left = out_deriv if dy_hat is None else dy_hat
+    g = grad[weight_key]
+    rows, cols = g.shape
+    prod = np.zeros((rows, cols + int(bias)), np.float32)   # dY^T [X | 1] (or the hats)
+    if x_hat is not None:
+        gemm_acc(prod, left.T, x_hat)
+    else:
+        col = 0
+        for blk in blocks:
+            gemm_acc(prod[:, col:col + blk.shape[1]], left.T, blk)
+            col += blk.shape[1]
+        if bias:
+            prod[:, cols] = left.sum(axis=0)
+    p = prod.astype(np.float64)
+    if w_in is not None:
+        p -= (p @ w_in.T) @ w_in
+    if w_out is not None:
+        p -= w_out.T @ (w_out @ p)
+    p *= in_scale * out_scale
+    g += p[:, :cols].astype(np.float32)
+    if bias:
+        _add(grad[bias_key], p[:, cols])
 
 
 def precondition_rows(grad, key: str, per_frame: np.ndarray, slot: str = "params") -> bool:

@@ -45,6 +45,10 @@ from ..errors import ComputeError
 _NUM_INITIAL_UPDATES = 10  # Kaldi: updates before update_period applies (> 3 init iters)
 _CONDITION_THRESHOLD = 1.0e6
 _REORTHOGONALIZE_THRESHOLD = 1.0e-3
+# precondition_implicit: above this ||X||^2 / ||X_hat||^2, X_hat is formed (see there)
+_IMPLICIT_MAX_RATIO = 2.0
+# ... and ||X_hat||^2 takes W W^T as diagonal where that moves it by at most this much
+_DIAGONAL_TOLERANCE = 1.0e-6
 
 
 class OnlineNaturalGradient:
@@ -79,6 +83,8 @@ class OnlineNaturalGradient:
         self.W: np.ndarray | None = None  # (R, D) float32
         self.rho = -1.0e10
         self.d: np.ndarray | None = None  # (R,) float64
+        self._gram = None  # (W, W as float64, W W^T, ...) for precondition_implicit
+        self._last_ratio = 1.0  # precondition_implicit's last ||X||^2 / ||X_hat||^2
 
     # -- public -----------------------------------------------------------------------
     def precondition(self, x: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, float]:
@@ -108,6 +114,100 @@ class OnlineNaturalGradient:
             return x_hat, 1.0
         final = ops.sumsq(x_hat)
         return x_hat, float(math.sqrt(initial / final)) if final > 0.0 else 1.0
+
+    def precondition_implicit(self, blocks: list, bias: bool = False,
+                              max_ratio: float = _IMPLICIT_MAX_RATIO):
+        """:meth:`precondition` of ``X = [blocks... | ones]`` (NumPy float32 column
+        blocks of N rows each; a column of ones appended when ``bias``), for a caller
+        that needs only a product ``A^T X_hat`` with a matrix ``A`` of few columns
+        (Kaldi's affine update): the same call for the estimate (it updates it when
+        :meth:`precondition` would), but ``X_hat = X - X W^T W`` is left implicit
+        where that is safe. Returns ``(x_hat, w, scale)``: either ``x_hat`` (float32
+        N x D, the preconditioned rows) and ``w`` None, or ``x_hat`` None and ``w`` the
+        ``W_t`` this call used (float64 R x D; None too: the identity), so that
+        ``A^T X_hat = A^T X - ((A^T X) w^T) w``. The N x D work is then ``H = X W^T``
+        (and ``J = H^T X`` when updating) instead of also ``X - H W``: ``||X_hat||``
+        comes from ``||X||^2 - 2 tr(H^T H) + tr(H^T H W W^T)``. Where that difference
+        is small (``||X||^2 / ||X_hat||^2 > max_ratio``: ``X`` mostly in the estimated
+        subspace) it loses digits, and so would ``A^T X``'s rounding after the
+        projection: ``X_hat`` is formed then."""
+        n = blocks[0].shape[0]
+        dim = sum(b.shape[1] for b in blocks) + int(bias)
+        if dim == 1 or n == 0:
+            return None, None, 1.0  # as precondition: the identity (no rows: not counted)
+        if self.W is not None and self.W.shape[1] != dim:
+            raise ValueError(f"natural gradient dimension changed: {self.W.shape[1]} -> "
+                             f"{dim}")
+        if self.t == 0 or self._last_ratio > max_ratio:
+            # (the first call; or the last call's X was mostly in the subspace, so
+            # this one's likely is too: the explicit X_hat at once)
+            x_hat, scale = self.precondition(_stack_columns(blocks, bias), overwrite=True)
+            self._last_ratio = scale * scale
+            return x_hat, None, scale
+        if type(self.W) is not np.ndarray:
+            self.W = _NumpyOps.like(self.W, blocks[0])
+        w = self.W
+        w64, m64 = self._w_gram()
+        h = np.empty((n, w.shape[0]), np.float32)     # H_t = X_t W_t^T   (N x R)
+        col = 0
+        for blk in blocks:
+            cb = blk.shape[1]
+            if col == 0:
+                np.matmul(blk, w[:, :cb].T, out=h)
+            else:
+                gemm_acc(h, blk, w[:, col:col + cb].T)
+            col += cb
+        if bias:
+            h += w[:, col]
+        initial = sum(_NumpyOps.sumsq(b) for b in blocks) + float(n * bias)
+        updating = self._updating()
+        ell = None
+        if not updating:
+            # tr(H^T H M) from H's column norms and M's diagonal where M = W W^T is
+            # diagonal enough (|sum_ij L_ij M_ij, i != j| <= ||M_off||_F tr L)
+            col_sq = np.einsum("ij,ij->j", h, h).astype(np.float64)
+            tr_ell = float(col_sq.sum())
+            final = initial - 2.0 * tr_ell + float(col_sq @ m64.diagonal())
+            if self._gram[3] * tr_ell > _DIAGONAL_TOLERANCE * final:
+                ell = (h.T @ h).astype(np.float64)
+        if updating or ell is not None:
+            if ell is None:
+                ell = (h.T @ h).astype(np.float64)    # L_t = H^T H
+            # ||X - H W||^2 = ||X||^2 - 2 tr(H^T H) + tr(H^T H W W^T)  (H^T X W^T = H^T H)
+            final = initial - 2.0 * float(np.trace(ell)) + float(np.sum(ell * m64))
+        if updating:
+            j = np.empty((w.shape[0], dim), np.float32)  # J_t = H^T X    (R x D)
+            col = 0
+            for blk in blocks:
+                cb = blk.shape[1]
+                np.matmul(h.T, blk, out=j[:, col:col + cb])
+                col += cb
+            if bias:
+                j[:, col] = h.sum(axis=0)
+            self._update_estimate(n, dim, j, ell, initial, _NumpyOps, h)
+        self.t += 1
+        if initial > 0.0 and final * max_ratio >= initial:
+            self._last_ratio = initial / final
+            return None, w64, math.sqrt(initial / final)
+        x_hat = _stack_columns(blocks, bias)
+        _NumpyOps.sub_mm_(x_hat, h, w)                # X_hat = X - H W (with the old W)
+        if initial <= 0.0:
+            return x_hat, None, 1.0
+        final = _NumpyOps.sumsq(x_hat)
+        scale = float(math.sqrt(initial / final)) if final > 0.0 else 1.0
+        self._last_ratio = scale * scale
+        return x_hat, None, scale
+
+    def _w_gram(self) -> tuple[np.ndarray, np.ndarray]:
+        """``W_t`` in float64 and ``M = W_t W_t^T`` (kept until W changes, with
+        ``||M - diag(M)||_F`` in ``_gram[3]``)."""
+        cached = self._gram
+        if cached is None or cached[0] is not self.W:
+            w64 = self.W.astype(np.float64)
+            m64 = w64 @ w64.T
+            off = m64 - np.diag(m64.diagonal())
+            cached = self._gram = (self.W, w64, m64, float(np.sqrt(np.sum(off * off))))
+        return cached[1], cached[2]
 
     def freeze(self, frozen: bool = True) -> None:
         """Kaldi's Freeze: while frozen, calls precondition but never update the
@@ -178,16 +278,22 @@ class OnlineNaturalGradient:
 
     def _precondition_internal(self, x, tr_x_xt: float, updating: bool, ops):
         """The N x D products on ``x``'s device (``ops``), the R x R part on the host."""
-        n, dim = x.shape
-        r = self.rank
         w = self.W
         h = x @ w.T                                   # H_t = X_t W_t^T   (N x R)
-        if not updating:
-            ops.sub_mm_(x, h, w)                      # X_hat = X - H W
-            return x
+        if updating:
+            j = h.T @ x                               # J_t = H^T X       (R x D)
+            ell = ops.host64(h.T @ h)                 # L_t = W J^T = H^T H
+            self._update_estimate(x.shape[0], x.shape[1], j, ell, tr_x_xt, ops, x)
+        ops.sub_mm_(x, h, w)                          # X_hat = X - H W (with the old W)
+        return x
+
+    def _update_estimate(self, n: int, dim: int, j, ell: np.ndarray, tr_x_xt: float,
+                         ops, like) -> None:
+        """One subspace-iteration step of the Fisher estimate from ``J_t = H^T X``
+        (``ops``' device), ``L_t = H^T H`` (float64, host) and ``tr(X X^T)``."""
+        r = self.rank
+        w = self.W
         eta = self._eta(n)
-        j = h.T @ x                                   # J_t = H^T X       (R x D)
-        ell = ops.host64(h.T @ h)                     # L_t = W J^T = H^T H
         k = ops.host64(j @ j.T)                       # K_t = J J^T
         rho, d = self.rho, self.d
         e, sqrt_e, inv_sqrt_e = self._e_terms(d, self._beta(rho, d))
@@ -217,8 +323,6 @@ class OnlineNaturalGradient:
             must_reorthogonalize = True
             c = np.maximum(c, c_floor)
 
-        ops.sub_mm_(x, h, w)                          # X_hat = X - H W (with the old W)
-
         sqrt_c = np.sqrt(c)
         rho1 = (eta_n * tr_x_xt + eta1 * (dim * rho + float(d.sum())) - float(sqrt_c.sum())) \
             / (dim - r)
@@ -229,13 +333,12 @@ class OnlineNaturalGradient:
         # W_{t+1} = A_t B_t with B_t = J_t + (1-eta)/(eta/N) (D_t + rho_t) W_t and
         # A_t = eta/N E_{t+1}^{1/2} C_t^{-1/2} U_t^T E_t^{-1/2}.
         _, sqrt_e1, inv_sqrt_e1 = self._e_terms(d1, self._beta(rho1, d1))
-        b = j + ops.upload((eta1 / eta_n * d_rho)[:, None], x) * w
+        b = j + ops.upload((eta1 / eta_n * d_rho)[:, None], like) * w
         a = u.T * (eta_n * sqrt_e1 / sqrt_c)[:, None] * inv_sqrt_e[None, :]
-        w1 = ops.upload(a, x) @ b
+        w1 = ops.upload(a, like) @ b
         if must_reorthogonalize:
-            w1 = ops.upload(_reorthogonalize(ops.host64(w1), sqrt_e1, inv_sqrt_e1), x)
+            w1 = ops.upload(_reorthogonalize(ops.host64(w1), sqrt_e1, inv_sqrt_e1), like)
         self.W, self.d, self.rho = w1, d1, rho1
-        return x
 
 
 def orthonormal_special(rows: int, cols: int) -> np.ndarray:
@@ -273,6 +376,19 @@ def _reorthogonalize(w64: np.ndarray, sqrt_e1: np.ndarray,
         return (q * sqrt_e1[:, None]).astype(np.float32)
     c_inv = c_inv * np.outer(sqrt_e1, inv_sqrt_e1)    # E^{1/2} C^{-1} E^{-1/2}
     return (c_inv @ w64).astype(np.float32)
+
+
+def _stack_columns(blocks: list, bias: bool) -> np.ndarray:
+    """A new float32 matrix: the column blocks side by side (and a column of ones)."""
+    cols = sum(b.shape[1] for b in blocks)
+    out = np.empty((blocks[0].shape[0], cols + int(bias)), np.float32)
+    col = 0
+    for blk in blocks:
+        out[:, col:col + blk.shape[1]] = blk
+        col += blk.shape[1]
+    if bias:
+        out[:, cols] = 1.0
+    return out
 
 
 def _is_tensor(x) -> bool:
