@@ -48,6 +48,7 @@ def test_import_pynnet3_loads_nothing_heavy():
     assert not {m for m in loaded if m.startswith("pynnet3.")} - {"pynnet3.errors"}
 
 
-def test_the_command_line_does_not_load_export_or_training():
+def test_the_command_line_does_not_load_export_training_or_drawing():
     loaded = _modules_after("import pynnet3.cli.main")
-    assert not {m for m in loaded if m.startswith(("pynnet3.export", "pynnet3.train"))}
+    assert not {m for m in loaded
+                if m.startswith(("pynnet3.export", "pynnet3.train", "pynnet3.viz"))}

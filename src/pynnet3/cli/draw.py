@@ -16,15 +16,15 @@ from pathlib import Path
 
 from ..errors import PynnetError
 from ..io.atomic import atomic_write
-from ..viz.graph import RENDER_FORMATS, network_graph, render_dot
 from .files import STDIO, read_model
-
-FORMATS = ("dot", "gv", *RENDER_FORMATS)
 
 
 def cmd_draw(args) -> int:
+    # (viz is loaded here, not with the command line: other commands do without it)
+    from ..viz.graph import RENDER_FORMATS, network_graph, render_dot
+
     fmt = "dot" if args.out == STDIO else Path(args.out).suffix.lower().lstrip(".")
-    if fmt not in FORMATS:
+    if fmt not in ("dot", "gv", *RENDER_FORMATS):
         raise PynnetError(f"{args.out}: unknown drawing format {fmt or '(no suffix)'!r}; "
                           "OUT must end in .dot, .svg, .png or .pdf")
     nnet = read_model(args.model)
