@@ -116,11 +116,39 @@ class NumpyBackend:
             out[sel] = sources[s][table[sel, 1]]
         return out
 
+    def _rows_multi(self, dst, sources, table, alpha, add: bool) -> bool:
+        """COPY/ADD_ROWS_MULTI source by source straight into ``dst`` (slices where a
+        source's rows are a run: a recurrent layer's per-step outputs), from a plan
+        made once per table. False (nothing done) when ``dst`` overlaps a source."""
+        if any(np.may_share_memory(dst, src) for src in sources.values()):
+            return False
+        groups, missing = _multi_plan(table)
+        for s, d, r in groups:
+            src = sources[s]
+            vals = src[r] if type(r) is slice else np.take(src, r, axis=0, mode="clip")
+            if add:
+                if alpha != 1.0:
+                    vals = alpha * vals
+                dst[d] += vals
+            elif alpha == 1.0:
+                dst[d] = vals
+            elif type(d) is slice:
+                np.multiply(vals, alpha, out=dst[d])
+            else:
+                dst[d] = alpha * vals
+        if missing is not None and not add:
+            dst[missing] = 0
+        return True
+
     def copy_rows_multi(self, dst, sources, table, alpha):
+        if self._rows_multi(dst, sources, table, alpha, add=False):
+            return
         vals = self._gather_multi(dst, sources, table)
         dst[...] = vals if alpha == 1.0 else alpha * vals
 
     def add_rows_multi(self, dst, sources, table, alpha):
+        if self._rows_multi(dst, sources, table, alpha, add=True):
+            return
         vals = self._gather_multi(dst, sources, table)
         dst += vals if alpha == 1.0 else alpha * vals
 
@@ -131,6 +159,43 @@ class NumpyBackend:
         np.cumsum(src, axis=0, dtype=np.float64, out=cs[1:])
         sums = cs[ranges[:, 1]] - cs[ranges[:, 0]]
         dst += (alpha * sums).astype(dst.dtype)
+
+
+# table id -> (table, plan): the tables live in cached computations and are never
+# modified after compilation (the table itself is kept, so an id is not reused)
+_MULTI_PLANS: dict[int, tuple] = {}
+_MAX_PLANS = 1024
+
+
+def _run_or_rows(rows: np.ndarray):
+    """``rows`` as a slice when they are consecutive and ascending, else as they are."""
+    n = len(rows)
+    if n and int(rows[-1]) - int(rows[0]) == n - 1 and (n < 3 or bool(np.all(np.diff(rows) == 1))):
+        return slice(int(rows[0]), int(rows[0]) + n)
+    return rows
+
+
+def _multi_plan(table: np.ndarray):
+    """``([(source, dst rows, source rows)], rows with no source)`` of a (submatrix,
+    row) table; rows as slices where they run."""
+    hit = _MULTI_PLANS.get(id(table))
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    order = np.argsort(table[:, 0], kind="stable")
+    keys = table[order, 0]
+    cuts = (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()
+    groups, missing = [], None
+    for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True):
+        rows = order[a:b]
+        if keys[a] < 0:
+            missing = rows
+            continue
+        groups.append((int(keys[a]), _run_or_rows(rows), _run_or_rows(table[rows, 1])))
+    plan = (groups, missing)
+    if len(_MULTI_PLANS) >= _MAX_PLANS:
+        _MULTI_PLANS.clear()
+    _MULTI_PLANS[id(table)] = (table, plan)
+    return plan
 
 
 register_backend("numpy", NumpyBackend)
