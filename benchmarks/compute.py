@@ -9,11 +9,13 @@ Kaldi's flags in a fresh process (one BLAS/OpenMP thread) and prints per variant
 * ``unbatched``: as nnet3-compute (``--batch-size=1``);
 * ``batch=B``: ``--batch-size=B`` (equal chunks of several utterances per request);
 * ``jobs=2``: ``--jobs=2`` on a local Ray cluster (cluster start included; two
-  single-threaded workers; peak RSS not measured: the workers are Ray's processes);
+  single-threaded workers; peak RSS and CPU time not measured: the workers are
+  Ray's processes);
 
 with the wall time of the whole process (start, model reading and preparation,
 compiles, decoding, writing; Python's bytecode cache warm, as after an install),
-frames/s, the peak RSS (``wait4``), Kaldi's frames/s
+its CPU time (user + system, ``wait4``: steadier than the wall time when the host is
+busy), frames/s, the peak RSS (``wait4``), Kaldi's frames/s
 and peak RSS for the same utterances, and the ratio ours/Kaldi in frames/s (>= 1:
 faster than Kaldi). The utterances are the first ones of ``feats_x10.scp`` up to
 ``--max-frames`` (default 11,913: exactly ``feats.ark``, Kaldi's ``runs``; 0 or
@@ -76,8 +78,9 @@ def utterance_frames(folder: Path) -> list[tuple[str, int]]:
         os.chdir(cwd)
 
 
-def run_once(argv: list[str], cwd: Path) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MB, stderr) of one whole ``pynnet3`` process."""
+def run_once(argv: list[str], cwd: Path) -> tuple[float, float, float, str]:
+    """(wall seconds, peak RSS MB, CPU seconds, stderr) of one whole ``pynnet3``
+    process."""
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "pynnet3.cli.main", *argv], cwd=cwd,
@@ -89,7 +92,7 @@ def run_once(argv: list[str], cwd: Path) -> tuple[float, float, str]:
         text = err.read().decode(errors="replace")
     if proc.returncode != 0:
         raise SystemExit(f"pynnet3 {' '.join(argv)} failed ({proc.returncode}):\n{text}")
-    return wall, usage.ru_maxrss / 1024, text
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, text
 
 
 def main() -> None:
@@ -118,7 +121,8 @@ def main() -> None:
     realistic = folder.parent / "realistic"
     print(f"pynnet3 compute vs nnet3-compute: {len(chosen)} utterances, {frames} frames, one "
           f"BLAS thread, whole process, min of {args.reps}")
-    head = (f"{'network':<13} {'variant':<10} {'wall s':>7} {'frames/s':>9} {'RSS MB':>7} "
+    head = (f"{'network':<13} {'variant':<10} {'wall s':>7} {'cpu s':>6} {'frames/s':>9} "
+            f"{'RSS MB':>7} "
             f"{'kaldi f/s':>9} {'kaldi MB':>8} {'ours/kaldi':>10}")
     print(head)
     print("-" * len(head))
@@ -143,12 +147,15 @@ def main() -> None:
                 argv = ["compute", *kaldi_flags(timing, net), *extra,
                         str(realistic / net / "model.txt"), f"scp:{scp}", f"ark:{out}"]
                 runs = [run_once(argv, folder) for _ in range(args.reps)]
-                wall, rss, err = min(runs)
+                wall, rss, _, err = min(runs)
+                cpu = min(r[2] for r in runs)
                 if f"done {len(chosen)} utterances, failed 0" not in err:
                     raise SystemExit(f"unexpected summary:\n{err}")
+                # (jobs: Ray's worker processes are not ours to measure)
                 rss_text = "-" if name.startswith("jobs") else f"{rss:.0f}"
+                cpu_text = "-" if name.startswith("jobs") else f"{cpu:.2f}"
                 fps = frames / wall
-                print(f"{net:<13} {name:<10} {wall:7.2f} {fps:9.0f} {rss_text:>7} "
+                print(f"{net:<13} {name:<10} {wall:7.2f} {cpu_text:>6} {fps:9.0f} {rss_text:>7} "
                       f"{k_fps:9.0f} {k_mb:8.0f} {fps / k_fps:10.2f}")
     print(f"(Kaldi's figures: its run over {k_frames} frames, the nearer size; "
           "ratio > 1 means faster than Kaldi)")
