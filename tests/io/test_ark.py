@@ -71,6 +71,24 @@ def test_ark_scp_round_trip_with_offsets(tmp_path):
     assert set(random_access_table(f"ark:{ark}")) == set(entries)
 
 
+def test_binary_float_entries_are_kaldiio_bytes(tmp_path):
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((7, 6)).astype(np.float32)
+    entries = {"m": big, "vec": big[2], "empty": np.zeros((0, 4), np.float32),
+               "novec": np.zeros(0, np.float32), "strided": big[::2, 1::2],
+               "fortran": np.asfortranarray(big), "double": big.astype(np.float64),
+               "utt-é": big[:1]}
+    kaldiio.save_ark(str(tmp_path / "want.ark"), entries, scp=str(tmp_path / "want.scp"))
+    with TableWriter(f"ark,scp:{tmp_path}/got.ark,{tmp_path}/got.scp") as w:
+        for key, value in entries.items():
+            w.write(key, value)
+    assert (tmp_path / "got.ark").read_bytes() == (tmp_path / "want.ark").read_bytes()
+    assert ((tmp_path / "got.scp").read_text().replace("got.ark", "want.ark")
+            == (tmp_path / "want.scp").read_text())
+    got = dict(read_table(f"scp:{tmp_path}/got.scp"))
+    assert all(np.array_equal(got[k], v) for k, v in entries.items())
+
+
 def test_text_and_compressed_entries(tmp_path):
     entries = _entries(1)
     with TableWriter(f"ark,t:{tmp_path}/o.txt") as w:
