@@ -246,3 +246,27 @@ def test_installed_entry_point(tmp_path, config):
                          text=True, timeout=120)
     assert res.returncode == 1
     assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_exit_without_teardown_flushes_and_ends_the_process():
+    res = _python("import sys, pynnet3.cli.main as m\n"
+                  "print('out', end=''); print('err', end='', file=sys.stderr)\n"
+                  "m._exit_without_teardown(3)\nprint('not reached')")
+    assert (res.returncode, res.stdout, res.stderr) == (3, "out", "err")
+
+
+def test_exit_without_teardown_leaves_atexit_callbacks_and_threads_their_exit():
+    res = _python("import atexit, pynnet3.cli.main as m\n"
+                  "atexit.register(lambda: print('atexit ran'))\n"
+                  "m._exit_without_teardown(3)\nprint('returned')")
+    assert (res.returncode, res.stdout) == (0, "returned\natexit ran\n")
+    res = _python("import threading, time, pynnet3.cli.main as m\n"
+                  "t = threading.Thread(target=lambda: (time.sleep(0.5), print('thread done')))\n"
+                  "t.start()\nm._exit_without_teardown(3)\nprint('returned')")
+    assert res.returncode == 0 and sorted(res.stdout.split("\n")) == ["", "returned",
+                                                                      "thread done"]

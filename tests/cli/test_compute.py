@@ -194,6 +194,24 @@ def test_pipes_and_stdout(model, tmp_path):
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_the_console_command_writes_everything_before_it_ends(model, tmp_path, capsys):
+    # (the command-line process ends without the interpreter's teardown)
+    feats, ivecs = _data(8)
+    kaldiio.save_ark(str(tmp_path / "feats.ark"), feats)
+    kaldiio.save_ark(str(tmp_path / "iv.ark"), ivecs)
+    argv = ["compute", "--ivectors=ark:iv.ark", str(model), "ark:feats.ark"]
+    done = subprocess.run([sys.executable, "-m", "pynnet3.cli.main", *argv,
+                           "ark,scp:sub.ark,sub.scp"], cwd=tmp_path, capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1].startswith("pynnet3 compute: summary: done 4")
+    assert main([*argv[:1], f"--ivectors=ark:{tmp_path}/iv.ark", str(model),
+                 f"ark:{tmp_path}/feats.ark", f"ark:{tmp_path}/here.ark"]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "sub.ark").read_bytes() == (tmp_path / "here.ark").read_bytes()
+    assert len((tmp_path / "sub.scp").read_text().splitlines()) == 4
+
+
 # -- failures ----------------------------------------------------------------------------------
 def test_failed_utterances_are_counted_and_the_rest_written(model, tmp_path, capsys):
     feats, ivecs = _data(4)
