@@ -89,6 +89,36 @@ def test_binary_float_entries_are_kaldiio_bytes(tmp_path):
     assert all(np.array_equal(got[k], v) for k, v in entries.items())
 
 
+def test_scp_entries_read_as_kaldiio_reads_them(tmp_path):
+    rng = np.random.default_rng(1)
+    mat = rng.standard_normal((5, 3)).astype(np.float32)
+    entries = {"fm": mat, "fv": mat[0], "dm": mat.astype(np.float64),
+               "dv": mat[1].astype(np.float64), "empty": np.zeros((0, 3), np.float32)}
+    kaldiio.save_ark(str(tmp_path / "b.ark"), entries, scp=str(tmp_path / "b.scp"))
+    kaldiio.save_ark(str(tmp_path / "c.ark"), {"cm": mat}, scp=str(tmp_path / "c.scp"),
+                     compression_method=2)
+    kaldiio.save_ark(str(tmp_path / "t.ark"), {"tm": mat}, scp=str(tmp_path / "t.scp"),
+                     text=True)
+    lines = [(tmp_path / f).read_text() for f in ("b.scp", "c.scp", "t.scp")]
+    ark = str(tmp_path / "b.ark")
+    lines.append(f"ranged {ark}:{int(lines[0].split(':')[-1].split()[0])}[1:2]\n")
+    (tmp_path / "all.scp").write_text("".join(lines))
+    want = kaldiio.load_scp(str(tmp_path / "all.scp"))
+    got = dict(read_table(f"scp:{tmp_path}/all.scp"))
+    table = random_access_table(f"scp:{tmp_path}/all.scp")
+    assert list(got) == list(want) == list(table)
+    for key in want:
+        for value in (got[key], table[key]):
+            assert value.dtype == want[key].dtype and value.shape == want[key].shape, key
+            assert np.array_equal(value, want[key]), key
+            assert value.flags.writeable or key not in entries, key  # (ours: writable)
+    # past the end of the file, or not an entry: the entry's error, as before
+    size = os.path.getsize(ark)
+    (tmp_path / "bad.scp").write_text(f"short {ark}:{size - 8}\nnone {ark}:{size + 10}\n")
+    got = dict(read_table(f"scp:{tmp_path}/bad.scp"))
+    assert all(isinstance(v, TableEntryError) for v in got.values())
+
+
 def test_text_and_compressed_entries(tmp_path):
     entries = _entries(1)
     with TableWriter(f"ark,t:{tmp_path}/o.txt") as w:
