@@ -225,3 +225,40 @@ def test_fused_network_exports(tdnnf):
         got = module(*[torch.from_numpy(inputs[n]) for n in module.input_names])
     want = reference_outputs(tdnnf, module, inputs)  # the unoptimized network's
     assert max_rel(got["output"].numpy(), want["output"]) < 1e-5
+
+
+def test_fused_kernel_trains_as_its_linear_layer(tdnnf, tmp_path):
+    """A network-optimized copy can be trained: the kernel's gradient is that of its
+    (scaled) linear layer, its settings are the layer's, and once its parameters
+    change the file holds layer (bias b' - o) + ReLU + FixedBias o, which computes
+    the same and gives the same gradient."""
+    opt, _ = optimize(tdnnf)
+    fused_name = opt.node("bn2").component
+    fused = opt.components[fused_name]
+    assert fused.is_updatable() and fused.params()["linear_params"] is \
+        fused.linear.linear_params
+    fused.learning_rate = 0.25  # (written through to the layer)
+    assert fused.linear.learning_rate == 0.25
+    req = request_for(tdnnf, deriv=True)
+    req.need_model_derivative = True
+    inputs, derivs = data_for(tdnnf, req)
+    got = pynnet3.run(opt, req, dict(inputs), dict(derivs), dtype=np.float64)
+    g = got.gradients[fused_name]["linear_params"]
+    assert np.abs(g).max() > 0
+    # unchanged parameters: the original chain is written
+    opt.write(tmp_path / "same.txt")
+    assert "BatchNormComponent" in types_of(pynnet3.read_nnet(tmp_path / "same.txt")).values()
+    # "train": the file then holds the standard form of the new parameters
+    for p in (fused.linear.linear_params, fused.linear.bias_params):
+        p += np.float32(0.05)
+    opt.write(tmp_path / "trained.txt")
+    back = pynnet3.read_nnet(tmp_path / "trained.txt")
+    types = types_of(back)
+    assert types["bn2"] == "FixedBiasComponent" and types["relu2"] == "RectifiedLinearComponent"
+    assert_equivalent(opt, back, derivatives=True)
+    want = pynnet3.run(back, req, dict(inputs), dict(derivs), dtype=np.float64)
+    a2 = back.node("a2").component
+    after = pynnet3.run(opt, req, dict(inputs), dict(derivs), dtype=np.float64)
+    # (the file's bias b' - o is rounded to float32: differences of that order)
+    np.testing.assert_allclose(after.gradients[fused_name]["linear_params"],
+                               want.gradients[a2]["linear_params"], rtol=1e-4, atol=1e-9)

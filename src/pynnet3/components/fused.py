@@ -9,26 +9,26 @@ applies bias, ReLU and map together, where the three components take four or
 more passes over the output. The network optimizer's ``fuse-affine-relu`` rules
 (graphopt/fusion.py) build it; nothing reads it from a file.
 
-It is not a Kaldi type: a network holding one is written in its unfused form,
-the original components and nodes (``unfused``), which Kaldi reads and which
-compute the same. It is not updatable (the network optimizer re-expresses
-parameters: an optimized network is for inference); its backprop gives input
-derivatives (``dx`` of the ReLU mask ``y > floor``), so a network optimized with
-``keep_derivatives`` keeps them.
+It is not a Kaldi type: a network holding one is written in a standard form
+(``unfused``), which Kaldi reads and which computes the same: the original
+components and nodes while the parameters are as fused, else (after training)
+the linear layer with bias ``b' - o``, the ReLU and a FixedBias ``o``
+(``max(z, o) = ReLU(z - o) + o``). It trains as its linear layer does (the
+scaled parameters, as any folded layer's): its settings (learning rate,
+max-change, ...) are the linear layer's, read and written through it, and
+its backprop passes the derivative through the ReLU mask ``y > floor``.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from .base import Component, Flags
 from .xp import namespace
-
-# Optional compiler / cache hooks a fused layer has exactly when its linear part does.
-_DELEGATED = ("reorder_indexes", "output_time_bounds", "input_indexes_within",
-              "stretch_precomputed")
 
 
 @dataclass
@@ -44,17 +44,33 @@ class UnfusedPart:
 class AffineReluComponent(Component):
     """``max(linear(x), floor)`` (see module docstring). ``linear``: an Affine,
     NaturalGradientAffine, FixedAffine or Tdnn component with a bias, its weights
-    already scaled; ``floor``: float32 [output-dim]; ``unfused``: the chain it
-    replaces, which is what files hold."""
+    already scaled; ``floor``: float32 [output-dim]; ``parts``: the chain it
+    replaces, as it was."""
 
     type_name = "AffineReluComponent"
+    _OWN = frozenset(("linear", "floor", "_zero_floor", "_parts", "_digest"))
 
-    def __init__(self, linear: Component, floor: np.ndarray, unfused: list[UnfusedPart]):
+    def __init__(self, linear: Component, floor: np.ndarray, parts: list[UnfusedPart]):
         self.linear = linear
         self.floor = np.ascontiguousarray(floor, dtype=np.float32)
-        self.unfused = list(unfused)
+        self._parts = list(parts)
+        self._digest = _params_digest(linear)
         # max(y, 0) is a scalar bound: cheaper than a broadcast row of zeros
         self._zero_floor = not self.floor.any()
+
+    # -- the linear layer's settings and hooks, read and written through it ---------------
+    def __getattr__(self, name: str):
+        linear = self.__dict__.get("linear")
+        if linear is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(linear, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        linear = self.__dict__.get("linear")
+        if name in self._OWN or linear is None or not hasattr(linear, name):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(linear, name, value)
 
     @property
     def input_dim(self) -> int:
@@ -65,23 +81,42 @@ class AffineReluComponent(Component):
         return self.linear.output_dim
 
     def properties(self) -> Flags:
-        keep = (Flags.SIMPLE | Flags.REORDERS_INDEXES | Flags.BACKPROP_ADDS
-                | Flags.INPUT_CONTIGUOUS | Flags.OUTPUT_CONTIGUOUS)
+        keep = (Flags.SIMPLE | Flags.UPDATABLE | Flags.REORDERS_INDEXES | Flags.BACKPROP_ADDS
+                | Flags.BACKPROP_NEEDS_INPUT | Flags.INPUT_CONTIGUOUS | Flags.OUTPUT_CONTIGUOUS)
         return (self.linear.properties() & keep) | Flags.BACKPROP_NEEDS_OUTPUT
 
     def info(self) -> str:
-        parts = " + ".join(p.component.type_name for p in self.unfused)
+        parts = " + ".join(p.component.type_name for p in self._parts)
         return f"{super().info()}, fused=[{parts}]"
 
     def write(self, w) -> None:
         raise NotImplementedError(
             "AffineReluComponent is runtime-only: Nnet.write() saves its unfused form")
 
-    def __getattr__(self, name: str):
-        linear = self.__dict__.get("linear")
-        if linear is None or name not in _DELEGATED:
-            raise AttributeError(name)
-        return getattr(linear, name)
+    @property
+    def unfused(self) -> list[UnfusedPart]:
+        """The standard chain a file holds for this component (module docstring)."""
+        if _params_digest(self.linear) == self._digest:
+            return list(self._parts)
+        lin = copy.copy(self.linear)
+        lin.bias_params = (self.linear.bias_params - self.floor).astype(np.float32)
+        out = [UnfusedPart(self._parts[0].node, self._parts[0].component_name, lin),
+               self._parts[1]]
+        if not self._zero_floor:
+            last = self._parts[-1]
+            out.append(UnfusedPart(last.node, f"{last.component_name}.offset",
+                                   _fixed_bias(self.floor)))
+        return out
+
+    # -- parameters: the linear layer's ------------------------------------------------------
+    def params(self) -> dict[str, np.ndarray]:
+        return self.linear.params()
+
+    def export_gradient(self, grad: dict) -> dict:
+        return self.linear.export_gradient(grad)
+
+    def set_test_mode(self, test_mode: bool) -> None:
+        self.linear.set_test_mode(test_mode)
 
     # -- indexes: the linear layer's ------------------------------------------------------
     def input_indexes(self, output_indexes):
@@ -98,18 +133,35 @@ class AffineReluComponent(Component):
         else:
             xp.maximum(out_value, xp.param(self.floor, like=out_value), out=out_value)
 
+    def _masked(self, out_value, out_deriv):
+        xp = namespace(out_deriv)
+        floor = 0.0 if self._zero_floor else xp.param(self.floor, like=out_deriv)
+        return out_deriv * xp.astype(out_value > floor, out_deriv.dtype)
+
     def propagate(self, indexes, in_value, out_value):
         self.linear.propagate(indexes, in_value, out_value)
         self._apply_floor(out_value)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
-        if in_deriv is None:
+        if in_deriv is None and grad is None:
             return
-        xp = namespace(out_deriv)
-        floor = 0.0 if self._zero_floor else xp.param(self.floor, like=out_deriv)
-        dz = out_deriv * xp.astype(out_value > floor, out_deriv.dtype)
-        self.linear.backprop(indexes, in_value, None, dz, None, None, in_deriv)
+        self.linear.backprop(indexes, in_value, None, self._masked(out_value, out_deriv),
+                             None, grad, in_deriv)
+
+
+def _params_digest(comp: Component) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for name, value in sorted(comp.params().items()):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    return h.digest()
+
+
+def _fixed_bias(bias: np.ndarray) -> Component:
+    from .scale_offset import FixedBiasComponent  # (a sibling family module)
+
+    return FixedBiasComponent(bias)
 
 
 def propagate_blocks(self, indexes, blocks: list, out_value):
@@ -120,7 +172,10 @@ def propagate_blocks(self, indexes, blocks: list, out_value):
 
 def backprop_blocks(self, indexes, blocks: list, out_value, out_deriv, memo, grad,
                     in_deriv) -> None:
-    self.backprop(indexes, None, out_value, out_deriv, memo, grad, in_deriv)
+    if in_deriv is None and grad is None:
+        return
+    self.linear.backprop_blocks(indexes, blocks, None, self._masked(out_value, out_deriv),
+                                None, grad, in_deriv)
 
 
 class BlockAffineReluComponent(AffineReluComponent):
@@ -132,8 +187,8 @@ class BlockAffineReluComponent(AffineReluComponent):
 
 
 def fused_affine_relu(linear: Component, floor: np.ndarray,
-                      unfused: list[UnfusedPart]) -> AffineReluComponent:
+                      parts: list[UnfusedPart]) -> AffineReluComponent:
     """The fused component for ``linear`` (with block input when it has it)."""
     cls = BlockAffineReluComponent if hasattr(linear, "propagate_blocks") \
         else AffineReluComponent
-    return cls(linear, floor, unfused)
+    return cls(linear, floor, parts)

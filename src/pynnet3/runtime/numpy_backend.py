@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ..index import unique_keys
 from .backend import register_backend
@@ -76,6 +77,13 @@ class NumpyBackend:
 
     def copy_rows(self, dst, src, table, alpha):
         if _all_rows(table, src):
+            grid = _grid_views(dst, src, table)
+            if grid is not None:  # (a strided copy: no index lookups, no temporary)
+                if alpha == 1.0:
+                    np.copyto(grid[0], grid[1])
+                else:
+                    np.multiply(grid[1], alpha, out=grid[0])
+                return
             if dst.flags.c_contiguous and not np.may_share_memory(dst, src):
                 # (3x faster than a gather then a copy; mode="clip" skips the buffer
                 # that bounds checking needs: _all_rows checked them)
@@ -98,6 +106,10 @@ class NumpyBackend:
 
     def add_rows(self, dst, src, table, alpha):
         if _all_rows(table, src):  # no boolean masks: a gather and one add
+            grid = _grid_views(dst, src, table)
+            if grid is not None:
+                grid[0][...] += grid[1] if alpha == 1.0 else alpha * grid[1]
+                return
             vals = np.take(src, table, axis=0, mode="clip")
             if alpha != 1.0:
                 vals *= alpha
@@ -161,9 +173,57 @@ class NumpyBackend:
         dst += (alpha * sums).astype(dst.dtype)
 
 
+def _grid(table: np.ndarray):
+    """``(start, p, q, a, b)`` when ``table[i * q + j] == start + i * a + j * b`` for
+    all i < p, j < q (with p > 1 or q > 1), else None. Offset() of an input given
+    sequence by sequence and read time by time is such a grid (b = frames per
+    sequence, a = the time step); so is an iVector repeated per frame (a = 0)."""
+    n = len(table)
+    if n < 4:
+        return None
+    hit = _GRID_PLANS.get(id(table))
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    d = np.diff(table.astype(np.int64))
+    b = int(d[0])
+    breaks = np.flatnonzero(d != b)
+    q = n if not len(breaks) else int(breaks[0]) + 1
+    plan = None
+    if n % q == 0:
+        p = n // q
+        start = int(table[0])
+        a = int(table[q]) - start if p > 1 else 0
+        grid = start + a * np.arange(p, dtype=np.int64)[:, None] \
+            + b * np.arange(q, dtype=np.int64)[None, :]
+        if np.array_equal(grid.reshape(-1), table):
+            plan = (start, p, q, a, b)
+    if len(_GRID_PLANS) >= _MAX_PLANS:
+        _GRID_PLANS.clear()
+    _GRID_PLANS[id(table)] = (table, plan)
+    return plan
+
+
+def _grid_views(dst: np.ndarray, src: np.ndarray, table: np.ndarray):
+    """``(dst as [p, q, cols], the table's rows of src as a strided [p, q, cols]
+    view)`` when the (in-range) table is a :func:`_grid` and the two do not overlap;
+    else None."""
+    plan = _grid(table)
+    if plan is None or dst.ndim != 2 or np.may_share_memory(dst, src):
+        return None
+    start, p, q, a, b = plan
+    r0, c0 = src.strides
+    d0, d1 = dst.strides
+    cols = dst.shape[1]
+    sv = as_strided(src[start:], shape=(p, q, cols), strides=(a * r0, b * r0, c0),
+                     writeable=False)
+    dv = as_strided(dst, shape=(p, q, cols), strides=(q * d0, d0, d1))
+    return dv, sv
+
+
 # table id -> (table, plan): the tables live in cached computations and are never
 # modified after compilation (the table itself is kept, so an id is not reused)
 _MULTI_PLANS: dict[int, tuple] = {}
+_GRID_PLANS: dict[int, tuple] = {}
 _MAX_PLANS = 1024
 
 
