@@ -270,3 +270,13 @@ def test_exit_without_teardown_leaves_atexit_callbacks_and_threads_their_exit():
                   "t.start()\nm._exit_without_teardown(3)\nprint('returned')")
     assert res.returncode == 0 and sorted(res.stdout.split("\n")) == ["", "returned",
                                                                       "thread done"]
+
+
+def test_a_profiled_run_still_writes_its_profile(tmp_path):
+    script, out = tmp_path / "run.py", tmp_path / "prof.out"
+    script.write_text("import pynnet3.cli.main as m\n"
+                      "m._exit_without_teardown(0)\nprint('returned')\n")
+    res = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), str(script)],
+                         capture_output=True, text=True, timeout=120)
+    assert (res.returncode, res.stdout) == (0, "returned\n"), res.stderr
+    assert out.is_file() and out.stat().st_size > 0

@@ -323,11 +323,14 @@ _RAN: dict[str, str] = {}  # (main() notes the command it ran)
 def _exit_without_teardown(status: int) -> None:
     """``os._exit(status)`` after flushing stdout and stderr, when nothing else is
     owed to the process's end: no atexit callback (coverage, logging, Ray, weakref
-    finalizers register one) and no other thread. Otherwise returns (a normal exit)."""
+    finalizers register one), no other thread, and no profiler or tracer running
+    (``python -m cProfile -m pynnet3.cli.main ...`` writes its statistics after the
+    program). Otherwise returns (a normal exit)."""
     import atexit
     import threading
 
-    if getattr(atexit, "_ncallbacks", lambda: 1)() or threading.active_count() > 1:
+    if (getattr(atexit, "_ncallbacks", lambda: 1)() or threading.active_count() > 1
+            or sys.getprofile() is not None or sys.gettrace() is not None):
         return
     try:
         sys.stdout.flush()
