@@ -12,7 +12,8 @@ backend):
   gradient, max-change, BatchNorm stats scaling, ConstrainOrthonormal) in ms, and
   as minibatches/s;
 * ``plain``: the same with every preconditioner switched off (plain SGD);
-* ``ng share``: the part of ``step`` spent inside ``OnlineNaturalGradient.precondition``;
+* ``ng share``: the part of ``step`` spent inside ``OnlineNaturalGradient.precondition``
+  (and ``.precondition_implicit``: the N-row work of the natural gradient);
 * ``kaldi``: ``forward_backward_ms`` from ``scaling.json`` (forward + backward into
   a gradient copy, without natural gradient or the update; another machine:
   compare ratios, not milliseconds).
@@ -20,9 +21,12 @@ backend):
 Times are the mean of ``--reps`` steps (default 4: one natural-gradient update
 period) after ``--warmup`` steps (default 11: compiling, and the first 11 calls of
 each preconditioner, which always update its estimate; later calls update every
-4th time, as in a long training run). No assertions.
+4th time, as in a long training run), the fastest of ``--rounds`` (default 3)
+such rounds, the two trainers' rounds alternating (the host may be shared). No
+assertions.
 
     python benchmarks/train.py [--nets tdnnf_chain,xvector] [--ns 128] [--reps 4]
+                               [--rounds 3]
 """
 
 from __future__ import annotations
@@ -55,27 +59,38 @@ FLAGS = {"max-param-change": 2.0, "momentum": 0.0, "store-component-stats": Fals
 
 
 class _PreconditionTimer:
-    """Wraps OnlineNaturalGradient.precondition to add up the seconds spent in it."""
+    """Wraps OnlineNaturalGradient.precondition and .precondition_implicit to add up
+    the seconds spent in them (a call inside another counted once)."""
+
+    _METHODS = ("precondition", "precondition_implicit")
 
     def __init__(self):
         self.seconds = 0.0
-        self._orig = OnlineNaturalGradient.precondition
+        self._depth = 0
+        self._orig = {m: getattr(OnlineNaturalGradient, m) for m in self._METHODS}
 
     def __enter__(self):
-        timer, orig = self, self._orig
+        timer = self
 
-        def timed(obj, x, *args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return orig(obj, x, *args, **kwargs)
-            finally:
-                timer.seconds += time.perf_counter() - t0
+        def wrap(orig):
+            def timed(obj, *args, **kwargs):
+                timer._depth += 1
+                t0 = time.perf_counter()
+                try:
+                    return orig(obj, *args, **kwargs)
+                finally:
+                    timer._depth -= 1
+                    if timer._depth == 0:
+                        timer.seconds += time.perf_counter() - t0
+            return timed
 
-        OnlineNaturalGradient.precondition = timed
+        for m, orig in self._orig.items():
+            setattr(OnlineNaturalGradient, m, wrap(orig))
         return self
 
     def __exit__(self, *exc):
-        OnlineNaturalGradient.precondition = self._orig
+        for m, orig in self._orig.items():
+            setattr(OnlineNaturalGradient, m, orig)
 
 
 def _supervision(nnet, req, rng) -> dict:
@@ -89,19 +104,30 @@ def _supervision(nnet, req, rng) -> dict:
     return sup
 
 
-def _bench(nnet, req, inputs, sup, reps: int, warmup: int, natural_gradient: bool,
+def _bench(nnet, req, inputs, sup, reps: int, warmup: int, rounds: int,
            backend: str = "numpy", device=None):
-    trainer = Trainer(nnet, TrainerOptions.from_flags(FLAGS), backend=backend, device=device)
-    if not natural_gradient:
-        trainer.preconditioners = {name: None for name in nnet.components}
-    for _ in range(warmup):  # compiles; natural gradient past its initial updates
-        trainer.train_step(req, inputs=inputs, supervision=sup)
-    with _PreconditionTimer() as timer:
-        t0 = time.perf_counter()
-        for _ in range(reps):
+    """(step ms, ng share, plain ms): a trainer with natural gradient and one without
+    (each on its own copy of ``nnet``), timed in alternating rounds of ``reps`` steps;
+    each figure from its fastest round (the host may be shared)."""
+    trainers = {}
+    for ng in (True, False):
+        trainer = Trainer(nnet.copy(), TrainerOptions.from_flags(FLAGS), backend=backend,
+                          device=device)
+        if not ng:
+            trainer.preconditioners = {name: None for name in nnet.components}
+        for _ in range(warmup):  # compiles; natural gradient past its initial updates
             trainer.train_step(req, inputs=inputs, supervision=sup)
-        total = time.perf_counter() - t0
-    return total / reps * 1e3, timer.seconds / total
+        trainers[ng] = trainer
+    best = {True: (float("inf"), 0.0), False: (float("inf"), 0.0)}
+    for _ in range(rounds):
+        for ng, trainer in trainers.items():
+            with _PreconditionTimer() as timer:
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    trainer.train_step(req, inputs=inputs, supervision=sup)
+                total = time.perf_counter() - t0
+            best[ng] = min(best[ng], (total / reps * 1e3, timer.seconds / total))
+    return best[True][0], best[True][1], best[False][0]
 
 
 def main() -> None:
@@ -112,6 +138,9 @@ def main() -> None:
                     help="comma-separated: numpy, torch (CPU), torch:cuda, ...")
     ap.add_argument("--reps", type=int, default=4,
                     help="timed steps (the mean; 4 = one natural-gradient update period)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timed rounds of --reps steps, alternating between the two "
+                         "trainers (the fastest round counts)")
     ap.add_argument("--warmup", type=int, default=11,
                     help="untimed steps first (compile; the first 11 calls always update "
                          "the natural-gradient estimate, later ones every 4th)")
@@ -133,18 +162,16 @@ def main() -> None:
         inputs = {s.name: rng.standard_normal((len(s.indexes), nnet.input_dim(s.name)))
                   .astype(np.float32) for s in req.inputs}
         sup = _supervision(nnet, req, rng)
-        step_ms, share = _bench(nnet.copy(), req, inputs, sup, args.reps, args.warmup, True,
-                                backend, device)
-        plain_ms, _ = _bench(nnet.copy(), req, inputs, sup, args.reps, args.warmup, False,
-                             backend, device)
+        step_ms, share, plain_ms = _bench(nnet, req, inputs, sup, args.reps, args.warmup,
+                                          args.rounds, backend, device)
         kaldi = (scaling.get((net, n)) or {}).get("forward_backward_ms")
         rows.append([net, str(n), backend_spec, f"{step_ms:.1f}", f"{1e3 / step_ms:.2f}",
                      f"{plain_ms:.1f}", f"{100 * share:.0f}%",
                      "-" if kaldi is None else f"{kaldi:.1f}",
                      "-" if kaldi is None else f"{step_ms / kaldi:.2f}",
                      "-" if kaldi is None else f"{plain_ms / kaldi:.2f}"])
-    print_table("train_step (1 BLAS thread; ms: mean of --reps steps after "
-                "--warmup)",
+    print_table("train_step (1 BLAS thread; ms: mean of --reps steps after --warmup, "
+                "fastest of --rounds)",
                 ["network", "N", "backend", "step ms", "mb/s", "plain ms", "ng share",
                  "kaldi fb ms", "step/kaldi", "plain/kaldi"], rows,
                 ["kaldi fb ms: scaling.json forward_backward_ms (forward + backward into a "

@@ -156,15 +156,15 @@ def _precondition_product_implicit(pre, grad, weight_key, bias_key, in_value,
             col += blk.shape[1]
         if bias:
             prod[:, cols] = left.sum(axis=0)
-    p = prod.astype(np.float64)
+    # (float32 as the products: the rounding is of the size of dY^T X's own)
     if w_in is not None:
-        p -= (p @ w_in.T) @ w_in
+        gemm_acc(prod, prod @ w_in.T, w_in, -1.0)
     if w_out is not None:
-        p -= w_out.T @ (w_out @ p)
-    p *= in_scale * out_scale
-    g += p[:, :cols].astype(np.float32)
+        gemm_acc(prod, w_out.T, w_out @ prod, -1.0)
+    scale = np.float32(in_scale * out_scale)
+    g += scale * prod[:, :cols]
     if bias:
-        _add(grad[bias_key], p[:, cols])
+        _add(grad[bias_key], scale * prod[:, cols])
 
 
 def precondition_rows(grad, key: str, per_frame: np.ndarray, slot: str = "params") -> bool:

@@ -83,7 +83,7 @@ class OnlineNaturalGradient:
         self.W: np.ndarray | None = None  # (R, D) float32
         self.rho = -1.0e10
         self.d: np.ndarray | None = None  # (R,) float64
-        self._gram = None  # (W, W as float64, W W^T, ...) for precondition_implicit
+        self._gram = None  # (W, W W^T, ...) for precondition_implicit
         self._last_ratio = 1.0  # precondition_implicit's last ||X||^2 / ||X_hat||^2
 
     # -- public -----------------------------------------------------------------------
@@ -124,7 +124,7 @@ class OnlineNaturalGradient:
         :meth:`precondition` would), but ``X_hat = X - X W^T W`` is left implicit
         where that is safe. Returns ``(x_hat, w, scale)``: either ``x_hat`` (float32
         N x D, the preconditioned rows) and ``w`` None, or ``x_hat`` None and ``w`` the
-        ``W_t`` this call used (float64 R x D; None too: the identity), so that
+        ``W_t`` this call used (float32 R x D; None too: the identity), so that
         ``A^T X_hat = A^T X - ((A^T X) w^T) w``. The N x D work is then ``H = X W^T``
         (and ``J = H^T X`` when updating) instead of also ``X - H W``: ``||X_hat||``
         comes from ``||X||^2 - 2 tr(H^T H) + tr(H^T H W W^T)``. Where that difference
@@ -147,7 +147,7 @@ class OnlineNaturalGradient:
         if type(self.W) is not np.ndarray:
             self.W = _NumpyOps.like(self.W, blocks[0])
         w = self.W
-        w64, m64 = self._w_gram()
+        m64 = self._w_gram()
         h = np.empty((n, w.shape[0]), np.float32)     # H_t = X_t W_t^T   (N x R)
         col = 0
         for blk in blocks:
@@ -168,7 +168,7 @@ class OnlineNaturalGradient:
             col_sq = np.einsum("ij,ij->j", h, h).astype(np.float64)
             tr_ell = float(col_sq.sum())
             final = initial - 2.0 * tr_ell + float(col_sq @ m64.diagonal())
-            if self._gram[3] * tr_ell > _DIAGONAL_TOLERANCE * final:
+            if self._gram[2] * tr_ell > _DIAGONAL_TOLERANCE * final:
                 ell = (h.T @ h).astype(np.float64)
         if updating or ell is not None:
             if ell is None:
@@ -188,7 +188,7 @@ class OnlineNaturalGradient:
         self.t += 1
         if initial > 0.0 and final * max_ratio >= initial:
             self._last_ratio = initial / final
-            return None, w64, math.sqrt(initial / final)
+            return None, w, math.sqrt(initial / final)
         x_hat = _stack_columns(blocks, bias)
         _NumpyOps.sub_mm_(x_hat, h, w)                # X_hat = X - H W (with the old W)
         if initial <= 0.0:
@@ -198,16 +198,16 @@ class OnlineNaturalGradient:
         self._last_ratio = scale * scale
         return x_hat, None, scale
 
-    def _w_gram(self) -> tuple[np.ndarray, np.ndarray]:
-        """``W_t`` in float64 and ``M = W_t W_t^T`` (kept until W changes, with
-        ``||M - diag(M)||_F`` in ``_gram[3]``)."""
+    def _w_gram(self) -> np.ndarray:
+        """``M = W_t W_t^T`` in float64 (kept until W changes, with ``||M -
+        diag(M)||_F`` in ``_gram[2]``)."""
         cached = self._gram
         if cached is None or cached[0] is not self.W:
             w64 = self.W.astype(np.float64)
             m64 = w64 @ w64.T
             off = m64 - np.diag(m64.diagonal())
-            cached = self._gram = (self.W, w64, m64, float(np.sqrt(np.sum(off * off))))
-        return cached[1], cached[2]
+            cached = self._gram = (self.W, m64, float(np.sqrt(np.sum(off * off))))
+        return cached[1]
 
     def freeze(self, frozen: bool = True) -> None:
         """Kaldi's Freeze: while frozen, calls precondition but never update the
