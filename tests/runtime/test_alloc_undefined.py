@@ -55,3 +55,29 @@ def test_realistic_runs_equal_with_nan_allocations(net, shape):
     for comp_name, g in plain.gradients.items():
         for k, v in g.items():
             np.testing.assert_array_equal(nan.gradients[comp_name][k], v)
+
+
+def test_released_outputs_are_handed_over_and_stay_the_users():
+    """A PROVIDE_OUTPUT that releases the whole matrix hands the matrix itself over
+    (no copy); later runs never write into it (it left the computer and its pool)."""
+    nnet = pynnet3.Nnet.from_config("""
+input-node name=input dim=3
+component name=a type=AffineComponent input-dim=3 output-dim=4
+component-node name=a component=a input=input
+component name=r type=RectifiedLinearComponent dim=4
+component-node name=r component=r input=a
+output-node name=output input=r
+""", seed=1)
+    req = pynnet3.ComputationRequest(
+        [pynnet3.IoSpecification("input", np.array([[0, t, 0] for t in range(5)]))],
+        [pynnet3.IoSpecification("output", np.array([[0, t, 0] for t in range(5)]))])
+    comp = pynnet3.compile(nnet, req)
+    rng = np.random.default_rng(0)
+    x1, x2 = (rng.standard_normal((5, 3)).astype(np.float32) for _ in range(2))
+    first = NnetComputer(nnet, comp).run({"input": x1}).outputs["output"]
+    kept = first.copy()
+    for _ in range(3):
+        NnetComputer(nnet, comp).run({"input": x2})
+    np.testing.assert_array_equal(first, kept)
+    w, b = nnet.components["a"].linear_params, nnet.components["a"].bias_params
+    np.testing.assert_allclose(first, np.maximum(x1 @ w.T + b, 0), rtol=1e-6)

@@ -367,12 +367,31 @@ class NnetComputer:
             if t is CT.ACCEPT_INPUT:
                 self._store_input(cmd.dst, checked[(cmd.is_deriv, cmd.node)])
             elif t is CT.PROVIDE_OUTPUT:
-                value = be.copy_out(self._sub(cmd.src))
+                value = self._hand_over(cmd) if cmd.release else None
+                if value is None:
+                    value = be.copy_out(self._sub(cmd.src))
+                    if cmd.release:
+                        self._release(self.matrices, self.c.submatrices[cmd.src].matrix)
                 (result.input_derivs if cmd.is_deriv else result.outputs)[cmd.node] = value
-                if cmd.release:
-                    self._release(self.matrices, self.c.submatrices[cmd.src].matrix)
             else:
                 self._execute(cmd)
+
+    def _hand_over(self, cmd: Command):
+        """The output matrix itself, taken out of the computer, when a PROVIDE_OUTPUT
+        that releases it covers all of it (NumPy: nothing else refers to a matrix
+        the computation releases, so no copy is needed); else None."""
+        if not isinstance(self.backend, NumpyBackend):
+            return None
+        sm = self.c.submatrices[cmd.src]
+        info = self.c.matrices[sm.matrix]
+        if sm.row_offset or sm.col_offset or sm.num_rows != info.rows \
+                or sm.num_cols != info.cols:
+            return None
+        mat = self.matrices.get(sm.matrix)
+        if type(mat) is not np.ndarray or mat.base is not None:
+            return None
+        del self.matrices[sm.matrix]
+        return mat
 
     def gradients(self) -> dict:
         """Model gradients accumulated by BACKPROP commands so far, per updatable
