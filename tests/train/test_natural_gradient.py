@@ -265,3 +265,120 @@ def test_overflowing_statistics_are_a_clear_error():
                                            r"the minibatch's statistics are not finite"):
         with np.errstate(over="ignore", invalid="ignore"):
             p.precondition(np.full((32, 12), 3e37, np.float32))
+
+
+def _blocks_data(rng, n, dims, amplitude):
+    """Column blocks (float32) whose side-by-side matrix has a few directions
+    ``amplitude`` times stronger than isotropic noise."""
+    dim = sum(dims)
+    basis = np.linalg.qr(np.random.default_rng(dim).standard_normal((dim, 4)))[0].T
+    x = (rng.standard_normal((n, 4)) * amplitude) @ basis + rng.standard_normal((n, dim))
+    x = x.astype(np.float32)
+    out, col = [], 0
+    for d in dims:
+        out.append(np.ascontiguousarray(x[:, col:col + d]))
+        col += d
+    return out
+
+
+@pytest.mark.parametrize("amplitude", [0.5, 2.0, 8.0])
+@pytest.mark.parametrize("dims,bias", [((30,), True), ((17, 20), False), ((12, 9, 15), True)])
+def test_implicit_preconditioning_matches_paper_math(amplitude, dims, bias, monkeypatch):
+    """precondition_implicit (X_hat left implicit as ``X - X w^T w``, or formed when X
+    lies mostly in the subspace) gives the paper's ``A^T X_hat * scale`` for column
+    blocks plus a column of ones; with weak directions it stays implicit on most
+    calls, with strong ones it forms X_hat."""
+    rng = np.random.default_rng(len(dims) + int(amplitude))
+    dim = sum(dims) + int(bias)
+    ours = OnlineNaturalGradient(8, update_period=3)
+    ref = PaperNaturalGradient(8, dim, update_period=3)
+    kinds = {"implicit": 0, "formed": 0}
+    for step in range(20):
+        blocks = _blocks_data(rng, 64, dims, amplitude)
+        x = np.concatenate(blocks + ([np.ones((64, 1), np.float32)] if bias else []), axis=1)
+        a = rng.standard_normal((64, 5)).astype(np.float32)
+        x_hat, w, scale = ours.precondition_implicit([b.copy() for b in blocks], bias)
+        if x_hat is None:
+            kinds["implicit"] += 1
+            prod = a.T.astype(np.float64) @ x
+            got = scale * (prod - (prod @ w.T) @ w)
+        else:
+            kinds["formed"] += 1
+            got = scale * (a.T.astype(np.float64) @ x_hat)
+        expected = a.T.astype(np.float64) @ ref.precondition(x.astype(np.float64))
+        err = np.linalg.norm(got - expected) / np.linalg.norm(expected)
+        assert err < 2e-4, f"call {step}: relative difference {err:.2e}"
+    assert ours.t == 20
+    if amplitude <= 2.0:
+        assert kinds["implicit"] >= 15, kinds
+    else:
+        assert kinds["formed"] >= 15, kinds
+
+
+def test_implicit_preconditioning_with_full_gram_term(monkeypatch):
+    """With a zero tolerance for W W^T's off-diagonal part, ||X_hat|| comes from the
+    full H^T H on every call: still the paper's scale."""
+    import pynnet3.train.natural_gradient as ng_mod
+
+    monkeypatch.setattr(ng_mod, "_DIAGONAL_TOLERANCE", 0.0)
+    rng = np.random.default_rng(5)
+    ours = OnlineNaturalGradient(6, update_period=4)
+    ref = PaperNaturalGradient(6, 25, update_period=4)
+    for step in range(16):
+        (x,) = _blocks_data(rng, 40, (25,), 1.0)
+        x_hat, w, scale = ours.precondition_implicit([x])
+        expected = ref.precondition(x.astype(np.float64))
+        if x_hat is None:
+            x64 = x.astype(np.float64)
+            x_hat = x64 - (x64 @ w.T) @ w
+        err = np.linalg.norm(scale * x_hat - expected) / np.linalg.norm(expected)
+        assert err < 2e-4, f"call {step}: relative difference {err:.2e}"
+
+
+def test_implicit_preconditioning_edge_cases():
+    ng = OnlineNaturalGradient(4)
+    one = [np.ones((10, 1), np.float32)]
+    assert ng.precondition_implicit(one) == (None, None, 1.0)      # 1-dimensional
+    assert ng.precondition_implicit([np.zeros((0, 6), np.float32)]) == (None, None, 1.0)
+    assert ng.t == 0
+    rng = np.random.default_rng(0)
+    ng.precondition_implicit([rng.standard_normal((20, 6)).astype(np.float32)])
+    with pytest.raises(ValueError, match="dimension changed"):
+        ng.precondition_implicit([rng.standard_normal((20, 6)).astype(np.float32)], True)
+    # all-zero rows: nothing to scale
+    _, _, scale = ng.precondition_implicit([np.zeros((20, 6), np.float32)])
+    assert scale == 1.0
+
+
+@pytest.mark.parametrize("amplitude", [0.5, 8.0])
+def test_precondition_product_matches_explicit_preconditioning(amplitude):
+    """components.preconditioning.precondition_product (the affine update, NumPy:
+    ``(I - Wo^T Wo) (dY^T X) (I - Wi^T Wi)`` where safe) adds what Kaldi's order
+    gives: both sides' X_hat formed by ``precondition``, then ``s dY_hat^T X_hat``;
+    the estimates evolve the same."""
+    from pynnet3.components.preconditioning import PreconditionedGrad, precondition_product
+
+    rng = np.random.default_rng(int(amplitude))
+    pre = {"in": OnlineNaturalGradient(6, update_period=2),
+           "out": OnlineNaturalGradient(5, update_period=2)}
+    ref = {"in": OnlineNaturalGradient(6, update_period=2),
+           "out": OnlineNaturalGradient(5, update_period=2)}
+    for step in range(12):
+        blocks = _blocks_data(rng, 50, (11, 13), amplitude)
+        (dy,) = _blocks_data(rng, 50, (15,), amplitude)
+        grad = PreconditionedGrad({"w": np.zeros((15, 24), np.float32),
+                                   "b": np.zeros(15, np.float32)}, pre)
+        assert precondition_product(grad, "w", "b", [b.copy() for b in blocks], dy.copy())
+        x = np.concatenate(blocks + [np.ones((50, 1), np.float32)], axis=1)
+        x_hat, s_in = ref["in"].precondition(x)
+        dy_hat, s_out = ref["out"].precondition(dy)
+        expected = s_in * s_out * (dy_hat.T.astype(np.float64) @ x_hat)
+        got = np.concatenate([grad["w"], grad["b"][:, None]], axis=1)
+        err = np.linalg.norm(got - expected) / np.linalg.norm(expected)
+        assert err < 1e-4, f"call {step}: relative difference {err:.2e}"
+    for side in ("in", "out"):
+        f_got, f_ref = pre[side].fisher_terms(), ref[side].fisher_terms()
+        np.testing.assert_allclose(f_got[0].T @ (f_got[1][:, None] * f_got[0]),
+                                   f_ref[0].T @ (f_ref[1][:, None] * f_ref[0]),
+                                   rtol=1e-4, atol=1e-4 * f_ref[1].max())
+        assert f_got[2] == pytest.approx(f_ref[2], rel=1e-4)
