@@ -67,7 +67,8 @@ class _PreconditionTimer:
     def __init__(self):
         self.seconds = 0.0
         self._depth = 0
-        self._orig = {m: getattr(OnlineNaturalGradient, m) for m in self._METHODS}
+        self._orig = {m: getattr(OnlineNaturalGradient, m) for m in self._METHODS
+                      if hasattr(OnlineNaturalGradient, m)}
 
     def __enter__(self):
         timer = self

@@ -23,6 +23,12 @@ singular values minus ``rho_{t+1}``, and ``rho_{t+1}`` keeps ``tr F_{t+1} = tr T
 (``eta = 1 - exp(-N / num_samples_history)``, at most 0.9). The ``N x D`` work is
 four GEMMs (float32, as Kaldi); the ``R x R`` part runs in float64.
 
+For an affine update, which needs only ``dY_hat^T X_hat``,
+:meth:`~OnlineNaturalGradient.precondition_implicit` leaves ``X_hat = X (I - W^T W)``
+implicit: the caller projects the small ``dY^T X`` instead, and ``||X_hat||`` comes
+from ``H`` and ``W W^T`` (X_hat is still formed where X lies mostly in the estimated
+subspace and the difference would lose digits).
+
 The first call initializes: ``W`` a fixed orthonormal pattern at ``epsilon``
 scale, then three updates (one when ``N <= rank``) on that first minibatch, and
 the call itself then preconditions with the result and updates once more.
@@ -161,8 +167,8 @@ class OnlineNaturalGradient:
             h += w[:, col]
         initial = sum(_NumpyOps.sumsq(b) for b in blocks) + float(n * bias)
         updating = self._updating()
-        ell = None
-        if not updating:
+        ell = (h.T @ h).astype(np.float64) if updating else None  # L_t = H^T H
+        if ell is None:
             # tr(H^T H M) from H's column norms and M's diagonal where M = W W^T is
             # diagonal enough (|sum_ij L_ij M_ij, i != j| <= ||M_off||_F tr L)
             col_sq = np.einsum("ij,ij->j", h, h).astype(np.float64)
@@ -170,9 +176,7 @@ class OnlineNaturalGradient:
             final = initial - 2.0 * tr_ell + float(col_sq @ m64.diagonal())
             if self._gram[2] * tr_ell > _DIAGONAL_TOLERANCE * final:
                 ell = (h.T @ h).astype(np.float64)
-        if updating or ell is not None:
-            if ell is None:
-                ell = (h.T @ h).astype(np.float64)    # L_t = H^T H
+        if ell is not None:
             # ||X - H W||^2 = ||X||^2 - 2 tr(H^T H) + tr(H^T H W W^T)  (H^T X W^T = H^T H)
             final = initial - 2.0 * float(np.trace(ell)) + float(np.sum(ell * m64))
         if updating:
