@@ -244,3 +244,19 @@ def test_pad_last_chunk_same_rows_one_computation(model, tmp_path, capsys):  # n
         np.testing.assert_allclose(got["true"][key], _expected(model, f, ivecs[key]),
                                    rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(got["true"][key], got["false"][key], rtol=1e-6, atol=1e-6)
+
+
+def test_frame_local_after_kernel_fusion():
+    """A fused TDNN + ReLU kernel (the network optimizer's) is as frame-local as the
+    TDNN layer it holds (compute pads the last chunk instead of compiling anew)."""
+    tdnn = pynnet3.Nnet.from_config("""\
+input-node name=input dim=2
+component name=t type=TdnnComponent input-dim=2 output-dim=3 time-offsets=-1,0,2
+component-node name=t component=t input=input
+component name=r type=RectifiedLinearComponent dim=3
+component-node name=r component=r input=t
+output-node name=output input=r
+""")
+    fused = pynnet3.optimize_network(tdnn)
+    assert type(fused.components[fused.node("r").component]).__name__ == "AffineReluComponent"
+    assert frame_local(tdnn) and frame_local(fused)

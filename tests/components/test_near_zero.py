@@ -71,7 +71,7 @@ def _blocks(rng, rows=7, widths=(5, 6, 4)):
     return [rng.standard_normal((rows, w)).astype(np.float32) for w in widths]
 
 
-def test_blockwise_product_only_forward_only_and_when_cheaper():
+def test_blockwise_product_only_forward_only():
     from pynnet3.components.affine import matmul_blocks_into
 
     rng = np.random.default_rng(3)
@@ -86,8 +86,13 @@ def test_blockwise_product_only_forward_only_and_when_cheaper():
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
         assert matmul_blocks_into(out, blocks, w, add=True)  # adds to what is there
         np.testing.assert_allclose(out, 2 * want, rtol=1e-5, atol=1e-5)
-        wide = rng.standard_normal((20, 15)).astype(np.float32)  # copying is cheaper
-        assert not matmul_blocks_into(np.zeros((7, 20), np.float32), blocks, wide, add=False)
+        # wide outputs too: BLAS accumulates each block's product (no temporary)
+        wide = rng.standard_normal((20, 15)).astype(np.float32)
+        got = np.zeros((7, 20), np.float32)
+        assert matmul_blocks_into(got, blocks, wide, add=False)
+        np.testing.assert_allclose(got, np.hstack(blocks).astype(np.float64) @ wide.T,
+                                   rtol=1e-5, atol=1e-5)
+        assert not matmul_blocks_into(got, blocks[:1], wide[:, :5], add=False)  # one block
 
 
 def test_tdnn_forward_only_equals_spliced_product():

@@ -263,6 +263,7 @@ def frame_local(nnet) -> bool:
             return False
         if node.kind == "component-node":
             comp = nnet.components[node.component]
+            comp = getattr(comp, "linear", comp)  # (a fused kernel: its linear layer's)
             if not comp.is_simple() and comp.type_name != "TdnnComponent":
                 return False
     return True
