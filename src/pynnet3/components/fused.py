@@ -48,13 +48,16 @@ class AffineReluComponent(Component):
     replaces, as it was."""
 
     type_name = "AffineReluComponent"
-    _OWN = frozenset(("linear", "floor", "_zero_floor", "_parts", "_digest"))
+    _OWN = frozenset(("linear", "floor", "_zero_floor", "_parts", "_digest", "_trained"))
 
     def __init__(self, linear: Component, floor: np.ndarray, parts: list[UnfusedPart]):
         self.linear = linear
         self.floor = np.ascontiguousarray(floor, dtype=np.float32)
         self._parts = list(parts)
         self._digest = _params_digest(linear)
+        # (digest, unfused parts) of the parameters last written after a change: the
+        # same objects for every node using this component, so a file keeps one layer
+        self._trained: tuple | None = None
         # max(y, 0) is a scalar bound: cheaper than a broadcast row of zeros
         self._zero_floor = not self.floor.any()
 
@@ -96,9 +99,14 @@ class AffineReluComponent(Component):
     @property
     def unfused(self) -> list[UnfusedPart]:
         """The standard chain a file holds for this component (module docstring)."""
-        if _params_digest(self.linear) == self._digest:
+        digest = _params_digest(self.linear)
+        if digest == self._digest:
             return list(self._parts)
+        trained = self.__dict__.get("_trained")  # (None in copies pickled before it)
+        if trained is not None and trained[0] == digest:
+            return list(trained[1])
         lin = copy.copy(self.linear)
+        lin.linear_params = self.linear.linear_params.copy()
         lin.bias_params = (self.linear.bias_params - self.floor).astype(np.float32)
         out = [UnfusedPart(self._parts[0].node, self._parts[0].component_name, lin),
                self._parts[1]]
@@ -106,7 +114,8 @@ class AffineReluComponent(Component):
             last = self._parts[-1]
             out.append(UnfusedPart(last.node, f"{last.component_name}.offset",
                                    _fixed_bias(self.floor)))
-        return out
+        self._trained = (digest, out)
+        return list(out)
 
     # -- parameters: the linear layer's ------------------------------------------------------
     def params(self) -> dict[str, np.ndarray]:

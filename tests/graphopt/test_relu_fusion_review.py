@@ -1,0 +1,222 @@
+"""Review of the fused AffineRelu kernel (components/fused.py, graphopt/relu_fusion.py):
+cases the first tests did not cover -- a layer shared by two nodes, a Linear or a
+bias-free Tdnn inner layer, block-dim maps, copies, the persistent compile cache and
+training a network-optimized copy. Expected values come from the unoptimized network
+or from the standard chain read back from a file."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+import pynnet3
+from pynnet3.cache import CachingCompiler
+from tests.graphopt.common import (
+    assert_equivalent,
+    assert_roundtrip,
+    build,
+    data_for,
+    optimize,
+    request_for,
+    types_of,
+)
+from tests.graphopt.test_relu_fusion import TDNNF
+
+# One affine layer and one ReLU component used by two nodes each (weight tying), each
+# chain then through one shared test-mode BatchNorm.
+SHARED = """
+input-node name=input dim=5
+component name=a type=AffineComponent input-dim=5 output-dim=6
+component-node name=a1 component=a input=input
+component name=r type=RectifiedLinearComponent dim=6
+component-node name=r1 component=r input=a1
+component name=bn type=BatchNormComponent dim=6 test-mode=true
+component-node name=bn1 component=bn input=r1
+component-node name=a2 component=a input=Offset(input, 1)
+component-node name=r2 component=r input=a2
+component-node name=bn2 component=bn input=r2
+component name=t type=TanhComponent dim=12
+component-node name=t component=t input=Append(bn1, bn2)
+output-node name=output input=t
+"""
+
+LINEAR_BLOCK_BN = """
+input-node name=input dim=5
+component name=l type=LinearComponent input-dim=5 output-dim=6
+component-node name=l component=l input=input
+component name=r type=RectifiedLinearComponent dim=6
+component-node name=r component=r input=l
+component name=bn type=BatchNormComponent dim=6 block-dim=3 test-mode=true
+component-node name=bn component=bn input=r
+component name=t type=TanhComponent dim=6
+component-node name=t component=t input=bn
+output-node name=output input=t
+"""
+
+TDNN_NO_BIAS = """
+input-node name=input dim=5
+component name=l type=TdnnComponent input-dim=5 output-dim=6 time-offsets=-1,0,1 use-bias=false
+component-node name=l component=l input=input
+component name=r type=RectifiedLinearComponent dim=6
+component-node name=r component=r input=l
+component name=s type=ScaleAndOffsetComponent dim=6 block-dim=2
+component-node name=s component=s input=r
+component name=t type=TanhComponent dim=6
+component-node name=t component=t input=s
+output-node name=output input=t
+"""
+
+
+def _prepared(config: str, seed: int = 3) -> pynnet3.Nnet:
+    """``config`` with non-trivial test-mode BatchNorm statistics (block-dim sized)
+    and positive per-element scales (so every map fuses)."""
+    nnet = build(config)
+    rng = np.random.default_rng(seed)
+    for comp in nnet.components.values():
+        if comp.type_name == "BatchNormComponent":
+            d = comp.block_dim
+            comp.count = 100.0
+            comp.stats_sum = rng.standard_normal(d) * 100
+            comp.stats_sumsq = (rng.uniform(0.5, 2.0, d) + (comp.stats_sum / 100) ** 2) * 100
+            comp.set_test_mode(True)
+        if comp.type_name == "ScaleAndOffsetComponent":
+            comp.scales = np.abs(comp.scales)
+    return nnet
+
+
+def _fused(nnet) -> dict:
+    return {name: c for name, c in nnet.components.items()
+            if c.type_name == "AffineReluComponent"}
+
+
+def _train_a_little(opt) -> None:
+    """A parameter change as a trainer makes it (in place)."""
+    for comp in _fused(opt).values():
+        comp.linear.linear_params += np.float32(0.02)
+        comp.linear.bias_params -= np.float32(0.01)
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_trained_shared_kernel_is_written_as_one_layer(tmp_path, binary):
+    """Two nodes sharing a fused kernel (a tied layer): once its parameters change,
+    the file holds one layer and one offset for both, not a copy per node (which
+    untied the weights and doubled the layer)."""
+    nnet = _prepared(SHARED)
+    opt, report = optimize(nnet)
+    assert report.rules_applied().get("fuse-affine-relu-map") == 2
+    assert len(_fused(opt)) == 1  # one kernel, used by bn1 and bn2
+    assert_roundtrip(nnet, opt, tmp_path, binary=binary)
+    _train_a_little(opt)
+    path = tmp_path / "trained.mdl"
+    opt.write(path, binary=binary)
+    back = pynnet3.read_nnet(path)
+    assert sorted(back.components) == ["a", "bn.offset", "r", "t"], sorted(back.components)
+    types = types_of(back)
+    assert types["bn1"] == types["bn2"] == "FixedBiasComponent"
+    assert_equivalent(opt, back, derivatives=True)
+
+
+def test_written_trained_form_does_not_follow_later_training(tmp_path):
+    """The standard form handed out for a file is a snapshot: training the kernel
+    further changes the next file, not the parts already handed out."""
+    opt, _ = optimize(_prepared(TDNNF))
+    _train_a_little(opt)
+    first = {name: c for name, c in opt.to_model_parts().components}
+    before = first["a1"].linear_params.copy()
+    _train_a_little(opt)
+    np.testing.assert_array_equal(first["a1"].linear_params, before)
+    second = {name: c for name, c in opt.to_model_parts().components}
+    assert not np.array_equal(second["a1"].linear_params, before)
+
+
+@pytest.mark.parametrize("config", [LINEAR_BLOCK_BN, TDNN_NO_BIAS], ids=["linear", "tdnn"])
+def test_linear_and_bias_free_tdnn_inner_layers(tmp_path, config):
+    """A Linear (which becomes an Affine when it gains the bias) and a bias-free Tdnn
+    under a block-dim map: equivalent, with input derivatives, read back from text and
+    binary files untrained and trained."""
+    nnet = _prepared(config)
+    opt, report = optimize(nnet)
+    assert report.rules_applied().get("fuse-affine-relu-map") == 1
+    assert_equivalent(nnet, opt)
+    kd, _ = optimize(nnet, pynnet3.NetworkOptions(keep_derivatives=True))
+    assert_equivalent(nnet, kd, derivatives=True)
+    for binary in (False, True):
+        assert_roundtrip(nnet, opt, tmp_path, binary=binary)
+    _train_a_little(opt)
+    for binary in (False, True):
+        path = tmp_path / f"trained{int(binary)}.mdl"
+        opt.write(path, binary=binary)
+        assert_equivalent(opt, pynnet3.read_nnet(path), derivatives=True)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_of_a_fused_network_are_independent(how):
+    nnet = _prepared(TDNNF)
+    opt, _ = optimize(nnet)
+    dup = copy.deepcopy(opt) if how == "deepcopy" else pickle.loads(pickle.dumps(opt))
+    assert_equivalent(nnet, dup)
+    name = next(iter(_fused(opt)))
+    dup.components[name].learning_rate = 0.125  # (written through to its layer)
+    assert dup.components[name].linear.learning_rate == 0.125
+    assert opt.components[name].linear.learning_rate != 0.125
+    dup.components[name].linear.linear_params += np.float32(1.0)
+    assert_equivalent(nnet, opt)
+
+
+@pytest.mark.xfail(strict=True, reason="cache/plain.check_for_network checks precomputed "
+                   "indexes by the component's type_name: an AffineReluComponent's are "
+                   "its linear layer's (None for an Affine, TdnnIndexes for a Tdnn), so "
+                   "every entry of a network-optimized cache is refused on load")
+def test_persistent_cache_of_a_network_optimized_compiler(tmp_path):
+    nnet = _prepared(TDNNF)
+    req = request_for(nnet, deriv=True)
+    inputs, derivs = data_for(nnet, req)
+    cc = CachingCompiler(nnet, network_optimize=True)
+    want = pynnet3.run(cc.compiled_nnet, cc.compile(req), dict(inputs), dict(derivs))
+    cc.save(tmp_path / "cache")
+    again = CachingCompiler(nnet.copy(), network_optimize=True)
+    assert again.load(tmp_path / "cache") == len(cc)
+    got = pynnet3.run(again.compiled_nnet, again.compile(req), dict(inputs), dict(derivs))
+    np.testing.assert_array_equal(got.outputs["output"], want.outputs["output"])
+
+
+def _train_setup(nnet):
+    req = request_for(nnet)
+    inputs, _ = data_for(nnet, req)
+    inputs = {k: v.astype(np.float32) for k, v in inputs.items()}
+    rows = len(req.outputs[0].indexes)
+    sup = {"output": np.random.default_rng(5).standard_normal((rows, 4)).astype(np.float32)}
+    return req, inputs, sup
+
+
+@pytest.mark.xfail(strict=True, reason="train/trainer.py runs the computation of its "
+                   "compiler on self.nnet; a CachingCompiler(network_optimize=...) "
+                   "compiles for compiled_nnet (fused nodes), so the step runs the "
+                   "optimized computation on the original components")
+def test_trainer_with_a_network_optimized_compiler():
+    from pynnet3.train.options import TrainerOptions
+    from pynnet3.train.trainer import Trainer
+
+    nnet = _prepared(TDNNF)
+    req, inputs, sup = _train_setup(nnet)
+    cc = CachingCompiler(nnet, network_optimize=True)
+    Trainer(nnet, TrainerOptions(learning_rate=0.01), compiler=cc).train_step(
+        req, inputs, sup)
+
+
+@pytest.mark.xfail(strict=True, reason="train/preconditioners.make_preconditioners keys "
+                   "on type_name: a fused NaturalGradientAffine or Tdnn layer trains with "
+                   "the plain gradient (the fix: look at comp.linear for an "
+                   "AffineReluComponent, in skips_update too)")
+def test_fused_natural_gradient_layer_keeps_its_preconditioners():
+    from pynnet3.train.preconditioners import make_preconditioners
+
+    nnet = _prepared(TDNNF.replace("name=a1 type=AffineComponent",
+                                   "name=a1 type=NaturalGradientAffineComponent"))
+    opt, _ = optimize(nnet)
+    for name, comp in _fused(opt).items():
+        assert make_preconditioners(comp.linear) is not None, name
+        assert make_preconditioners(comp) is not None, name
