@@ -126,16 +126,18 @@ def backward_follows() -> bool:
     return _REFINE.get()
 
 
-def matmul_blocks_into(out: np.ndarray, blocks: list, w: np.ndarray, add: bool) -> bool:
+def matmul_blocks_into(out: np.ndarray, blocks: list, w: np.ndarray, add: bool,
+                       any_order: bool = False) -> bool:
     """``out (+)= hstack(blocks) @ w.T`` as one GEMM per block, without the spliced
     copy: each block's product is accumulated into ``out`` by BLAS itself
     (``gemm_acc``, beta = 1: no temporary), which measured as fast as or faster than
     copying the blocks side by side for one GEMM at every shape of the realistic
     networks. Returns False (nothing done) for a single block, or when a backward
     pass follows (then the caller's one-GEMM form keeps results bit-identical to a
-    spliced input)."""
+    spliced input), unless the caller says ``any_order`` (a TDNN layer: Kaldi's sums
+    its time offsets' products one by one, too)."""
     k = len(blocks)
-    if k < 2 or _REFINE.get():
+    if k < 2 or (_REFINE.get() and not any_order):
         return False
     xp = namespace(out)
     col = 0

@@ -511,7 +511,8 @@ class TdnnComponent(UpdatableComponent):
         if indexes.starts is not None and len(indexes.starts) > 1:
             n = indexes.num_out
             blocks = [in_value[s:s + n] for s in indexes.starts]
-            if matmul_blocks_into(out_value, blocks, w, add=not self.use_bias):
+            # (per time offset, as Kaldi's TdnnComponent sums them, forward-only or not)
+            if matmul_blocks_into(out_value, blocks, w, add=not self.use_bias, any_order=True):
                 if self.use_bias:
                     out_value += xp.param(self.bias_params, like=in_value)
                 return None
