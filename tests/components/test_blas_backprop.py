@@ -147,7 +147,9 @@ def test_tdnn_backprop_per_offset_equals_spliced(use_bias):
 
 def test_propagate_adds_in_one_gemm():
     """LinearComponent and a bias-free TDNN add their product into the output: into
-    zeros, exactly the product; into other values, the sum to float32 rounding."""
+    zeros, exactly the product (the TDNN: one product per time offset, accumulated as
+    Kaldi's layer does, so the spliced product to float32 rounding); into other
+    values, the sum to float32 rounding."""
     rng = np.random.default_rng(8)
     lin = from_config("component name=l type=LinearComponent input-dim=40 output-dim=24")
     tdnn = from_config("component name=c type=TdnnComponent input-dim=20 output-dim=24 "
@@ -164,7 +166,13 @@ def test_propagate_adds_in_one_gemm():
     for comp, idx, x, prod in cases:
         out = np.zeros((30, 24), np.float32)
         comp.propagate(idx, x, out)
-        np.testing.assert_array_equal(out, prod)
+        if comp is lin:
+            np.testing.assert_array_equal(out, prod)
+        else:
+            want = sum(x_tdnn[s:s + 30] @ tdnn.linear_params[:, 20 * k:20 * (k + 1)].T
+                       for k, s in enumerate(tidx.starts))
+            np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(out, prod, rtol=1e-5, atol=1e-5)
         base = rng.standard_normal((30, 24)).astype(np.float32)
         out = base.copy()
         comp.propagate(idx, x, out)
