@@ -220,3 +220,59 @@ def test_fused_natural_gradient_layer_keeps_its_preconditioners():
     for name, comp in _fused(opt).items():
         assert make_preconditioners(comp.linear) is not None, name
         assert make_preconditioners(comp) is not None, name
+
+
+SELF_REPAIR = """
+input-node name=input dim=5
+component name=a type=AffineComponent input-dim=5 output-dim=6
+component-node name=a component=a input=input
+component name=r type=RectifiedLinearComponent dim=6 self-repair-scale=0.1
+component-node name=r component=r input=a
+component name=bn type=BatchNormComponent dim=6 block-dim=3 test-mode=true
+component-node name=bn component=bn input=r
+component name=o type=TanhComponent dim=6
+component-node name=o component=o input=bn
+output-node name=output input=o
+"""
+
+
+@pytest.mark.parametrize("with_map", [False, True], ids=["relu", "relu+batchnorm"])
+def test_training_backprop_keeps_the_relus_self_repair_and_stats(with_map):
+    """A training backprop (model derivative, stats stored) through the kernel does
+    what the ReLU does in the unfused network: its self-repair term (here on the
+    dimensions whose derivative average is below 0.05 or above 0.95) and its value,
+    derivative and output-derivative statistics, stored in the ReLU the file holds.
+    (The kernel dropped both: input derivatives and gradients differed by ~0.06.)"""
+    config = SELF_REPAIR if with_map else SELF_REPAIR.replace(
+        "component-node name=bn component=bn input=r", "").replace("input=bn", "input=r")
+    nnet = _prepared(config)
+    relu = nnet.components["r"]
+    relu.count = 100.0
+    relu.value_sum = np.full(6, 10.0)
+    relu.deriv_sum = np.array([1.0, 99.0, 50.0, 2.0, 98.0, 50.0])
+    opt, report = optimize(nnet)
+    assert report.rules_applied() == ({"fuse-affine-relu-map": 1} if with_map
+                                      else {"fuse-affine-relu": 1})
+    name = opt.node("bn" if with_map else "r").component
+    req = request_for(nnet, deriv=True)
+    req.need_model_derivative = True
+    req.store_component_stats = True
+    inputs, derivs = data_for(nnet, req)
+    want = pynnet3.run(nnet, req, dict(inputs), dict(derivs), dtype=np.float64)
+    got = pynnet3.run(opt, req, dict(inputs), dict(derivs), dtype=np.float64)
+    # the gradient of the scaled weights W' = s W is dL/dW / s (rows)
+    s = np.tile(nnet.components["bn"].test_transform()[0].astype(np.float64), 2) \
+        if with_map else np.ones(6)
+    g_want = want.gradients["a"]["linear_params"] / s[:, None]
+    g_got = got.gradients[name]["linear_params"]
+    tol = 1e-6 if with_map else 0.0  # (the map's scale folded in float32)
+    np.testing.assert_allclose(got.input_derivs["input"], want.input_derivs["input"],
+                               rtol=tol, atol=tol)
+    np.testing.assert_allclose(g_got, g_want, rtol=tol, atol=tol)
+    mine = opt.components[name].unfused[1].component
+    assert mine.type_name == "RectifiedLinearComponent"
+    assert mine.count == relu.count == 100.0 + len(req.outputs[0].indexes)
+    for stat in ("value_sum", "deriv_sum", "oderiv_sumsq"):
+        np.testing.assert_allclose(getattr(mine, stat), getattr(relu, stat), rtol=1e-6,
+                                   err_msg=stat)
+    assert mine.num_dims_self_repaired == relu.num_dims_self_repaired > 0

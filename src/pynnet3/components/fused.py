@@ -16,7 +16,10 @@ the linear layer with bias ``b' - o``, the ReLU and a FixedBias ``o``
 (``max(z, o) = ReLU(z - o) + o``). It trains as its linear layer does (the
 scaled parameters, as any folded layer's): its settings (learning rate,
 max-change, ...) are the linear layer's, read and written through it, and
-its backprop passes the derivative through the ReLU mask ``y > floor``.
+its backprop passes the derivative through the ReLU mask ``y > floor``. In
+training (stats stored, a model derivative) the ReLU's own work is kept: its
+statistics go to the ReLU component of the written chain and its self-repair term
+is added (seen through the map's scale: ``z' = s z + o``).
 """
 
 from __future__ import annotations
@@ -48,11 +51,17 @@ class AffineReluComponent(Component):
     replaces, as it was."""
 
     type_name = "AffineReluComponent"
-    _OWN = frozenset(("linear", "floor", "_zero_floor", "_parts", "_digest", "_trained"))
+    _OWN = frozenset(("linear", "floor", "_zero_floor", "_parts", "_digest", "_trained",
+                      "map_scale"))
 
-    def __init__(self, linear: Component, floor: np.ndarray, parts: list[UnfusedPart]):
+    def __init__(self, linear: Component, floor: np.ndarray, parts: list[UnfusedPart],
+                 map_scale: np.ndarray | None = None):
         self.linear = linear
         self.floor = np.ascontiguousarray(floor, dtype=np.float32)
+        # the map's per-column scale s (None: 1), to see the ReLU's own values and
+        # derivatives in training (its statistics and self-repair)
+        self.map_scale = None if map_scale is None or np.all(map_scale == 1) \
+            else np.ascontiguousarray(map_scale, dtype=np.float64)
         self._parts = list(parts)
         self._digest = _params_digest(linear)
         # (digest, unfused parts) of the parameters last written after a change: the
@@ -86,7 +95,8 @@ class AffineReluComponent(Component):
     def properties(self) -> Flags:
         keep = (Flags.SIMPLE | Flags.UPDATABLE | Flags.REORDERS_INDEXES | Flags.BACKPROP_ADDS
                 | Flags.BACKPROP_NEEDS_INPUT | Flags.INPUT_CONTIGUOUS | Flags.OUTPUT_CONTIGUOUS)
-        return (self.linear.properties() & keep) | Flags.BACKPROP_NEEDS_OUTPUT
+        out = (self.linear.properties() & keep) | Flags.BACKPROP_NEEDS_OUTPUT
+        return out | (self._relu().properties() & Flags.STORES_STATS)
 
     def info(self) -> str:
         parts = " + ".join(p.component.type_name for p in self._parts)
@@ -147,6 +157,48 @@ class AffineReluComponent(Component):
         floor = 0.0 if self._zero_floor else xp.param(self.floor, like=out_deriv)
         return out_deriv * xp.astype(out_value > floor, out_deriv.dtype)
 
+    # -- the ReLU's training behaviour: statistics and self-repair ---------------------------
+    def _relu(self) -> Component:
+        return self._parts[1].component
+
+    def _scale_like(self, like):
+        return namespace(like).param(self.map_scale.astype(np.float32) if
+                                     like.dtype == np.float32 else self.map_scale, like=like)
+
+    def _relu_output(self, out_value):
+        """The ReLU's output ``max(z, 0) = (y - o) / s`` of the fused output ``y``."""
+        if self.map_scale is None and self._zero_floor:
+            return out_value
+        xp = namespace(out_value)
+        r = out_value if self._zero_floor else out_value - xp.param(self.floor, like=out_value)
+        if self.map_scale is not None:
+            r = r / self._scale_like(out_value)
+        return xp.maximum(r, 0.0)  # (rounding: y = o gives exactly 0 only up to it)
+
+    def store_stats(self, in_value, out_value, memo) -> None:
+        """The ReLU's statistics (value and derivative sums, count), into the ReLU
+        component of the chain the file holds, as the unfused network stores them."""
+        self._relu().store_stats(None, self._relu_output(out_value), None)
+
+    def zero_stats(self) -> None:
+        self._relu().zero_stats()
+        self.linear.zero_stats()
+
+    def _training_deriv(self, out_value, out_deriv, masked):
+        """The derivative for the linear layer in a training backprop: the ReLU's
+        self-repair term and backprop statistics, as the unfused ReLU adds and stores
+        them (its derivatives are ``s`` times the fused ones: ``z' = s z + o``)."""
+        relu = self._relu()
+        if self.map_scale is None:
+            relu._repair(out_value, masked)
+            relu.store_backprop_stats(out_deriv)
+            return masked
+        s = self._scale_like(out_deriv)
+        dz = masked * s
+        relu._repair(out_value, dz)
+        relu.store_backprop_stats(out_deriv * s)
+        return dz / s
+
     def propagate(self, indexes, in_value, out_value):
         self.linear.propagate(indexes, in_value, out_value)
         self._apply_floor(out_value)
@@ -155,8 +207,10 @@ class AffineReluComponent(Component):
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         if in_deriv is None and grad is None:
             return
-        self.linear.backprop(indexes, in_value, None, self._masked(out_value, out_deriv),
-                             None, grad, in_deriv)
+        d = self._masked(out_value, out_deriv)
+        if grad is not None:  # (Kaldi's to_update != NULL: a training backprop)
+            d = self._training_deriv(out_value, out_deriv, d)
+        self.linear.backprop(indexes, in_value, None, d, None, grad, in_deriv)
 
 
 def _params_digest(comp: Component) -> bytes:
@@ -183,8 +237,10 @@ def backprop_blocks(self, indexes, blocks: list, out_value, out_deriv, memo, gra
                     in_deriv) -> None:
     if in_deriv is None and grad is None:
         return
-    self.linear.backprop_blocks(indexes, blocks, None, self._masked(out_value, out_deriv),
-                                None, grad, in_deriv)
+    d = self._masked(out_value, out_deriv)
+    if grad is not None:
+        d = self._training_deriv(out_value, out_deriv, d)
+    self.linear.backprop_blocks(indexes, blocks, None, d, None, grad, in_deriv)
 
 
 class BlockAffineReluComponent(AffineReluComponent):
@@ -195,9 +251,9 @@ class BlockAffineReluComponent(AffineReluComponent):
     backprop_blocks = backprop_blocks
 
 
-def fused_affine_relu(linear: Component, floor: np.ndarray,
-                      parts: list[UnfusedPart]) -> AffineReluComponent:
+def fused_affine_relu(linear: Component, floor: np.ndarray, parts: list[UnfusedPart],
+                      map_scale: np.ndarray | None = None) -> AffineReluComponent:
     """The fused component for ``linear`` (with block input when it has it)."""
     cls = BlockAffineReluComponent if hasattr(linear, "propagate_blocks") \
         else AffineReluComponent
-    return cls(linear, floor, parts)
+    return cls(linear, floor, parts, map_scale)

@@ -75,12 +75,13 @@ def fuse_affine_relu(match: Match, ctx: RewriteContext) -> Replacement | str:
         w = w * s[:, None]
         b = b * s + o
     else:
-        o = np.zeros(w.shape[0])
+        s, o = None, np.zeros(w.shape[0])
     names = [ctx.nnet.node(n).component for n in reversed(match.nodes)]
     parts = [UnfusedPart(node, cname, comp) for node, cname, comp in
              zip(reversed(match.nodes), names, reversed(match.components), strict=True)]
     new_name = ".".join(names)
-    comp = fused_affine_relu(with_linear_params(lin, w, b), o.astype(np.float32), parts)
+    comp = fused_affine_relu(with_linear_params(lin, w, b), o.astype(np.float32), parts,
+                             s)
     return Replacement(
         [Node("component-node", match.root, component=new_name, descriptor=match.inputs[-1])],
         [NewComponent(new_name, comp, key=("affine-relu", *names))],
