@@ -52,7 +52,7 @@ class AffineReluComponent(Component):
 
     type_name = "AffineReluComponent"
     _OWN = frozenset(("linear", "floor", "_zero_floor", "_parts", "_digest", "_trained",
-                      "map_scale"))
+                      "map_scale", "_settings", "_retuned"))
 
     def __init__(self, linear: Component, floor: np.ndarray, parts: list[UnfusedPart],
                  map_scale: np.ndarray | None = None):
@@ -64,6 +64,8 @@ class AffineReluComponent(Component):
             else np.ascontiguousarray(map_scale, dtype=np.float64)
         self._parts = list(parts)
         self._digest = _params_digest(linear)
+        self._settings = _scalar_settings(linear)
+        self._retuned: tuple | None = None  # (settings, parts): as _trained, for settings
         # (digest, unfused parts) of the parameters last written after a change: the
         # same objects for every node using this component, so a file keeps one layer
         self._trained: tuple | None = None
@@ -111,7 +113,7 @@ class AffineReluComponent(Component):
         """The standard chain a file holds for this component (module docstring)."""
         digest = _params_digest(self.linear)
         if digest == self._digest:
-            return list(self._parts)
+            return self._parts_with_settings()
         trained = self.__dict__.get("_trained")  # (None in copies pickled before it)
         if trained is not None and trained[0] == digest:
             return list(trained[1])
@@ -125,6 +127,26 @@ class AffineReluComponent(Component):
             out.append(UnfusedPart(last.node, f"{last.component_name}.offset",
                                    _fixed_bias(self.floor)))
         self._trained = (digest, out)
+        return list(out)
+
+    def _parts_with_settings(self) -> list[UnfusedPart]:
+        """The original chain, its linear layer with the settings (learning rate,
+        max-change, ...) the kernel's layer has now (set through the kernel, e.g. by
+        Nnet.set_learning_rate, since the fusion)."""
+        now = _scalar_settings(self.linear)
+        before = self.__dict__.get("_settings")
+        if before is None or now == before:
+            return list(self._parts)
+        retuned = self.__dict__.get("_retuned")
+        if retuned is not None and retuned[0] == now:
+            return list(retuned[1])
+        first = self._parts[0]
+        comp = copy.copy(first.component)
+        for name, value in now.items():
+            if name in vars(comp) and before.get(name, _MISSING) != value:
+                setattr(comp, name, value)
+        out = [UnfusedPart(first.node, first.component_name, comp), *self._parts[1:]]
+        self._retuned = (now, out)
         return list(out)
 
     # -- parameters: the linear layer's ------------------------------------------------------
@@ -211,6 +233,14 @@ class AffineReluComponent(Component):
         if grad is not None:  # (Kaldi's to_update != NULL: a training backprop)
             d = self._training_deriv(out_value, out_deriv, d)
         self.linear.backprop(indexes, in_value, None, d, None, grad, in_deriv)
+
+
+_MISSING = object()
+
+
+def _scalar_settings(comp: Component) -> dict:
+    """A component's plain settings (numbers, flags, strings: no parameters)."""
+    return {k: v for k, v in vars(comp).items() if isinstance(v, (bool, int, float, str))}
 
 
 def _params_digest(comp: Component) -> bytes:
