@@ -313,3 +313,34 @@ def test_fold_not_declined_when_the_fusion_is_off():
     opt, report = optimize(nnet, pynnet3.NetworkOptions(fusion=False))
     assert report.rules_applied().get("fold-batchnorm-into-next-linear") == 1
     assert_equivalent(nnet, opt)
+
+
+def test_training_backprop_on_torch_equals_numpy():
+    """The ReLU's self-repair and statistics through the kernel on the torch backend
+    (a map's scale as a tensor of the run's dtype) as on NumPy."""
+    pytest.importorskip("torch")
+    results = []
+    for backend in ("numpy", "torch"):
+        nnet = _prepared(SELF_REPAIR)
+        relu = nnet.components["r"]
+        relu.count = 100.0
+        relu.value_sum = np.full(6, 10.0)
+        relu.deriv_sum = np.array([1.0, 99.0, 50.0, 2.0, 98.0, 50.0])
+        opt, _ = optimize(nnet)
+        req = request_for(nnet, deriv=True)
+        req.need_model_derivative = True
+        req.store_component_stats = True
+        inputs, derivs = data_for(nnet, req)
+        got = pynnet3.run(opt, req, dict(inputs), dict(derivs), dtype=np.float64,
+                          backend=backend)
+        name = opt.node("bn").component
+        mine = opt.components[name].unfused[1].component
+        results.append((np.asarray(got.input_derivs["input"]),
+                        np.asarray(got.gradients[name]["linear_params"]),
+                        mine.count, np.array(mine.value_sum), np.array(mine.oderiv_sumsq)))
+    (d0, g0, c0, v0, o0), (d1, g1, c1, v1, o1) = results
+    np.testing.assert_allclose(d1, d0, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(g1, g0, rtol=1e-10, atol=1e-12)
+    assert c0 == c1
+    np.testing.assert_allclose(v1, v0, rtol=1e-10)
+    np.testing.assert_allclose(o1, o0, rtol=1e-10)

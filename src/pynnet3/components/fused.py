@@ -184,8 +184,7 @@ class AffineReluComponent(Component):
         return self._parts[1].component
 
     def _scale_like(self, like):
-        return namespace(like).param(self.map_scale.astype(np.float32) if
-                                     like.dtype == np.float32 else self.map_scale, like=like)
+        return namespace(like).param(self.map_scale, like=like)
 
     def _relu_output(self, out_value):
         """The ReLU's output ``max(z, 0) = (y - o) / s`` of the fused output ``y``."""
