@@ -344,3 +344,39 @@ def test_training_backprop_on_torch_equals_numpy():
     assert c0 == c1
     np.testing.assert_allclose(v1, v0, rtol=1e-10)
     np.testing.assert_allclose(o1, o0, rtol=1e-10)
+
+
+STRUCTURE_FROM_VALUES = """
+input-node name=input dim=5
+component name=a type=AffineComponent input-dim=5 output-dim=6
+component-node name=a component=a input=input
+component name=t type=TanhComponent dim=6
+component-node name=t component=t input=a
+component name=s type=FixedScaleComponent dim=6
+component-node name=s component=s input=t
+output-node name=output input=s
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="cache/persist.py fingerprints cc.nnet's structure, "
+                   "but a network-optimized compiler's computations are made for "
+                   "compiled_nnet, whose structure depends on parameter values (a unit "
+                   "FixedScale is pruned, a scale of 2 becomes Scale(2, t)): a file saved "
+                   "for one is loaded for the other and gives wrong outputs (fix: also "
+                   "fingerprint compiled_nnet when network_options is set)")
+def test_persistent_cache_of_another_optimized_structure_is_not_used(tmp_path):
+    unit = build(STRUCTURE_FROM_VALUES, randomize=False)
+    unit.components["s"].scales = np.ones(6, np.float32)
+    double = build(STRUCTURE_FROM_VALUES, randomize=False)
+    double.components["s"].scales = np.full(6, 2.0, np.float32)
+    req = request_for(unit)
+    inputs, _ = data_for(unit, req)
+    saved = CachingCompiler(unit, network_optimize=True)
+    saved.compile(req)
+    saved.save(tmp_path / "cache")
+    cc = CachingCompiler(double, network_optimize=True)
+    with pytest.warns(UserWarning):  # (skipped: made for another network)
+        cc.load(tmp_path / "cache")
+    got = pynnet3.run(cc.compiled_nnet, cc.compile(req), dict(inputs))
+    want = pynnet3.run(double, req, dict(inputs))
+    np.testing.assert_allclose(got.outputs["output"], want.outputs["output"], rtol=1e-5)
