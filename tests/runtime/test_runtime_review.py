@@ -105,3 +105,34 @@ output-node name=output2 input=r
     assert (got["output"] == 7.0).all()
     w, b = nnet.components["a"].linear_params, nnet.components["a"].bias_params
     np.testing.assert_allclose(kept["output"], np.maximum(x1 @ w.T + b, 0), rtol=1e-6)
+
+
+@pytest.mark.xfail(strict=True, reason="run(network_optimize=True) compiles a request with "
+                   "derivatives for the default NetworkOptions (keep_derivatives=False, "
+                   "exact for outputs only): a BackpropTruncation is pruned and the input "
+                   "derivative is wrong (fix: run() / CachingCompiler use keep_derivatives "
+                   "for requests with input or model derivatives, or refuse them)")
+def test_network_optimized_run_keeps_requested_derivatives():
+    nnet = pynnet3.Nnet.from_config("""
+input-node name=input dim=5
+component name=a type=AffineComponent input-dim=5 output-dim=6
+component-node name=a component=a input=input
+component name=r type=RectifiedLinearComponent dim=6
+component-node name=r component=r input=a
+component name=bt type=BackpropTruncationComponent dim=6 clipping-threshold=0.01
+component-node name=bt component=bt input=r
+component name=o type=AffineComponent input-dim=6 output-dim=3
+component-node name=o component=o input=bt
+output-node name=output input=o
+""", seed=0)
+    rows = np.array([[0, t, 0] for t in range(6)])
+    req = pynnet3.ComputationRequest([pynnet3.IoSpecification("input", rows, True)],
+                                     [pynnet3.IoSpecification("output", rows, True)],
+                                     need_model_derivative=True)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    dy = rng.standard_normal((6, 3)).astype(np.float32)
+    want = pynnet3.run(nnet, req, {"input": x}, {"output": dy})
+    got = pynnet3.run(nnet, req, {"input": x}, {"output": dy}, network_optimize=True)
+    np.testing.assert_allclose(got.input_derivs["input"], want.input_derivs["input"],
+                               rtol=1e-5, atol=1e-6)
