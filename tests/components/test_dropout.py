@@ -503,3 +503,29 @@ def test_malformed_values():
     for data in bad:
         with pytest.raises(FormatError):
             read_component(make_reader(data))
+
+
+def test_generator_made_on_first_use_as_seeded():
+    """A component's generator is default_rng(0) until reseeded, made when first
+    drawn from (reading a network never loads numpy.random)."""
+    a, b = DropoutComponent(dim=4, dropout_proportion=0.5), DropoutComponent(dim=4)
+    assert a.__dict__["_rng"] is None
+    np.testing.assert_array_equal(a.rng.random(5), np.random.default_rng(0).random(5))
+    b.reset_generator(7)
+    np.testing.assert_array_equal(b.rng.random(3), np.random.default_rng(7).random(3))
+    b.rng = np.random.default_rng(9)
+    np.testing.assert_array_equal(b.rng.random(3), np.random.default_rng(9).random(3))
+
+
+def test_reading_a_dropout_network_loads_no_random_module():
+    import subprocess
+    import sys
+
+    path = require_reference() / "realistic" / "tdnnf_chain" / "model.txt"
+    code = ("import sys, pynnet3\n"
+            f"nnet = pynnet3.read_nnet({str(path)!r})\n"
+            "assert any('Dropout' in c.type_name for c in nnet.components.values())\n"
+            "print('numpy.random' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"

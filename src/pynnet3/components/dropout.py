@@ -55,19 +55,36 @@ class RandomComponent(Component):
 
     def __init__(self) -> None:
         self.test_mode = False
-        # Deterministic by default; the network may reseed every component.
-        self.rng = np.random.default_rng(0)
+        # Deterministic by default (seed 0); the network may reseed every component.
+        # The generator itself is made on first use (:attr:`rng`): a network read for
+        # decoding never draws, and numpy.random costs ~10 ms to import.
+        self._rng = None
+        self._rng_seed = 0
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The component's generator (``default_rng`` of its seed, made when first
+        asked for)."""
+        rng = self.__dict__.get("_rng")  # (also for an object made without __init__)
+        if rng is None:
+            rng = self._rng = np.random.default_rng(self.__dict__.get("_rng_seed", 0))
+        return rng
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        self._rng = value
 
     def set_test_mode(self, test_mode: bool) -> None:
         self.test_mode = bool(test_mode)
 
     def reset_generator(self, seed: int | None = None) -> None:
-        """Reseed the component's generator (Kaldi's ``ResetGenerator``)."""
-        self.rng = np.random.default_rng(seed)
+        """Reseed the component's generator (Kaldi's ``ResetGenerator``); the new
+        generator, ``default_rng(seed)``, is made when first drawn from."""
+        self._rng, self._rng_seed = None, seed
 
     def _seed_from(self, rng: np.random.Generator | None) -> None:
         if rng is not None:
-            self.rng = np.random.default_rng(int(rng.integers(0, 2**63 - 1)))
+            self._rng = np.random.default_rng(int(rng.integers(0, 2**63 - 1)))
 
     def _uniform(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
