@@ -68,6 +68,8 @@ def test_a_batched_request_runs_each_sequence_as_alone():
 @pytest.mark.parametrize("kwargs, message", [
     ({"input_frames": range(3), "output_frames": range(0)}, "no output frames"),
     ({"input_frames": [1, 1], "output_frames": [0]}, "input_frames lists a time twice"),
+    ({"input_frames": [3, 1, 2, 1], "output_frames": [0]}, "input_frames lists a time twice"),
+    ({"input_frames": [0], "output_frames": [4, 2, 4]}, "output_frames lists a time twice"),
     ({"input_frames": [0.5], "output_frames": [0]}, "input_frames must be a range"),
     ({"input_frames": [[0]], "output_frames": [0]}, "input_frames must be a range"),
     ({"input_frames": [0], "output_frames": [0], "num_sequences": 0}, "must be >= 1"),
@@ -97,3 +99,19 @@ def test_the_docs_example_runs():
     req = ns["req"]
     assert len(req.input("input").indexes) == 8 * 76 and len(req.input("ivector").indexes) == 8
     assert req.output("output").indexes[:3, 1].tolist() == [0, 3, 6]
+
+
+@pytest.mark.parametrize("times", [[5, 1, 3], [2, 1, 0], [0, 7, -3, 2], range(9, -3, -3)])
+def test_distinct_times_in_any_order(times):
+    req = request_for_frames(times, [0])
+    np.testing.assert_array_equal(req.inputs[0].indexes[:, 1], list(times))
+
+
+def test_chunk_requests_are_made_once_per_shape():
+    from pynnet3.runtime.simple import chunk_request
+
+    a = chunk_request(-13, 80, 17, 3, True, 4)
+    assert chunk_request(-13, 80, 17, 3, True, 4) is a
+    assert chunk_request(-13, 80, 17, 3, False, 4) is not a
+    want = request_for_frames(range(-13, 67), range(0, 51, 3), 4, ivector=True)
+    assert a.to_json() == want.to_json()

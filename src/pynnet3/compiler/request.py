@@ -222,6 +222,18 @@ def _frames(value, what: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def _repeats(t: np.ndarray) -> bool:
+    """Whether a 1-d array holds some value twice (a strictly monotone one, as a
+    range gives, is checked in one pass; np.unique would also load numpy.ma)."""
+    if len(t) < 2:
+        return False
+    step = t[1:] - t[:-1]
+    if (step > 0).all() or (step < 0).all():
+        return False
+    s = np.sort(t)
+    return bool((s[1:] == s[:-1]).any())
+
+
 def request_for_frames(input_frames, output_frames, num_sequences: int = 1, *,
                        ivector: bool = False, input_name: str = "input",
                        output_name: str = "output", ivector_name: str = "ivector",
@@ -258,7 +270,7 @@ def request_for_frames(input_frames, output_frames, num_sequences: int = 1, *,
     if not len(t_out):
         raise ComputeError("request_for_frames: no output frames")
     for what, t in (("input_frames", t_in), ("output_frames", t_out)):
-        if len(np.unique(t)) != len(t):
+        if _repeats(t):
             raise ComputeError(f"request_for_frames: {what} lists a time twice")
         problem = limits.exceeded("max_rows", len(t) * num_sequences, f"rows of {what}")
         if problem:

@@ -72,11 +72,27 @@ def chunk_request(input_t_begin: int, num_input_frames: int, num_output_rows: in
     """The request of one chunk (``num_sequences`` equal-shaped chunks, one sequence
     after another), time-shifted so that its first output is at t = 0: ``input`` at
     ``t = input_t_begin ..`` (``num_input_frames`` rows), ``ivector`` at t = 0 when
-    ``ivector``, ``output`` at ``t = 0, f, 2f, ...`` (:func:`request_for_frames`)."""
-    return request_for_frames(range(input_t_begin, input_t_begin + num_input_frames),
-                              range(0, num_output_rows * frame_subsampling_factor,
-                                    frame_subsampling_factor),
-                              num_sequences, ivector=ivector)
+    ``ivector``, ``output`` at ``t = 0, f, 2f, ...`` (:func:`request_for_frames`).
+
+    Equal arguments give the same request object (kept in a small table: a run has
+    a few chunk shapes, and building one costs more than its compile-cache lookup);
+    it is shared, so do not modify it."""
+    key = (input_t_begin, num_input_frames, num_output_rows, frame_subsampling_factor,
+           bool(ivector), num_sequences)
+    request = _CHUNK_REQUESTS.get(key)
+    if request is None:
+        request = request_for_frames(range(input_t_begin, input_t_begin + num_input_frames),
+                                     range(0, num_output_rows * frame_subsampling_factor,
+                                           frame_subsampling_factor),
+                                     num_sequences, ivector=ivector)
+        if len(_CHUNK_REQUESTS) >= _MAX_CHUNK_REQUESTS:
+            _CHUNK_REQUESTS.clear()
+        _CHUNK_REQUESTS[key] = request
+    return request
+
+
+_CHUNK_REQUESTS: dict[tuple, ComputationRequest] = {}
+_MAX_CHUNK_REQUESTS = 64
 
 
 @dataclass
@@ -210,7 +226,11 @@ class DecodableNnetSimple:
             extra_right = o.extra_right_context_final
         first_in = first_out - (self.left_context + extra_left)
         last_in = (start + computed - 1) * f + self.right_context + extra_right
-        rows = np.clip(np.arange(first_in, last_in + 1), 0, len(self.features) - 1)
+        rows = np.arange(first_in, last_in + 1)
+        if first_in < 0:  # (np.clip costs several times these two in-place passes)
+            np.maximum(rows, 0, out=rows)
+        if last_in >= len(self.features):
+            np.minimum(rows, len(self.features) - 1, out=rows)
         # (the iVector is the real chunk's, as Kaldi picks it)
         return ChunkPlan(start, n, first_in - first_out, rows,
                          self._ivector_for(first_out, last_out), computed)
@@ -288,7 +308,9 @@ def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
                                                                     strict=True)])}
     if c0.ivector is not None:
         inputs["ivector"] = np.stack([c.ivector for c in chunks])
-    computer = NnetComputer(d.nnet, computation, d.backend, d.dtype, device=d.device)
+    # (a compiler's computations are shared and never modified: cache_program)
+    computer = NnetComputer(d.nnet, computation, d.backend, d.dtype, device=d.device,
+                            cache_program=True)
     result = computer.run(inputs)
     # (the decodable hands out NumPy rows, whatever backend computed them)
     out = computer.backend.to_numpy(result.outputs["output"])
