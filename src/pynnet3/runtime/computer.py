@@ -14,6 +14,7 @@ the compiler decided. Two ways to drive it:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -129,7 +130,7 @@ class NnetComputer:
     the I/O and no-op commands at the current position into ``pending``."""
 
     def __init__(self, nnet, computation: NnetComputation, backend: str = "numpy",
-                 dtype=np.float32, device=None):
+                 dtype=np.float32, device=None, cache_program: bool = False):
         self.nnet = nnet
         self.c = computation
         if device is None:
@@ -148,17 +149,34 @@ class NnetComputer:
         self.pc = 0
         self.pending: list[int] = []
         self._goto_target: int | None = None
-        self._components = {n.name: nnet.components[n.component]
-                            for n in nnet.nodes if n.kind == "component-node"}
+        # run(): the commands prepared once (_Program), kept with the computation when
+        # ``cache_program`` (the caller promises never to modify it: computations from
+        # a CachingCompiler are shared and never modified), else made on first run
+        self._program: _Program | None = None
+        self._cache_program = cache_program
         # forward-only computations skip the affine near-zero refinement (no
         # ReLU derivative depends on those signs)
-        self._has_backward = any(cmd.type in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
-                                 for cmd in computation.commands)
+        if cache_program:
+            self._program = _program_for(computation)
+            self._has_backward = self._program.has_backward
+        else:
+            self._has_backward = any(cmd.type in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
+                                     for cmd in computation.commands)
         # Backends that reuse freed matrices (NumPy: runtime/matrix_pool) take them
         # back here; the others just drop them.
         self._release = getattr(self.backend, "release_matrix", None) or _drop
         # ALLOC_MATRIX: contents undefined where the backend can skip the zeroing
         self._alloc = getattr(self.backend, "alloc", None) or self.backend.zeros
+
+    @property
+    def _components(self) -> dict:
+        """Component of each component node (made when first needed)."""
+        comps = self.__dict__.get("_components_")
+        if comps is None:
+            nnet = self.nnet
+            comps = self._components_ = {n.name: nnet.components[n.component]
+                                         for n in nnet.nodes if n.kind == "component-node"}
+        return comps
 
     # -- validation -------------------------------------------------------------
     def _check(self, what: str, name: str, value, rows: int, cols: int):
@@ -198,9 +216,9 @@ class NnetComputer:
                                         f"outputs with has_deriv in the request: "
                                         f"{sorted(extra)}")
         checked = {}
-        for cmd in self.c.commands:
-            if cmd.type is not CT.ACCEPT_INPUT:
-                continue
+        accepts = self._program.accepts if self._program is not None else (
+            cmd for cmd in self.c.commands if cmd.type is CT.ACCEPT_INPUT)
+        for cmd in accepts:
             key = (cmd.is_deriv, cmd.node)
             if key in checked:
                 continue
@@ -347,7 +365,13 @@ class NnetComputer:
         """Execute every command once, in order (not for looped computations, which
         never end: step through those with accept_input / run_until_io / get_output)."""
         output_derivs = output_derivs or {}
-        if any(cmd.type is CT.GOTO_LABEL for cmd in self.c.commands):
+        program = self._program
+        if program is None:
+            if any(cmd.type is CT.GOTO_LABEL for cmd in self.c.commands):
+                program = _LOOPED
+            elif type(self.backend) is NumpyBackend and self._cache_program:
+                program = self._program = _program_for(self.c)
+        if program is _LOOPED or (program is not None and program.looped):
             raise RuntimeInputError("this is a looped computation (it has a GOTO_LABEL); run "
                                     "it chunk by chunk with accept_input / run_until_io / "
                                     "get_output")
@@ -355,26 +379,49 @@ class NnetComputer:
         self._new_run()
         result = RunResult()
         with near_zero_refinement(self._has_backward):
-            self._run_all(checked, result)
+            if program is not None and type(self.backend) is NumpyBackend:
+                self._run_program(program, checked, result)
+            else:
+                self._run_all(checked, result)
         self.pc = len(self.c.commands)
         result.gradients = self.gradients()
         return result
 
     def _run_all(self, checked: dict, result: RunResult) -> None:
-        be = self.backend
         for cmd in self.c.commands:
             t = cmd.type
             if t is CT.ACCEPT_INPUT:
                 self._store_input(cmd.dst, checked[(cmd.is_deriv, cmd.node)])
             elif t is CT.PROVIDE_OUTPUT:
-                value = self._hand_over(cmd) if cmd.release else None
-                if value is None:
-                    value = be.copy_out(self._sub(cmd.src))
-                    if cmd.release:
-                        self._release(self.matrices, self.c.submatrices[cmd.src].matrix)
-                (result.input_derivs if cmd.is_deriv else result.outputs)[cmd.node] = value
+                self._provide(cmd, result)
             else:
                 self._execute(cmd)
+
+    def _provide(self, cmd: Command, result: RunResult) -> None:
+        """PROVIDE_OUTPUT in a whole run: the value into ``result``."""
+        value = self._hand_over(cmd) if cmd.release else None
+        if value is None:
+            value = self.backend.copy_out(self._sub(cmd.src))
+            if cmd.release:
+                self._release(self.matrices, self.c.submatrices[cmd.src].matrix)
+        (result.input_derivs if cmd.is_deriv else result.outputs)[cmd.node] = value
+
+    def _run_program(self, program: _Program, checked: dict, result: RunResult) -> None:
+        """:meth:`_run_all` through the prepared commands (NumPy backend)."""
+        matrices, be = self.matrices, self.backend
+        self._checked, self._result = checked, result
+        try:
+            for op in program.ops:
+                op(matrices, be, self)
+        except KeyError as e:
+            # (what _sub reports: a command reading a matrix that is not allocated)
+            m = e.args[0] if e.args else None
+            if type(m) is int and m not in matrices and m in program.matrix_ids:
+                raise PynnetError(f"internal: a command uses matrix m{m}, which is not "
+                                  "allocated at this point") from None
+            raise
+        finally:
+            self._checked = self._result = None
 
     def _hand_over(self, cmd: Command):
         """The output matrix itself, taken out of the computer, when a PROVIDE_OUTPUT
@@ -499,6 +546,160 @@ class NnetComputer:
         return self.pc >= len(self.c.commands)
 
 
+class _Program:
+    """A computation's commands prepared for :meth:`NnetComputer.run` on the NumPy
+    backend: one call per command (no-ops dropped) with its submatrices resolved to
+    a matrix id and the slices of a view, its tables and precomputed object looked
+    up, and the ACCEPT_INPUT commands listed. It holds nothing of a run (matrices,
+    components, memos): those come from the computer each call, so computers of one
+    computation share it."""
+
+    __slots__ = ("ops", "accepts", "has_backward", "looped", "matrix_ids",
+                 "__weakref__")
+
+    def __init__(self, c: NnetComputation):
+        cmds = c.commands
+        self.accepts = [cmd for cmd in cmds if cmd.type is CT.ACCEPT_INPUT]
+        self.has_backward = any(cmd.type in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
+                                for cmd in cmds)
+        self.looped = any(cmd.type is CT.GOTO_LABEL for cmd in cmds)
+        self.matrix_ids = frozenset(range(1, len(c.matrices)))
+        self.ops = [] if self.looped else [op for cmd in cmds
+                                           if (op := _prepare(c, cmd)) is not None]
+
+
+_LOOPED = object()  # (run(): a computation without a program that has a GOTO_LABEL)
+# id(computation) -> (weak reference to it, its _Program)
+_PROGRAMS: dict[int, tuple] = {}
+
+
+def _program_for(c: NnetComputation) -> _Program:
+    """The :class:`_Program` of ``c``, made once while ``c`` lives."""
+    key = id(c)
+    entry = _PROGRAMS.get(key)
+    if entry is not None and entry[0]() is c:
+        return entry[1]
+    program = _Program(c)
+
+    def forget(ref, key=key):
+        if _PROGRAMS.get(key, (None,))[0] is ref:
+            del _PROGRAMS[key]
+
+    try:
+        _PROGRAMS[key] = (weakref.ref(c, forget), program)
+    except TypeError:  # (an object that takes no weak reference: not kept)
+        pass
+    return program
+
+
+def _view_of(c: NnetComputation, s: int):
+    """(matrix id, slices of the view or None for the whole matrix) of submatrix
+    ``s`` (what NnetComputer._sub returns, as NumpyBackend.view makes it)."""
+    sm = c.submatrices[s]
+    info = c.matrices[sm.matrix]
+    if sm.row_offset == 0 and sm.col_offset == 0 and sm.num_rows == info.rows \
+            and sm.num_cols == info.cols:
+        return sm.matrix, None
+    return sm.matrix, (slice(sm.row_offset, sm.row_offset + sm.num_rows),
+                       slice(sm.col_offset, sm.col_offset + sm.num_cols))
+
+
+def _prepare(c: NnetComputation, cmd: Command):
+    """The call ``op(matrices, backend, computer)`` that executes ``cmd`` in a whole
+    run on the NumPy backend, as NnetComputer._execute / _run_all do; None for a
+    no-op."""
+    t = cmd.type
+    if t in _NOOPS:
+        return None
+    if t is CT.ACCEPT_INPUT:
+        def accept(M, be, x, dst=cmd.dst, key=(cmd.is_deriv, cmd.node)):
+            x._store_input(dst, x._checked[key])
+        return accept
+    if t is CT.PROVIDE_OUTPUT:
+        def provide(M, be, x, cmd=cmd):
+            x._provide(cmd, x._result)
+        return provide
+    if t is CT.ALLOC_MATRIX:
+        info = c.matrices[cmd.matrix]
+
+        def alloc(M, be, x, m=cmd.matrix, rows=info.rows, cols=info.cols):
+            M[m] = x._alloc(rows, cols, x.dtype)
+        return alloc
+    if t is CT.DEALLOC_MATRIX:
+        def dealloc(M, be, x, m=cmd.matrix):
+            x._release(M, m)
+        return dealloc
+    if t is CT.PROPAGATE and not (cmd.in_value == 0 and cmd.table >= 0):
+        (im, ik), (om, ok) = _view_of(c, cmd.in_value), _view_of(c, cmd.out_value)
+        if cmd.in_value == 0 or cmd.out_value == 0:
+            return lambda M, be, x, cmd=cmd: x._execute(cmd)
+        pre, node, memo_id, stats = (c.precomputed[cmd.precomputed], cmd.node, cmd.memo,
+                                     cmd.alpha == 2.0)
+        if not memo_id and not stats:
+            def propagate(M, be, x):
+                iv, ov = M[im], M[om]
+                if ik is not None:
+                    iv = iv[ik]
+                if ok is not None:
+                    ov = ov[ok]
+                x._components[node].propagate(pre, iv, ov)
+            return propagate
+
+        def propagate_memo(M, be, x):
+            iv, ov = M[im], M[om]
+            if ik is not None:
+                iv = iv[ik]
+            if ok is not None:
+                ov = ov[ok]
+            comp = x._components[node]
+            memo = comp.propagate(pre, iv, ov)
+            if memo_id:
+                x.memos[memo_id] = memo
+            if stats:
+                comp.store_stats(iv, ov, memo)
+        return propagate_memo
+    if t in (CT.MATRIX_COPY, CT.MATRIX_ADD, CT.COPY_ROWS, CT.ADD_ROWS, CT.ADD_ROW_RANGES) \
+            and cmd.dst and cmd.src:
+        (dm, dk), (sm, sk) = _view_of(c, cmd.dst), _view_of(c, cmd.src)
+        alpha = cmd.alpha
+        if t is CT.MATRIX_COPY or t is CT.MATRIX_ADD:
+            name, extra = ("copy" if t is CT.MATRIX_COPY else "add"), ()
+        elif t is CT.ADD_ROW_RANGES:
+            name, extra = "add_row_ranges", (c.indexes_ranges[cmd.table],)
+        else:
+            name = "copy_rows" if t is CT.COPY_ROWS else "add_rows"
+            extra = (c.indexes[cmd.table],)
+
+        if not extra:
+            def binary(M, be, x):
+                d, s = M[dm], M[sm]
+                if dk is not None:
+                    d = d[dk]
+                if sk is not None:
+                    s = s[sk]
+                getattr(be, name)(d, s, alpha)
+            return binary
+        table = extra[0]
+
+        def binary_table(M, be, x):
+            d, s = M[dm], M[sm]
+            if dk is not None:
+                d = d[dk]
+            if sk is not None:
+                s = s[sk]
+            getattr(be, name)(d, s, table, alpha)
+        return binary_table
+    if t is CT.SET_CONST and cmd.dst:
+        dm, dk = _view_of(c, cmd.dst)
+
+        def set_const(M, be, x, alpha=cmd.alpha):
+            d = M[dm]
+            be.set_const(d if dk is None else d[dk], alpha)
+        return set_const
+    # the rest (backprop, swaps, multi-row copies, compression, ...) as _execute does
+    return lambda M, be, x, cmd=cmd: x._execute(cmd)
+
+
 def run(nnet, computation, inputs: dict, output_derivs: dict | None = None,
         backend: str = "numpy", dtype=np.float32, network_optimize=None,
         device=None) -> RunResult:
@@ -517,7 +718,8 @@ def run(nnet, computation, inputs: dict, output_derivs: dict | None = None,
     only): compile and run a network-optimized copy of ``nnet``, kept with the
     network's caches (then statistics accumulate in that copy)."""
     dtype = run_dtype(dtype)
-    if not isinstance(computation, NnetComputation):
+    compiled = not isinstance(computation, NnetComputation)  # (shared, never modified)
+    if compiled:
         from ..cache import cache_for
 
         if network_optimize is not None and network_optimize is not False:
@@ -531,4 +733,5 @@ def run(nnet, computation, inputs: dict, output_derivs: dict | None = None,
     elif network_optimize:
         raise RuntimeInputError("network_optimize applies when run() compiles a request; "
                                 "a computation is run on the network it was compiled for")
-    return NnetComputer(nnet, computation, backend, dtype, device).run(inputs, output_derivs)
+    return NnetComputer(nnet, computation, backend, dtype, device,
+                        cache_program=compiled).run(inputs, output_derivs)
