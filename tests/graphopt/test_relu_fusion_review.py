@@ -447,3 +447,29 @@ def test_network_optimized_run_sees_parameters_changed_in_place():
     want = pynnet3.run(nnet, req, dict(inputs)).outputs["output"]
     got = pynnet3.run(nnet, req, dict(inputs), network_optimize=True).outputs["output"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_settings_of_a_layer_also_used_unfused_stay_one_layer(tmp_path):
+    """A layer the kernel fused and another node still uses as it is: after
+    set_learning_rate the file holds it once (with the new rate), not a retuned copy
+    beside it."""
+    nnet = _prepared("""
+input-node name=input dim=5
+component name=a type=AffineComponent input-dim=5 output-dim=6
+component-node name=a1 component=a input=input
+component name=r type=RectifiedLinearComponent dim=6
+component-node name=r1 component=r input=a1
+component-node name=a2 component=a input=Offset(input, 1)
+component name=t type=TanhComponent dim=12
+component-node name=t component=t input=Append(r1, a2)
+output-node name=output input=t
+""")
+    opt, report = optimize(nnet)
+    assert report.rules_applied() == {"fuse-affine-relu": 1}
+    assert types_of(opt)["a2"] == "AffineComponent"
+    opt.set_learning_rate(0.5)
+    opt.write(tmp_path / "lr.txt")
+    back = pynnet3.read_nnet(tmp_path / "lr.txt")
+    assert sorted(back.components) == ["a", "r", "t"]
+    assert back.components["a"].learning_rate == pytest.approx(0.5)
+    assert_equivalent(nnet, back)

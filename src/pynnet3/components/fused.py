@@ -131,22 +131,29 @@ class AffineReluComponent(Component):
 
     def _parts_with_settings(self) -> list[UnfusedPart]:
         """The original chain, its linear layer with the settings (learning rate,
-        max-change, ...) the kernel's layer has now (set through the kernel, e.g. by
-        Nnet.set_learning_rate, since the fusion)."""
+        max-change, ...) changed through the kernel since the fusion (e.g. by
+        Nnet.set_learning_rate); the layer itself where it has them already (a layer
+        the network also uses elsewhere got them there: it stays one layer)."""
         now = _scalar_settings(self.linear)
         before = self.__dict__.get("_settings")
         if before is None or now == before:
             return list(self._parts)
-        retuned = self.__dict__.get("_retuned")
-        if retuned is not None and retuned[0] == now:
-            return list(retuned[1])
         first = self._parts[0]
+        held = vars(first.component)
+        stale = {name: value for name, value in now.items()
+                 if before.get(name, _MISSING) != value and name in held
+                 and held[name] != value}
+        if not stale:
+            return list(self._parts)
+        key = tuple(sorted(stale.items()))
+        retuned = self.__dict__.get("_retuned")
+        if retuned is not None and retuned[0] == key:
+            return list(retuned[1])
         comp = copy.copy(first.component)
-        for name, value in now.items():
-            if name in vars(comp) and before.get(name, _MISSING) != value:
-                setattr(comp, name, value)
+        for name, value in stale.items():
+            setattr(comp, name, value)
         out = [UnfusedPart(first.node, first.component_name, comp), *self._parts[1:]]
-        self._retuned = (now, out)
+        self._retuned = (key, out)
         return list(out)
 
     # -- parameters: the linear layer's ------------------------------------------------------
