@@ -75,3 +75,37 @@ def test_extreme_values():
     new = out.copy()
     refine_near_zero(new, x, w)
     np.testing.assert_array_equal(new, out)
+
+
+@pytest.mark.parametrize("layout", ["windows", "separate", "mixed"])
+def test_blocks_refine_the_same_entries(layout):
+    """Given x's column blocks (row windows of one matrix, as a TDNN-style spliced
+    input; separate arrays; or both), the first pass bounds the rows' norms from the
+    blocks, and the same entries as the former formula on x are refined."""
+    rng = np.random.default_rng({"windows": 5, "separate": 6, "mixed": 7}[layout])
+    refined = 0
+    for trial in range(60):
+        d, o, n = int(rng.integers(1, 50)), int(rng.integers(1, 30)), int(rng.integers(0, 40))
+        starts = sorted(int(s) for s in rng.integers(0, 12, size=int(rng.integers(2, 5))))
+        base = rng.standard_normal((n + max(starts), d)).astype(np.float32)
+        blocks = [base[s:s + n] for s in starts]
+        if layout == "separate":
+            blocks = [blk.copy() for blk in blocks]
+        elif layout == "mixed":
+            blocks[0] = blocks[0].copy()
+        x = np.concatenate(blocks, axis=1)
+        k = x.shape[1]
+        w = (rng.standard_normal((o, k)) * rng.uniform(0.01, 3)).astype(np.float32)
+        b = rng.standard_normal(o).astype(np.float32)
+        if n and trial % 3:  # outputs within rounding distance of zero
+            exact = x.astype(np.float64) @ w.astype(np.float64).T
+            i = rng.integers(0, n, size=min(o, 6))
+            j = rng.permutation(o)[:len(i)]
+            b[j] = (-exact[i, j]).astype(np.float32)
+        out = x @ w.T + b
+        old, new = out.copy(), out.copy()
+        _former(old, x, w, b)
+        refine_near_zero(new, x, w, b, blocks)
+        np.testing.assert_array_equal(new, old)
+        refined += int((new != out).sum())
+    assert refined > 0
