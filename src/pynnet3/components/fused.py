@@ -65,7 +65,7 @@ class AffineReluComponent(Component):
         self._parts = list(parts)
         self._digest = _params_digest(linear)
         self._settings = _scalar_settings(linear)
-        self._retuned: tuple | None = None  # (settings, parts): as _trained, for settings
+        self._retuned: tuple | None = None  # (settings changed, parts): as _trained
         # (digest, unfused parts) of the parameters last written after a change: the
         # same objects for every node using this component, so a file keeps one layer
         self._trained: tuple | None = None
