@@ -196,3 +196,49 @@ def test_built_in_registries():
     assert find_rule("shatter-composite") is REGISTRIES["shatter"]["shatter-composite"]
     with pytest.raises(KeyError, match="no rule named"):
         find_rule("no-such-rule")
+
+
+def _all_rules():
+    from pynnet3.rewrite.rules import REGISTRIES
+
+    return [r for reg in REGISTRIES.values() for r in reg]
+
+
+def test_find_matches_is_every_match_of_every_rule_at_every_node():
+    """find_matches skips roots of another type than a pattern's first entry: the
+    same matches as trying each rule at each component node."""
+    from pynnet3.rewrite.pattern import Match, match_pattern
+    from tests.reference import REF, require_reference
+
+    require_reference()
+    rules = _all_rules()
+    for net in ("tdnnf_chain", "tdnn_relu_bn", "tdnn_lstm"):
+        nnet = pynnet3.read_nnet(REF / "realistic" / net / "model.txt")
+        nnet.set_test_mode(True)
+        rw = NetworkRewriter(nnet)
+        g = rw.graph
+        brute = []
+        for rule in rules:
+            for name in [n for n in g.reverse_topological() if g[n].kind == "component-node"]:
+                m = match_pattern(g, name, rule.pattern, rw.preserve)
+                if isinstance(m, Match):
+                    brute.append((rule.name, m.nodes))
+        found = [(r.name, m.nodes) for r, m in find_matches(rw, rules)]
+        assert found == brute
+        assert found  # (the realistic networks have something to rewrite)
+
+
+def test_setting_lookup_is_component_config():
+    from pynnet3.rewrite.pattern import _NO_SETTING, _setting, component_config
+    from tests.reference import REF, require_reference
+
+    require_reference()
+    nnet = pynnet3.read_nnet(REF / "realistic" / "tdnnf_chain" / "model.txt")
+    for comp in nnet.components.values():
+        cfg = component_config(comp)
+        for key in [*vars(comp), "type", "no_such_setting"]:
+            got = _setting(comp, key)
+            if key in cfg:
+                assert got is cfg[key] or got == cfg[key]
+            else:
+                assert got is _NO_SETTING

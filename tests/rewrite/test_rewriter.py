@@ -196,3 +196,20 @@ def test_protection():
     rw = make(("c1",))
     assert rw.is_protected("input") and rw.is_protected("output") and rw.is_protected("c1")
     assert not rw.is_protected("c2") and not rw.is_protected("full")
+
+
+def test_validate_checks_again_only_after_a_change(monkeypatch):
+    rw = make()
+    calls = []
+    real = pynnet3.Nnet.validate
+    monkeypatch.setattr(pynnet3.Nnet, "validate",
+                        lambda self, source="config": (calls.append(1), real(self, source)))
+    rw.validate()
+    rw.validate()
+    assert len(calls) == 1
+    # a change that leaves the network invalid (a node reading one of another dim)
+    rw.insert_before("c1", Node("component-node", "new", component="t",
+                                descriptor=parse_descriptor("Append(a, a)")))
+    with pytest.raises(pynnet3.errors.PynnetError):
+        rw.validate()
+    assert len(calls) == 2

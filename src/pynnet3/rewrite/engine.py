@@ -57,9 +57,14 @@ def find_matches(rewriter: NetworkRewriter, rules: list[Rule]) -> list[tuple[Rul
     """Every (rule, match) in the current network, consumers first."""
     g = rewriter.graph
     order = [n for n in g.reverse_topological() if g[n].kind == "component-node"]
+    types = [g.component(n).type_name for n in order]
     found = []
     for rule in rules:
-        for name in order:
+        # (a root of another type fails the pattern's first test: not tried)
+        roots = rule.pattern.entries[0]
+        for name, type_name in zip(order, types, strict=True):
+            if type_name not in roots:
+                continue
             m = match_pattern(g, name, rule.pattern, rewriter.preserve)
             if isinstance(m, Match):
                 found.append((rule, m))

@@ -130,6 +130,19 @@ def component_config(comp: Component) -> dict[str, object]:
     return cfg
 
 
+_NO_SETTING = object()
+
+
+def _setting(comp: Component, key: str):
+    """``component_config(comp)[key]``, or ``_NO_SETTING`` when it has no such key
+    (without building the whole dict: the matcher asks for one or two)."""
+    v = vars(comp).get(key, _NO_SETTING)
+    if v is not _NO_SETTING and not key.startswith("_") \
+            and not isinstance(v, (np.ndarray, list, dict)):
+        return v
+    return comp.type_name if key == "type" else _NO_SETTING
+
+
 def match_pattern(graph: NetworkGraph, root: str, pattern: Pattern,
                   preserve: frozenset[str] = frozenset()) -> Match | MatchFailure:
     """Try ``pattern`` rooted at node ``root``."""
@@ -157,11 +170,10 @@ def match_pattern(graph: NetworkGraph, root: str, pattern: Pattern,
                 return fail(k, f"{current!r} is preserved")
         if k > 0 and graph.feeds_output(current) and not pattern.shared_inner:
             return fail(k, f"{current!r} feeds an output node")
-        cfg = component_config(comp)
         for key, want in pattern.config(k).items():
-            if key not in cfg:
+            have = _setting(comp, key)
+            if have is _NO_SETTING:
                 return fail(k, f"{comp.type_name} has no setting {key!r}")
-            have = cfg[key]
             ok = want(have) if callable(want) else have == want
             if not ok:
                 return fail(k, f"{current!r} has {key}={have!r}, want "

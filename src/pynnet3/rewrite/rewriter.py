@@ -47,6 +47,9 @@ class NetworkRewriter:
     changes: list[Change] = field(default_factory=list)
     _made: dict[tuple, str] = field(default_factory=dict)
     _graph: NetworkGraph | None = None
+    # len(changes) when validate() last passed (None: never): no change since, no
+    # new check needed
+    _valid_at: int | None = None
 
     # -- views -----------------------------------------------------------------------
     @property
@@ -203,8 +206,13 @@ class NetworkRewriter:
         return removed
 
     def validate(self) -> None:
-        """Raise a pynnet3 error unless the network is valid (names, dims, wiring)."""
+        """Raise a pynnet3 error unless the network is valid (names, dims, wiring).
+        Every change goes through this rewriter, so a network validated since the
+        last change is not checked again."""
+        if self._valid_at is not None and self._valid_at == len(self.changes):
+            return
         self.nnet.validate("rewritten network")
+        self._valid_at = len(self.changes)
 
     def _index(self, name: str) -> int:
         for i, n in enumerate(self.nnet.nodes):
