@@ -166,10 +166,6 @@ def test_copies_of_a_fused_network_are_independent(how):
     assert_equivalent(nnet, opt)
 
 
-@pytest.mark.xfail(strict=True, reason="cache/plain.check_for_network checks precomputed "
-                   "indexes by the component's type_name: an AffineReluComponent's are "
-                   "its linear layer's (None for an Affine, TdnnIndexes for a Tdnn), so "
-                   "every entry of a network-optimized cache is refused on load")
 def test_persistent_cache_of_a_network_optimized_compiler(tmp_path):
     nnet = _prepared(TDNNF)
     req = request_for(nnet, deriv=True)
@@ -358,12 +354,6 @@ output-node name=output input=s
 """
 
 
-@pytest.mark.xfail(strict=True, reason="cache/persist.py fingerprints cc.nnet's structure, "
-                   "but a network-optimized compiler's computations are made for "
-                   "compiled_nnet, whose structure depends on parameter values (a unit "
-                   "FixedScale is pruned, a scale of 2 becomes Scale(2, t)): a file saved "
-                   "for one is loaded for the other and gives wrong outputs (fix: also "
-                   "fingerprint compiled_nnet when network_options is set)")
 def test_persistent_cache_of_another_optimized_structure_is_not_used(tmp_path):
     unit = build(STRUCTURE_FROM_VALUES, randomize=False)
     unit.components["s"].scales = np.ones(6, np.float32)
@@ -430,11 +420,6 @@ def test_trainer_on_a_fused_copy_equals_the_unfused_network_with_stored_stats():
                                nnet.components["a"].linear_params, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.xfail(strict=True, reason="cache/caching_compiler.py: the network-optimized "
-                   "copy is a deep copy made when the network's objects change; a "
-                   "parameter changed in place (a trainer's update) is never seen, and "
-                   "clear(), the documented remedy for in-place changes, keeps the stale "
-                   "copy (fix: clear() also drops _stamp so the next compile re-optimizes)")
 def test_network_optimized_run_sees_parameters_changed_in_place():
     nnet = _prepared(TDNNF)
     req = request_for(nnet)

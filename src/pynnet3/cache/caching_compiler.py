@@ -160,11 +160,13 @@ class CachingCompiler:
 
     def clear(self) -> None:
         """Forget every entry (counters are kept; a compile already under way does
-        not store its result)."""
+        not store its result), and the network-optimized copy: the next compile
+        makes it anew from the network as it is now (after in-place changes)."""
         with self._lock:
             self._entries.clear()
             self._buckets.clear()
             self._generation += 1
+            self._stamp = None
 
     def __len__(self) -> int:
         return len(self._entries)

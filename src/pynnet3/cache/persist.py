@@ -95,6 +95,16 @@ def nnet_fingerprint(nnet) -> str:
     return h.hexdigest()
 
 
+def _network_fingerprint(cc) -> str:
+    """The network's fingerprint, and with a network optimizer that of the copy the
+    computations are compiled for (its structure depends on parameter values: a
+    FixedScale of 1 is pruned, of 2 folded)."""
+    fp = nnet_fingerprint(cc.nnet)
+    if getattr(cc, "network_options", None) is not None:
+        fp += ":" + nnet_fingerprint(cc.compiled_nnet)
+    return fp
+
+
 def options_fingerprint(cc) -> str:
     """Hex digest of the optimizer options, the shortcut switch and the network
     optimizer's options (computations are compiled for the network it makes)."""
@@ -115,7 +125,7 @@ def save_cache(cc, path) -> None:
     cc._check_network()  # (entries made for a network since changed are dropped)
     with cc._lock:
         items = list(cc._entries.values())
-    nfp, ofp = nnet_fingerprint(cc.nnet), options_fingerprint(cc)
+    nfp, ofp = _network_fingerprint(cc), options_fingerprint(cc)
     w = plain.ArrayWriter()
     entries, left_out = [], []
     for e in items:
@@ -247,7 +257,7 @@ def load_cache(cc, path) -> int:
         return 0
     entries = _entries(*read, path)
     cc._check_network()
-    nfp, ofp = nnet_fingerprint(cc.nnet), options_fingerprint(cc)
+    nfp, ofp = _network_fingerprint(cc), options_fingerprint(cc)
     # (the network computations are made for: cc.nnet, or its network-optimized copy)
     compiled_for = getattr(cc, "compiled_nnet", cc.nnet)
     skipped: dict[str, int] = {}

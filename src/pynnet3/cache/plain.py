@@ -433,6 +433,7 @@ def check_for_network(c: NnetComputation, nnet) -> None:
         if cmd.type not in _COMPONENT_TYPES:
             continue
         comp = nnet.components[nodes[cmd.node].component]
+        comp = getattr(comp, "linear", comp)  # (a fused kernel: its linear layer's indexes)
         obj = c.precomputed[cmd.precomputed]
         made = makes.get(comp.type_name)
         if made is None:
