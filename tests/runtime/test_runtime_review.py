@@ -107,11 +107,6 @@ output-node name=output2 input=r
     np.testing.assert_allclose(kept["output"], np.maximum(x1 @ w.T + b, 0), rtol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="run(network_optimize=True) compiles a request with "
-                   "derivatives for the default NetworkOptions (keep_derivatives=False, "
-                   "exact for outputs only): a BackpropTruncation is pruned and the input "
-                   "derivative is wrong (fix: run() / CachingCompiler use keep_derivatives "
-                   "for requests with input or model derivatives, or refuse them)")
 def test_network_optimized_run_keeps_requested_derivatives():
     nnet = pynnet3.Nnet.from_config("""
 input-node name=input dim=5

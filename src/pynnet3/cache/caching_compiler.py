@@ -22,6 +22,7 @@ the same missing key compile it once.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
 from collections import OrderedDict
@@ -431,12 +432,16 @@ def _dtype_name(dtype) -> str:
 _NNET_CACHE_LOCK = threading.Lock()
 
 
-def cache_for(nnet, network_optimize=None) -> CachingCompiler:
+def cache_for(nnet, network_optimize=None, derivatives: bool = False) -> CachingCompiler:
     """The CachingCompiler a network carries (made with default options on first
     use and kept on the network object); with ``network_optimize`` (True or a
-    NetworkOptions), the one that compiles for its network-optimized copy."""
+    NetworkOptions), the one that compiles for its network-optimized copy. With
+    ``derivatives`` (a request that backpropagates), that copy keeps derivatives
+    exact (``keep_derivatives``: a BackpropTruncation, say, stays)."""
     if network_optimize is not None and network_optimize is not False:
         opts = NetworkOptions() if network_optimize is True else network_optimize
+        if derivatives and not opts.keep_derivatives:
+            opts = dataclasses.replace(opts, keep_derivatives=True)
         with _NNET_CACHE_LOCK:
             table = nnet.__dict__.get("_network_optimized_caches")
             if table is None or table[0] is not nnet:

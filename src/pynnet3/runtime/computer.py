@@ -723,7 +723,8 @@ def run(nnet, computation, inputs: dict, output_derivs: dict | None = None,
         from ..cache import cache_for
 
         if network_optimize is not None and network_optimize is not False:
-            cc = cache_for(nnet, network_optimize)
+            cc = cache_for(nnet, network_optimize,
+                           derivatives=any(s.has_deriv for s in computation.outputs))
             computation = cc.compile(computation, dtype=dtype, backend=backend,
                                      device=device)
             nnet = cc.compiled_nnet
