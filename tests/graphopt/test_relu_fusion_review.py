@@ -460,11 +460,6 @@ output-node name=output input=t
     assert_equivalent(nnet, back)
 
 
-@pytest.mark.xfail(strict=True, reason="graphopt/fusion.py fuse-spliced-affine-as-tdnn turns "
-                   "a FixedAffineComponent (an LDA: never trained) into an updatable "
-                   "TdnnComponent with the default learning rate, so a trainer on a "
-                   "network-optimized copy trains it (fix: decline for FixedAffine, or "
-                   "give the TDNN learning rate and learning-rate-factor 0)")
 def test_a_fixed_layer_stays_fixed_in_a_network_optimized_copy():
     nnet = build("""
 input-node name=input dim=4

@@ -132,6 +132,8 @@ def fuse_spliced_affine(match: Match, ctx: RewriteContext) -> Replacement | str:
                         else np.zeros(0, np.float32))
     for attr in ("learning_rate", "learning_rate_factor", "max_change", "l2_regularize"):
         setattr(tdnn, attr, getattr(comp, attr))
+    if comp.type_name == "FixedAffineComponent":  # (an LDA stays fixed: rate 0 for good)
+        tdnn.learning_rate = tdnn.learning_rate_factor = 0.0
     tdnn.rank_in = min(20, (d * len(offsets) + 1) // 2)
     tdnn.rank_out = min(80, (w.shape[0] + 1) // 2)
     cname = ctx.nnet.node(root).component
