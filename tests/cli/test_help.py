@@ -83,3 +83,29 @@ def test_optimization_options_show_their_defaults(capsys):
                       r"\(default: (\w+)\)", out)
         assert m, flag
         assert m.group(3) == spelled, (flag, m.group(3))
+
+
+@pytest.mark.parametrize("columns", [None, "100", "37", "0", "wide"])
+def test_help_width_is_the_terminals(monkeypatch, columns):
+    """The formatter finds the width as shutil.get_terminal_size does (without
+    loading shutil)."""
+    import shutil
+
+    from pynnet3.cli.main import _terminal_columns
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert _terminal_columns() == shutil.get_terminal_size().columns
+
+
+def test_building_the_parser_loads_no_shutil():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom pynnet3.cli.main import build_parser\nbuild_parser()\n"
+            "print('shutil' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"

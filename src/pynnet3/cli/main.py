@@ -9,7 +9,6 @@ exit status 1.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import fields
@@ -89,6 +88,8 @@ def _cmd_show(args) -> int:
                                check=args.check).compile(req)
     sys.stdout.write(str(req) + "\n")
     sys.stdout.write(str(comp))
+    import json  # (loaded when used: compute never needs it)
+
     sys.stdout.write("# stats: " + json.dumps(comp.stats()) + "\n")
     write_memory_plot(args, nnet, req, comp)
     write_report_plot(args, report, net_report)
@@ -171,10 +172,35 @@ output names its output nodes (docs/request-json.md in the source tree has the
 full schema)"""
 
 
+def _terminal_columns() -> int:
+    """``shutil.get_terminal_size().columns``, without loading shutil."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's RawDescriptionHelpFormatter, the terminal's width found without
+    shutil: argparse makes a formatter for every add_argument, and the default one
+    imports shutil (a few ms of every command's start)."""
+
+    def __init__(self, prog, indent_increment=2, max_help_position=24, width=None):
+        if width is None:
+            width = _terminal_columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
 def _command(sub, name: str, summary: str, description: str,
              usage: str | None = None) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=summary, description=description, usage=usage,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+                          formatter_class=_Formatter)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
     p = _Parser(prog="pynnet3", description=_DESCRIPTION, epilog=_EPILOG,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+                formatter_class=_Formatter)
     p.add_argument("--version", action="version", version=f"pynnet3 {__version__}",
                    help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",

@@ -8,7 +8,6 @@ statistics are stored. The JSON form is that of kaldi-reference ``request.json``
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,6 +103,8 @@ class ComputationRequest:
     def from_json_text(cls, text: str | bytes, source: str = "request") -> ComputationRequest:
         """Parse request JSON text (a file's contents); ``source`` names it in errors
         (FormatError for text that is not JSON, else as :meth:`from_json`)."""
+        import json  # (loaded when used: a decoding run never parses JSON)
+
         try:
             obj = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -157,6 +158,8 @@ def _error(source: str, path: str, message: str, value=_NO_VALUE) -> ComputeErro
 
 
 def _short(value) -> str:
+    import json
+
     text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
 
