@@ -303,6 +303,12 @@ def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
         features = [d.features] * len(chunks)
     if len(chunks) == 1:
         inputs = {"input": features[0][c0.rows]}
+    elif len({f.dtype for f in features}) == 1:  # (gathered in place: no concatenation)
+        rows = len(c0.rows)
+        x = np.empty((len(chunks) * rows, features[0].shape[1]), dtype=features[0].dtype)
+        for k, (f, c) in enumerate(zip(features, chunks, strict=True)):
+            np.take(f, c.rows, axis=0, out=x[k * rows:(k + 1) * rows], mode="clip")
+        inputs = {"input": x}
     else:
         inputs = {"input": np.concatenate([f[c.rows] for f, c in zip(features, chunks,
                                                                     strict=True)])}
