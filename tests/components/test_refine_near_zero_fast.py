@@ -109,3 +109,28 @@ def test_blocks_refine_the_same_entries(layout):
         np.testing.assert_array_equal(new, old)
         refined += int((new != out).sum())
     assert refined > 0
+
+
+def test_affine_block_input_same_bits_as_spliced():
+    """AffineComponent with its input as row windows of one matrix (a spliced
+    input left unmaterialized, in training) writes the bits of the spliced
+    matrix's propagate, near-zero refinement included."""
+    from pynnet3.components.affine import AffineComponent, _row_window
+
+    rng = np.random.default_rng(23)
+    d, o, n, starts = 24, 16, 200, (0, 3, 7)
+    base = rng.standard_normal((n + max(starts), d)).astype(np.float32)
+    blocks = [base[s:s + n] for s in starts]
+    assert all(_row_window(blk)[0] is base for blk in blocks)  # the one-pass norms
+    x = np.concatenate(blocks, axis=1)
+    w = rng.standard_normal((o, 3 * d)).astype(np.float32)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    b = rng.standard_normal(o).astype(np.float32)
+    b[:6] = (-exact[rng.integers(0, n, 6), np.arange(6)]).astype(np.float32)
+    comp = AffineComponent(w, b)
+    want, got = np.empty((n, o), np.float32), np.empty((n, o), np.float32)
+    comp.propagate(None, x, want)
+    comp.propagate_blocks(None, blocks, got)
+    np.testing.assert_array_equal(got, want)
+    plain = x @ w.T + b
+    assert (want != plain).any()  # the refinement did change entries
