@@ -127,7 +127,12 @@ class NnetComputer:
     Stepping state (Kaldi's semantics): ``pc`` is the next command; ``pending`` the
     I/O commands already passed whose input has not been given yet (accept) or
     whose value may be fetched (provide). An I/O call first advances ``pc`` over
-    the I/O and no-op commands at the current position into ``pending``."""
+    the I/O and no-op commands at the current position into ``pending``.
+
+    ``cache_program=True``: the caller promises never to modify ``computation`` (as
+    for a CachingCompiler's computations); :meth:`run` on the NumPy backend then goes
+    through its commands prepared once and kept while the computation lives (shared
+    by every computer of it), with the same results."""
 
     def __init__(self, nnet, computation: NnetComputation, backend: str = "numpy",
                  dtype=np.float32, device=None, cache_program: bool = False):
