@@ -390,9 +390,14 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
         if matmul_blocks_into(out_value, blocks, w, add=False):
             out_value += _param(self.bias_params, blocks[0])
             return None
-        return self.propagate(indexes, gather_blocks(blocks), out_value, blocks)
+        if type(self).propagate is not AffineComponent.propagate:  # a subclass's own math
+            return self.propagate(indexes, gather_blocks(blocks), out_value)
+        return self._propagate(gather_blocks(blocks), out_value, blocks)
 
-    def propagate(self, indexes, in_value, out_value, blocks: list | None = None):
+    def propagate(self, indexes, in_value, out_value):
+        return self._propagate(in_value, out_value, None)
+
+    def _propagate(self, in_value, out_value, blocks: list | None):
         """``blocks``: ``in_value``'s column blocks, when it was gathered from them
         (only a cheaper first pass of :func:`refine_near_zero`)."""
         xp = namespace(in_value)
