@@ -299,11 +299,6 @@ def test_settings_changed_through_the_kernel_are_written(tmp_path, binary):
         opt.components[name].linear  # (the unscaled layer, not the kernel's)
 
 
-@pytest.mark.xfail(strict=True, reason="graphopt/folding.py asks absorbed_by_relu_fusion, "
-                   "which cannot see whether fuse-affine-relu-map will run: with fusion "
-                   "off (or that rule disabled) the fold of bn1 into lin2 is declined and "
-                   "nothing removes the map any more (a lost optimization, not a wrong "
-                   "result); the RewriteContext would need the enabled rules")
 def test_fold_not_declined_when_the_fusion_is_off():
     nnet = _prepared(TDNNF)
     opt, report = optimize(nnet, pynnet3.NetworkOptions(fusion=False))

@@ -175,6 +175,15 @@ def optimize_network(nnet: Nnet, options: NetworkOptions | None = None, *,
     return work
 
 
+def enabled_rules(options: NetworkOptions) -> frozenset[str]:
+    """The names of the rules ``options`` runs, over every pass that is on."""
+    return frozenset(
+        r.name for pass_name, reg in _REGISTRY_OF.items() if getattr(options, pass_name)
+        for r in REGISTRIES[reg]
+        if (r.enabled_by_default or r.name in options.enable_rules)
+        and r.name not in options.disable_rules)
+
+
 def _run_pass(name: str, rewriter: NetworkRewriter, options: NetworkOptions, iteration: int,
               report: NetworkReport) -> None:
     start = time.perf_counter()
@@ -191,7 +200,7 @@ def _run_pass(name: str, rewriter: NetworkRewriter, options: NetworkOptions, ite
         log = rewrite_to_fixed_point(rewriter, rules,
                                      max_steps=options.max_rule_steps,
                                      keep_derivatives=options.keep_derivatives,
-                                     log=RewriteLog())
+                                     log=RewriteLog(), enabled_rules=enabled_rules(options))
         rec.applied = log.counts()
         said = {d for p in report.passes if p.name == name for d in p.declined}
         rec.declined = [text for text in (f"{d.rule} at {d.nodes[0]}: {d.declined}"

@@ -34,6 +34,7 @@ from .linear import (
 )
 
 RELU = "RectifiedLinearComponent"
+MAP_RULE = "fuse-affine-relu-map"
 MAP_PATTERN = Pattern("linear->relu->map", entries=(ELEMENTWISE_TYPES, RELU, LINEAR_TYPES))
 RELU_PATTERN = Pattern("linear->relu", entries=(RELU, LINEAR_TYPES))
 
@@ -91,7 +92,10 @@ def fuse_affine_relu(match: Match, ctx: RewriteContext) -> Replacement | str:
 def absorbed_by_relu_fusion(ctx: RewriteContext, node: str) -> str | None:
     """Why folding elementwise node ``node`` into one of its linear consumers gains
     nothing: it stays for a consumer that is not a linear layer (or an output, or
-    it is preserved), and ``fuse-affine-relu-map`` can absorb it; else None."""
+    it is preserved), and ``fuse-affine-relu-map`` (when this optimization runs it)
+    can absorb it; else None."""
+    if ctx.enabled_rules is not None and MAP_RULE not in ctx.enabled_rules:
+        return None
     graph = NetworkGraph(ctx.nnet)
     others = [c for c in graph[node].consumer_names
               if graph[c].kind != "component-node"
@@ -106,7 +110,7 @@ def absorbed_by_relu_fusion(ctx: RewriteContext, node: str) -> str | None:
 
 
 register_rule("fuse", Rule(
-    "fuse-affine-relu-map", MAP_PATTERN, fuse_affine_relu, check=check_chain,
+    MAP_RULE, MAP_PATTERN, fuse_affine_relu, check=check_chain,
     description="a linear layer, its ReLU and a positive elementwise map (test-mode "
                 "BatchNorm, ...) as one kernel writing its output once"))
 register_rule("fuse", Rule(

@@ -111,13 +111,16 @@ def rewrite_to_fixed_point(rewriter: NetworkRewriter, rules: list[Rule], *,
                            max_steps: int = 20,
                            strategy: MatchStrategy = MatchStrategy.LARGEST_MATCH,
                            keep_derivatives: bool = False,
-                           log: RewriteLog | None = None) -> RewriteLog:
-    """Apply ``rules`` until nothing matches (or ``max_steps``); see module docstring."""
+                           log: RewriteLog | None = None,
+                           enabled_rules: frozenset[str] | None = None) -> RewriteLog:
+    """Apply ``rules`` until nothing matches (or ``max_steps``); see module docstring.
+    ``enabled_rules``: what :class:`RewriteContext` tells rules runs elsewhere."""
     log = log if log is not None else RewriteLog()
     rules = list(rules)
     if not rules:
         return log
-    context = RewriteContext(rewriter.nnet, keep_derivatives, rewriter.preserve)
+    context = RewriteContext(rewriter.nnet, keep_derivatives, rewriter.preserve,
+                             enabled_rules)
     declined_seen: set[tuple[str, tuple[str, ...]]] = set()
     for _ in range(max_steps):
         matches = [(r, m) for r, m in find_matches(rewriter, rules)

@@ -50,11 +50,14 @@ class Replacement:
 class RewriteContext:
     """What rules may consult besides the match: the network being rewritten and
     whether input derivatives must stay exact (``keep_derivatives``; False means
-    inference, where backprop-only behaviour may be dropped)."""
+    inference, where backprop-only behaviour may be dropped); ``enabled_rules``: the
+    names of the rules this optimization runs in any pass (None: all), for a rule
+    that leaves work to another one."""
 
     nnet: Nnet
     keep_derivatives: bool = False
     preserve: frozenset[str] = frozenset()
+    enabled_rules: frozenset[str] | None = None
 
 
 RewriteFn = Callable[[Match, RewriteContext], "Replacement | str"]
