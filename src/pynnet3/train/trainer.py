@@ -96,6 +96,13 @@ class Trainer:
         self.backend, self.device = backend, device
         self.options = options or TrainerOptions()
         self.options.validate()
+        if compiler is not None and (compiler.nnet is not nnet
+                                     or getattr(compiler, "network_options", None) is not None):
+            raise RuntimeInputError(
+                "Trainer: the compiler must compile for the network being trained "
+                "(a CachingCompiler of this nnet without network_optimize: a "
+                "network-optimized compiler's computations are for its compiled_nnet, "
+                "which may be trained itself with a compiler of its own)")
         self.compiler = (compiler if compiler is not None
                          else CachingCompiler(nnet, optimize=True))
         self.rng = np.random.default_rng(self.options.srand)
