@@ -399,11 +399,6 @@ def test_trainer_on_a_fused_copy_equals_the_unfused_network():
     np.testing.assert_array_equal(layer.bias_params, nnet.components["a"].bias_params)
 
 
-@pytest.mark.xfail(strict=True, reason="train/stored_stats.stats_components lists the "
-                   "network's non-updatable components only: the ReLU statistics a fused "
-                   "kernel stores (in its unfused ReLU part) go straight into the model, "
-                   "so the same step's self-repair reads its own forward's stats (fix: "
-                   "include the parts of components with 'unfused', keyed by the kernel)")
 def test_trainer_on_a_fused_copy_equals_the_unfused_network_with_stored_stats():
     nnet, opt = _trained_pair(store=True)
     name = opt.node("r").component

@@ -22,14 +22,34 @@ import copy
 from ..components.batchnorm import BatchNormComponent
 from .average import _INT_STATS, _SUM_STATS, _stat_names, add_component, scale_component
 
+_PART = "#relu"  # a fused kernel's ReLU part (components/fused.py) keeps its statistics
+
+
+def _stores(c) -> bool:
+    return isinstance(c, BatchNormComponent) or bool(_stat_names(c, _SUM_STATS)
+                                                     or _stat_names(c, _INT_STATS))
+
 
 def stats_components(nnet) -> list[tuple[str, object]]:
     """``(name, component)`` of the non-updatable components that store statistics
-    (updatable ones: LstmNonlinearity's travel with its gradient in the trainer)."""
-    return [(name, c) for name, c in nnet.components.items()
-            if not c.is_updatable() and (isinstance(c, BatchNormComponent) or
-                                         _stat_names(c, _SUM_STATS) or
-                                         _stat_names(c, _INT_STATS))]
+    (updatable ones: LstmNonlinearity's travel with its gradient in the trainer), and
+    ``("<kernel>#relu", part)`` for the ReLU inside a fused kernel, whose statistics
+    Kaldi's delta network would hold in that ReLU."""
+    out = []
+    for name, c in nnet.components.items():
+        relu = c._relu() if hasattr(c, "unfused") and hasattr(c, "_relu") else None
+        if relu is not None and _stores(relu):
+            out.append((name + _PART, relu))
+        elif not c.is_updatable() and _stores(c):
+            out.append((name, c))
+    return out
+
+
+def _component(nnet, name: str):
+    """The component a :func:`stats_components` name stands for."""
+    if name.endswith(_PART) and name not in nnet.components:
+        return nnet.components[name[:-len(_PART)]]._relu()
+    return nnet.components[name]
 
 
 class StoredStats:
@@ -48,7 +68,7 @@ class StoredStats:
     def after_pass(self, nnet) -> None:
         """Move what the pass stored out of the model (into the step's increments)."""
         for name, before in self._before.items():
-            comp = nnet.components[name]
+            comp = _component(nnet, name)
             increment = copy.deepcopy(comp)
             add_component(increment, -1.0, before)
             comp.__dict__.update(before.__dict__)  # (the model as before the pass)
@@ -71,13 +91,13 @@ class StoredStats:
         """A pass failed: the model's stats as before it, the step's increments
         dropped (a failed step leaves no statistics behind)."""
         for name, before in self._before.items():
-            nnet.components[name].__dict__.update(before.__dict__)
+            _component(nnet, name).__dict__.update(before.__dict__)
         self._before, self._step = {}, {}
 
     def add_to(self, nnet, factor: float) -> None:
         """The update: the model's statistics += ``factor`` * the delta's."""
         for name, d in self.delta.items():
-            add_component(nnet.components[name], factor, d)
+            add_component(_component(nnet, name), factor, d)
 
     def scale(self, momentum: float) -> None:
         """After the update: keep ``momentum`` times the delta (0 clears it)."""
