@@ -334,11 +334,12 @@ def _decimal_numbers(body: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     np.greater(arr, 32, out=edge[1:-1])
     bounds = np.flatnonzero(edge[1:] != edge[:-1])
     starts, ends = bounds[0::2], bounds[1::2]
-    if starts.size == 0:
-        return np.zeros(0), starts
-    # the bytes below 33 must be whitespace as bytes.split() sees it
+    # the bytes below 33 must be whitespace as bytes.split() sees it (also in a body
+    # with no word: a lone control byte such as \x1c is a bad word there too)
     if np.count_nonzero(arr < 32) != np.count_nonzero(arr - np.uint8(9) < 5):
         return None
+    if starts.size == 0:
+        return np.zeros(0), starts
     other = np.flatnonzero(edge[1:-1] & ~is_digit)
     chars = arr[other]
     is_dot, is_exp = chars == 46, (chars == 101) | (chars == 69)
