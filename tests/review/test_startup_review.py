@@ -18,3 +18,18 @@ def test_text_fast_path_rejects_lone_control_byte(body):
         TextReader(body, "f.txt").read_vector()
     with pytest.raises(FormatError, match=r"f\.txt, line \d+: bad number in matrix"):
         TextReader(body, "f.txt").read_matrix()
+
+
+def test_chunk_request_cache_keeps_the_max_rows_limit():
+    # chunk_request() caches requests by shape; request_for_frames checks
+    # pynnet3.limits' max_rows when it builds one. A shape cached under the default
+    # limit must still be refused once the limit is lowered (as before the cache).
+    from pynnet3 import limits
+    from pynnet3.errors import ComputeError
+    from pynnet3.runtime.simple import chunk_request
+
+    args = (-7, 91, 31, 3, False, 5)  # 455 input rows
+    chunk_request(*args)
+    with limits.override(max_rows=100), pytest.raises(ComputeError, match="max_rows"):
+        chunk_request(*args)
+    assert chunk_request(*args) is chunk_request(*args)  # (the cache still serves)

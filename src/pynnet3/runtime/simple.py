@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import limits
 from ..compiler.request import ComputationRequest, request_for_frames
 from ..errors import RuntimeInputError
 from .computer import NnetComputer, host_array, run_dtype
@@ -77,8 +78,10 @@ def chunk_request(input_t_begin: int, num_input_frames: int, num_output_rows: in
     Equal arguments give the same request object (kept in a small table: a run has
     a few chunk shapes, and building one costs more than its compile-cache lookup);
     it is shared, so do not modify it."""
+    # (with the max_rows limit request_for_frames checks: a shape cached under one
+    # limit is built, and refused, anew under a lower one)
     key = (input_t_begin, num_input_frames, num_output_rows, frame_subsampling_factor,
-           bool(ivector), num_sequences)
+           bool(ivector), num_sequences, limits.LIMITS.max_rows)
     request = _CHUNK_REQUESTS.get(key)
     if request is None:
         request = request_for_frames(range(input_t_begin, input_t_begin + num_input_frames),
