@@ -33,3 +33,18 @@ def test_chunk_request_cache_keeps_the_max_rows_limit():
     with limits.override(max_rows=100), pytest.raises(ComputeError, match="max_rows"):
         chunk_request(*args)
     assert chunk_request(*args) is chunk_request(*args)  # (the cache still serves)
+
+
+@pytest.mark.parametrize("closed", ["stdout", "stderr"])
+def test_exit_without_teardown_with_a_closed_standard_stream(closed):
+    # a console run with stdout (or stderr) closed ('pynnet3 compute ... >&-') has
+    # sys.stdout None: its outputs are written and it exited 0 before the exit
+    # without teardown; flushing None raised AttributeError (a traceback, status 1)
+    import subprocess
+    import sys
+
+    code = (f"import sys, pynnet3.cli.main as m\nsys.{closed} = None\n"
+            "m._exit_without_teardown(0)\nraise SystemExit(5)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr

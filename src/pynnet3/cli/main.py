@@ -359,10 +359,11 @@ def _exit_without_teardown(status: int) -> None:
             or sys.getprofile() is not None or sys.gettrace() is not None):
         return
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):  # (a closed or broken stream: exit the usual way)
-        return
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:  # (None: the descriptor was closed at start)
+                stream.flush()
+    except (OSError, ValueError, AttributeError):  # (a closed or broken stream, or
+        return  # one without flush: exit the usual way)
     os._exit(status)
 
 
