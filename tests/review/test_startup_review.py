@@ -48,3 +48,28 @@ def test_exit_without_teardown_with_a_closed_standard_stream(closed):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_compute_with_stderr_closed_writes_a_clean_archive_to_stdout(tmp_path):
+    """``pynnet3 compute ... ark:- 2>&-``: no stderr (sys.stderr None) must not stop the
+    run, nor send the summary line into the archive on stdout (print(file=None)
+    writes to stdout)."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import kaldiio
+
+    exe = shutil.which("pynnet3") or str(Path(__import__("sys").executable).parent / "pynnet3")
+    ex = Path(__file__).resolve().parents[2] / "src" / "pynnet3" / "examples"
+    res = subprocess.run(
+        [exe, "compute", f"--ivectors=ark:{ex / 'ivectors.ark'}", str(ex / "tdnnf.raw"),
+         f"ark:{ex / 'feats.ark'}", "ark:-"],
+        stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2), timeout=300)
+    assert res.returncode == 0
+    out = tmp_path / "out.ark"
+    out.write_bytes(res.stdout)
+    got = dict(kaldiio.load_ark(str(out)))
+    assert len(got) == 6 and all(v.shape[1] == 200 for v in got.values())
+    assert b"pynnet3 compute" not in res.stdout

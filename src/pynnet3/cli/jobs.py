@@ -75,7 +75,7 @@ class Progress:
     def __init__(self, total: int | None):
         self.bar = None
         self.count = 0
-        self.active = sys.stderr.isatty()
+        self.active = sys.stderr is not None and sys.stderr.isatty()  # (None: fd 2 closed)
         if self.active:
             try:
                 from tqdm import tqdm
@@ -111,6 +111,8 @@ def on_sigterm(signum, frame):
 
 def say(command: str, kind: str, message: str) -> None:
     """One line on stderr: ``pynnet3 COMMAND: KIND: message``."""
+    if sys.stderr is None:  # (fd 2 closed at start: print(file=None) would write to
+        return  # stdout, into an archive written there)
     print(f"pynnet3 {command}: {kind}: {message}", file=sys.stderr)
 
 
