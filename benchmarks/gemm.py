@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from pynnet3.components.fused import linear_part
 from pynnet3.computation import CommandType
 
 LINEAR = {"AffineComponent", "NaturalGradientAffineComponent", "FixedAffineComponent",
@@ -36,7 +37,7 @@ def gemm_shapes(nnet, comp) -> list[tuple[int, int, int, bool]]:
         if cmd.type is not CommandType.PROPAGATE and cmd.type not in _BACKPROPS:
             continue
         c = nnet.components[nnet.node(cmd.node).component]
-        c = getattr(c, "linear", c)  # a fused kernel's product (components/fused.py)
+        c = linear_part(c)  # a fused kernel's product (components/fused.py)
         if c.type_name not in LINEAR:
             continue
         rows = comp.submatrices[cmd.out_value if cmd.type is CommandType.PROPAGATE

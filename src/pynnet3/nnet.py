@@ -170,7 +170,7 @@ class Nnet:
         component (one with ``unfused``: the network optimizer's fused kernels) is
         written as the chain of standard nodes and components it stands for."""
         nodes, comps = self.nodes, self.components
-        if any(getattr(c, "unfused", None) for c in comps.values()):
+        if any(_is_runtime_only(c) for c in comps.values()):
             nodes, comps = _unfused_form(self)
         return ModelParts(config_lines=[(0, n.config_line()) for n in nodes],
                           components=list(comps.items()))
@@ -522,13 +522,20 @@ def nnet_from_bytes(data: bytes, source: str = "<bytes>") -> Nnet:
     return Nnet.from_model_parts(parse_model_bytes(data, source), source)
 
 
+def _is_runtime_only(comp: Component) -> bool:
+    """Whether files hold ``comp`` as another chain (its class has ``unfused``)."""
+    return hasattr(type(comp), "unfused")
+
+
 def _unfused_form(nnet: Nnet) -> tuple[list[Node], dict[str, Component]]:
     """``nnet``'s nodes and components with every node of a runtime-only component
     replaced by its ``unfused`` chain (parts first to last; the last keeps the
     node's name, so consumers need no rewiring). Names the network already uses
     for something else get a numeric suffix."""
     used_nodes = {n.name for n in nnet.nodes}
-    comps = {name: c for name, c in nnet.components.items() if not getattr(c, "unfused", None)}
+    comps = {name: c for name, c in nnet.components.items() if not _is_runtime_only(c)}
+    # (each kernel's chain asked for once: ``unfused`` looks at its parameters)
+    chains = {name: c.unfused for name, c in nnet.components.items() if _is_runtime_only(c)}
 
     def fresh(name: str, taken) -> str:
         out, k = name, 1
@@ -539,8 +546,7 @@ def _unfused_form(nnet: Nnet) -> tuple[list[Node], dict[str, Component]]:
 
     nodes: list[Node] = []
     for n in nnet.nodes:
-        parts = getattr(nnet.components[n.component], "unfused", None) \
-            if n.kind == "component-node" else None
+        parts = chains.get(n.component) if n.kind == "component-node" else None
         if not parts:
             nodes.append(n)
             continue

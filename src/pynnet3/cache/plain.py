@@ -25,6 +25,7 @@ import numpy as np
 
 from ..compiler.request import ComputationRequest, IoSpecification
 from ..components.base import Component
+from ..components.fused import linear_part
 from ..components.precomputed import (
     check_indexes_use,
     indexes_from_data,
@@ -433,7 +434,7 @@ def check_for_network(c: NnetComputation, nnet) -> None:
         if cmd.type not in _COMPONENT_TYPES:
             continue
         comp = nnet.components[nodes[cmd.node].component]
-        comp = getattr(comp, "linear", comp)  # (a fused kernel: its linear layer's indexes)
+        comp = linear_part(comp)  # (a fused kernel: its linear layer's indexes)
         obj = c.precomputed[cmd.precomputed]
         made = makes.get(comp.type_name)
         if made is None:

@@ -293,3 +293,9 @@ def fused_affine_relu(linear: Component, floor: np.ndarray, parts: list[UnfusedP
     cls = BlockAffineReluComponent if hasattr(linear, "propagate_blocks") \
         else AffineReluComponent
     return cls(linear, floor, parts, map_scale)
+
+
+def linear_part(comp: Component) -> Component:
+    """The standard component whose indexes, frame-locality and natural-gradient
+    preconditioners ``comp`` has: a fused kernel's linear layer, else ``comp``."""
+    return comp.linear if isinstance(comp, AffineReluComponent) else comp

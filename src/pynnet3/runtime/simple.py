@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import limits
 from ..compiler.request import ComputationRequest, request_for_frames
+from ..components.fused import linear_part
 from ..errors import RuntimeInputError
 from .computer import NnetComputer, host_array, run_dtype
 
@@ -286,7 +287,7 @@ def frame_local(nnet) -> bool:
             return False
         if node.kind == "component-node":
             comp = nnet.components[node.component]
-            comp = getattr(comp, "linear", comp)  # (a fused kernel: its linear layer's)
+            comp = linear_part(comp)  # (a fused kernel: its linear layer's)
             if not comp.is_simple() and comp.type_name != "TdnnComponent":
                 return False
     return True

@@ -34,6 +34,7 @@ A CompositeComponent gets ``{i: sub-component i's preconditioners}``.
 
 from __future__ import annotations
 
+from ..components.fused import linear_part
 from .natural_gradient import OnlineNaturalGradient
 
 
@@ -58,7 +59,7 @@ def make_preconditioners(comp) -> dict | None:
         return {i: p for i, p in subs.items() if p is not None} or None
     if getattr(comp, "is_gradient", False):
         return None  # Kaldi's Update on a gradient copy is the plain one
-    comp = getattr(comp, "linear", comp)  # (a fused kernel trains as its linear layer)
+    comp = linear_part(comp)  # (a fused kernel trains as its linear layer)
     kind = comp.type_name
     ng = bool(getattr(comp, "use_natural_gradient", True))
     if kind in ("NaturalGradientAffineComponent", "LinearComponent"):
@@ -99,6 +100,6 @@ def make_preconditioners(comp) -> dict | None:
 def skips_update(comp) -> bool:
     """Kaldi's Tdnn and TimeHeightConvolution Backprop return before their Update at
     learning rate 0, so their preconditioners do not see that minibatch."""
-    comp = getattr(comp, "linear", comp)
+    comp = linear_part(comp)
     return comp.type_name in ("TdnnComponent", "TimeHeightConvolutionComponent") and \
         comp.learning_rate == 0.0

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 
 from ..components.batchnorm import BatchNormComponent
+from ..components.fused import AffineReluComponent
 from .average import _INT_STATS, _SUM_STATS, _stat_names, add_component, scale_component
 
 _PART = "#relu"  # a fused kernel's ReLU part (components/fused.py) keeps its statistics
@@ -37,7 +38,7 @@ def stats_components(nnet) -> list[tuple[str, object]]:
     Kaldi's delta network would hold in that ReLU."""
     out = []
     for name, c in nnet.components.items():
-        relu = c._relu() if hasattr(c, "unfused") and hasattr(c, "_relu") else None
+        relu = c._relu() if isinstance(c, AffineReluComponent) else None
         if relu is not None and _stores(relu):
             out.append((name + _PART, relu))
         elif not c.is_updatable() and _stores(c):
