@@ -597,6 +597,12 @@ def _program_for(c: NnetComputation) -> _Program:
     return program
 
 
+def _get(matrices: dict, m: int, k):
+    """Matrix ``m`` or its view at slices ``k`` (from :func:`_view_of`)."""
+    mat = matrices[m]
+    return mat if k is None else mat[k]
+
+
 def _view_of(c: NnetComputation, s: int):
     """(matrix id, slices of the view or None for the whole matrix) of submatrix
     ``s`` (what NnetComputer._sub returns, as NumpyBackend.view makes it)."""
@@ -635,71 +641,41 @@ def _prepare(c: NnetComputation, cmd: Command):
             x._release(M, m)
         return dealloc
     if t is CT.PROPAGATE and not (cmd.in_value == 0 and cmd.table >= 0):
-        (im, ik), (om, ok) = _view_of(c, cmd.in_value), _view_of(c, cmd.out_value)
         if cmd.in_value == 0 or cmd.out_value == 0:
             return lambda M, be, x, cmd=cmd: x._execute(cmd)
+        (im, ik), (om, ok) = _view_of(c, cmd.in_value), _view_of(c, cmd.out_value)
         pre, node, memo_id, stats = (c.precomputed[cmd.precomputed], cmd.node, cmd.memo,
                                      cmd.alpha == 2.0)
-        if not memo_id and not stats:
-            def propagate(M, be, x):
-                iv, ov = M[im], M[om]
-                if ik is not None:
-                    iv = iv[ik]
-                if ok is not None:
-                    ov = ov[ok]
-                x._components[node].propagate(pre, iv, ov)
-            return propagate
 
-        def propagate_memo(M, be, x):
-            iv, ov = M[im], M[om]
-            if ik is not None:
-                iv = iv[ik]
-            if ok is not None:
-                ov = ov[ok]
+        def propagate(M, be, x):
+            iv, ov = _get(M, im, ik), _get(M, om, ok)
             comp = x._components[node]
             memo = comp.propagate(pre, iv, ov)
             if memo_id:
                 x.memos[memo_id] = memo
             if stats:
                 comp.store_stats(iv, ov, memo)
-        return propagate_memo
+        return propagate
     if t in (CT.MATRIX_COPY, CT.MATRIX_ADD, CT.COPY_ROWS, CT.ADD_ROWS, CT.ADD_ROW_RANGES) \
             and cmd.dst and cmd.src:
         (dm, dk), (sm, sk) = _view_of(c, cmd.dst), _view_of(c, cmd.src)
-        alpha = cmd.alpha
-        if t is CT.MATRIX_COPY or t is CT.MATRIX_ADD:
-            name, extra = ("copy" if t is CT.MATRIX_COPY else "add"), ()
-        elif t is CT.ADD_ROW_RANGES:
-            name, extra = "add_row_ranges", (c.indexes_ranges[cmd.table],)
-        else:
-            name = "copy_rows" if t is CT.COPY_ROWS else "add_rows"
-            extra = (c.indexes[cmd.table],)
+        # (the program runs on the NumPy backend only: its functions, looked up once)
+        fn, tables = {CT.MATRIX_COPY: (NumpyBackend.copy, ()),
+                      CT.MATRIX_ADD: (NumpyBackend.add, ()),
+                      CT.COPY_ROWS: (NumpyBackend.copy_rows, (c.indexes,)),
+                      CT.ADD_ROWS: (NumpyBackend.add_rows, (c.indexes,)),
+                      CT.ADD_ROW_RANGES: (NumpyBackend.add_row_ranges, (c.indexes_ranges,)),
+                      }[t]
+        extra = tuple(table[cmd.table] for table in tables)
 
-        if not extra:
-            def binary(M, be, x):
-                d, s = M[dm], M[sm]
-                if dk is not None:
-                    d = d[dk]
-                if sk is not None:
-                    s = s[sk]
-                getattr(be, name)(d, s, alpha)
-            return binary
-        table = extra[0]
-
-        def binary_table(M, be, x):
-            d, s = M[dm], M[sm]
-            if dk is not None:
-                d = d[dk]
-            if sk is not None:
-                s = s[sk]
-            getattr(be, name)(d, s, table, alpha)
-        return binary_table
+        def binary(M, be, x, alpha=cmd.alpha):
+            fn(be, _get(M, dm, dk), _get(M, sm, sk), *extra, alpha)
+        return binary
     if t is CT.SET_CONST and cmd.dst:
         dm, dk = _view_of(c, cmd.dst)
 
         def set_const(M, be, x, alpha=cmd.alpha):
-            d = M[dm]
-            be.set_const(d if dk is None else d[dk], alpha)
+            be.set_const(_get(M, dm, dk), alpha)
         return set_const
     # the rest (backprop, swaps, multi-row copies, compression, ...) as _execute does
     return lambda M, be, x, cmd=cmd: x._execute(cmd)

@@ -178,12 +178,11 @@ def _grid(table: np.ndarray):
     all i < p, j < q (with p > 1 or q > 1), else None. Offset() of an input given
     sequence by sequence and read time by time is such a grid (b = frames per
     sequence, a = the time step); so is an iVector repeated per frame (a = 0)."""
+    return None if len(table) < 4 else _plan(_GRID_PLANS, table, _make_grid)
+
+
+def _make_grid(table: np.ndarray):
     n = len(table)
-    if n < 4:
-        return None
-    hit = _GRID_PLANS.get(id(table))
-    if hit is not None and hit[0] is table:
-        return hit[1]
     d = np.diff(table.astype(np.int64))
     b = int(d[0])
     breaks = np.flatnonzero(d != b)
@@ -197,9 +196,6 @@ def _grid(table: np.ndarray):
             + b * np.arange(q, dtype=np.int64)[None, :]
         if np.array_equal(grid.reshape(-1), table):
             plan = (start, p, q, a, b)
-    if len(_GRID_PLANS) >= _MAX_PLANS:
-        _GRID_PLANS.clear()
-    _GRID_PLANS[id(table)] = (table, plan)
     return plan
 
 
@@ -227,6 +223,18 @@ _GRID_PLANS: dict[int, tuple] = {}
 _MAX_PLANS = 1024
 
 
+def _plan(cache: dict, table: np.ndarray, make):
+    """``make(table)``, kept in ``cache`` while ``table`` is the object there."""
+    hit = cache.get(id(table))
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    plan = make(table)
+    if len(cache) >= _MAX_PLANS:
+        cache.clear()
+    cache[id(table)] = (table, plan)
+    return plan
+
+
 def _run_or_rows(rows: np.ndarray):
     """``rows`` as a slice when they are consecutive and ascending, else as they are."""
     n = len(rows)
@@ -238,9 +246,10 @@ def _run_or_rows(rows: np.ndarray):
 def _multi_plan(table: np.ndarray):
     """``([(source, dst rows, source rows)], rows with no source)`` of a (submatrix,
     row) table; rows as slices where they run."""
-    hit = _MULTI_PLANS.get(id(table))
-    if hit is not None and hit[0] is table:
-        return hit[1]
+    return _plan(_MULTI_PLANS, table, _make_multi)
+
+
+def _make_multi(table: np.ndarray):
     order = np.argsort(table[:, 0], kind="stable")
     keys = table[order, 0]
     cuts = (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()
@@ -251,11 +260,7 @@ def _multi_plan(table: np.ndarray):
             missing = rows
             continue
         groups.append((int(keys[a]), _run_or_rows(rows), _run_or_rows(table[rows, 1])))
-    plan = (groups, missing)
-    if len(_MULTI_PLANS) >= _MAX_PLANS:
-        _MULTI_PLANS.clear()
-    _MULTI_PLANS[id(table)] = (table, plan)
-    return plan
+    return groups, missing
 
 
 register_backend("numpy", NumpyBackend)
