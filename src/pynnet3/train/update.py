@@ -25,6 +25,7 @@ import numpy as np
 from ..components.affine import AffineComponent, FixedAffineComponent, LinearComponent
 from ..components.batchnorm import BatchNormComponent
 from ..components.composite import CompositeComponent
+from ..components.fused import linear_part
 from ..components.tdnn import TdnnComponent
 
 
@@ -169,18 +170,23 @@ def scale_batchnorm_stats(nnet, batchnorm_stats_scale: float) -> None:
 def orthonormal_constrained(nnet) -> list[tuple[str, object, np.ndarray]]:
     """``(name, component, matrix)`` for every component Kaldi's ConstrainOrthonormal
     looks at (Linear, Affine and its subclasses, Tdnn) whose orthonormal-constraint
-    is nonzero, in network order; ``matrix`` is the live parameter array."""
+    is nonzero, in network order; ``matrix`` is the live parameter array. A fused
+    kernel (components/fused.py, from ``optimize_network``) counts as its linear
+    layer: the constraint goes to the weights it trains, which are the linear
+    layer's scaled by the folded map's (a BatchNorm's) per-row scale, as any folded
+    layer's are."""
     out = []
     for name, comp in nnet.components.items():
-        if isinstance(comp, FixedAffineComponent):
+        lin = linear_part(comp)
+        if isinstance(lin, FixedAffineComponent):
             continue
-        if isinstance(comp, LinearComponent):
-            m = comp.params()["params"]
-        elif isinstance(comp, (AffineComponent, TdnnComponent)):
-            m = comp.params()["linear_params"]
+        if isinstance(lin, LinearComponent):
+            m = lin.params()["params"]
+        elif isinstance(lin, (AffineComponent, TdnnComponent)):
+            m = lin.params()["linear_params"]
         else:
             continue
-        if float(getattr(comp, "orthonormal_constraint", 0.0)) != 0.0:
+        if float(getattr(lin, "orthonormal_constraint", 0.0)) != 0.0:
             out.append((name, comp, m))
     return out
 
