@@ -103,9 +103,10 @@ def test_fold_batchnorm_into_next_linear_types(lin, tmp_path):
     nnet = build(next_linear_net("BatchNormComponent", lin))
     opt, report = optimize(nnet, only("constant_folding"))
     assert report.rules_applied() == {"fold-batchnorm-into-next-linear": 1}
-    # Kaldi's CollapseModel: a LinearComponent that gains the BatchNorm offset
-    # becomes an AffineComponent; the other types keep their type.
-    want = "AffineComponent" if lin == "LinearComponent" else lin
+    # a LinearComponent that gains the BatchNorm offset becomes an affine layer
+    # with its settings (natural gradient by default: NaturalGradientAffine; Kaldi's
+    # CollapseModel leaves a Linear unfolded); the other types keep their type.
+    want = "NaturalGradientAffineComponent" if lin == "LinearComponent" else lin
     assert types_of(opt) == {"relu": "RectifiedLinearComponent", "lin": want}
     assert_equivalent(nnet, opt, derivatives=True)
     opt, report = optimize(nnet)
@@ -241,7 +242,8 @@ def test_fold_offset_into_bias_free_linear(lin, tmp_path):
     nnet = build(previous_linear_net("FixedBiasComponent", lin))
     opt, report = optimize(nnet)
     assert applied(report, "fold") == {"fold-fixedbias-into-previous-linear": 1}
-    want = "AffineComponent" if lin == "LinearComponent" else "TdnnComponent"
+    # (a Linear with natural gradient, its default, keeps it as a NaturalGradientAffine)
+    want = "NaturalGradientAffineComponent" if lin == "LinearComponent" else "TdnnComponent"
     assert types_of(opt) == {"ew": want, "tanh": "TanhComponent"}
     np.testing.assert_array_equal(opt.components["lin.ew"].bias_params,
                                   nnet.components["ew"].bias)

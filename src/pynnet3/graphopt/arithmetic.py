@@ -59,16 +59,19 @@ def _fold_scales(rewriter: NetworkRewriter, node: Node) -> str | None:
         return None
     w, b = linear_params(comp)
     w = w.copy()
+    factor = np.ones(w.shape[1])  # (what each column of W is scaled by)
     if comp.type_name == "TdnnComponent":
         w *= scales[0]
+        factor *= scales[0]
     else:
         dims = desc.part_dims(nnet.node_dim)
         starts = np.concatenate([[0], np.cumsum(dims)])
         for i, c in enumerate(scales):
             w[:, int(starts[i]):int(starts[i + 1])] *= c
+            factor[int(starts[i]):int(starts[i + 1])] = c
     parts = tuple(unscale_part(p) if c != 1.0 else p
                   for p, c in zip(desc.parts, scales, strict=True))
-    new = with_linear_params(comp, w, b if has_bias(comp) else None)
+    new = with_linear_params(comp, w, b if has_bias(comp) else None, scaled_by=factor)
     dims = tuple(desc.part_dims(nnet.node_dim))
     name = rewriter.add_component(f"{node.component}.scaled", new,
                                   key=("scaled", node.component, tuple(scales), dims))

@@ -13,7 +13,12 @@ product costs no more multiply-adds per frame than the two layers (a TDNN-F
 bottleneck stays factored: ``merge-affine-into-affine`` declines and says why).
 
 New components are named ``<a>.<b>`` after the two they replace, as Kaldi names
-them; a merge used by several nodes is built once.
+them; a merge used by several nodes is built once. A folded component keeps the
+settings (learning rate, max-change, natural gradient, ...) of the linear layer
+that survives, as Kaldi's CollapseModel keeps the affine component's; two affine
+layers merged keep the second's (the consumer's: Kaldi's merge makes a default
+AffineComponent instead). An orthonormal constraint follows the weights: see
+:func:`~pynnet3.graphopt.linear.with_linear_params`.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | st
     w, b = linear_params(lin)
     w = w.copy()
     b = b.copy()
+    factor = np.ones(w.shape[1])  # (what each column of W is scaled by)
     if lin.type_name == "TdnnComponent":
         if len(desc.parts) != 1 or len(match.links[0]) != 1 or match.links[0][0].wrappers \
                 or match.links[0][0].scale != 1.0:
@@ -94,6 +100,7 @@ def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | st
             cols = slice(k * d, (k + 1) * d)
             b += w[:, cols] @ o
             w[:, cols] *= s
+            factor[cols] = s
         layout: tuple = ("tdnn",)
     else:
         dims = desc.part_dims(ctx.nnet.node_dim)
@@ -106,6 +113,7 @@ def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | st
             sums.append(c)
             b += w[:, cols] @ (c * o)
             w[:, cols] *= s
+            factor[cols] = s
         layout = (tuple(parts), tuple(sums), tuple(dims))
     try:
         new_desc = substitute(desc, inner, match.inputs[1])
@@ -114,7 +122,7 @@ def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | st
     bias = b if (has_bias(lin) or b.any()) else None
     lin_name, ew_name = _comp_name(ctx, root), _comp_name(ctx, inner)
     new_name = f"{ew_name}.{lin_name}"
-    comp = with_linear_params(lin, w, bias)
+    comp = with_linear_params(lin, w, bias, scaled_by=factor)
     return Replacement(
         [Node("component-node", root, component=new_name, descriptor=new_desc)],
         [NewComponent(new_name, comp, key=("next", ew_name, lin_name, layout))],
@@ -138,7 +146,8 @@ def fold_into_previous_linear(match: Match, ctx: RewriteContext) -> Replacement 
     new_name = f"{lin_name}.{ew_name}"
     return Replacement(
         [Node("component-node", root, component=new_name, descriptor=match.inputs[1])],
-        [NewComponent(new_name, with_linear_params(lin, w, bias), key=("prev", lin_name, ew_name))],
+        [NewComponent(new_name, with_linear_params(lin, w, bias, scaled_by=s),
+                      key=("prev", lin_name, ew_name))],
         note=f"{ew_comp.type_name} {root} folded into {lin.type_name} {inner}")
 
 
@@ -172,7 +181,8 @@ def merge_affine_into_affine(match: Match, ctx: RewriteContext) -> Replacement |
     new_name = f"{n1}.{n2}"
     return Replacement(
         [Node("component-node", root, component=new_name, descriptor=new_desc)],
-        [NewComponent(new_name, with_linear_params(l2, w, bias), key=("affine", n1, n2, k))],
+        [NewComponent(new_name, with_linear_params(l2, w, bias, scaled_by=None),
+                      key=("affine", n1, n2, k))],
         note=f"{l1.type_name} {inner} merged into {l2.type_name} ({after} <= {before} "
              "multiply-adds per frame)")
 

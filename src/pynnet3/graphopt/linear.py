@@ -10,7 +10,8 @@
 
 Folding works in float64 and stores float32, as the components do. A folded
 component keeps the consumer's type and settings (a Linear that gains a bias
-becomes an Affine, as Kaldi's CollapseModel does).
+becomes a NaturalGradientAffine with its settings; see :func:`with_linear_params`
+for the orthonormal constraint and for merged layers).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import copy
 
 import numpy as np
 
-from ..components.affine import AffineComponent, LinearComponent
+from ..components.affine import AffineComponent, LinearComponent, NaturalGradientAffineComponent
 from ..components.base import Component
 
 LINEAR_TYPES = ("AffineComponent", "NaturalGradientAffineComponent", "FixedAffineComponent",
@@ -49,26 +50,59 @@ def has_bias(comp: Component) -> bool:
     return not isinstance(comp, LinearComponent) and comp.bias_params.size > 0
 
 
-def with_linear_params(comp: Component, w: np.ndarray, b: np.ndarray | None) -> Component:
+def with_linear_params(comp: Component, w: np.ndarray, b: np.ndarray | None,
+                       scaled_by: float | np.ndarray | None = 1.0) -> Component:
     """A copy of linear component ``comp`` with parameters ``(W, b)``; ``b`` None
-    keeps a bias-free component bias-free. A Linear given a bias becomes an Affine
-    with the same learning-rate settings."""
+    keeps a bias-free component bias-free.
+
+    The copy keeps ``comp``'s settings (learning rate and factor, max-change, L2,
+    natural-gradient ranks, orthonormal constraint), as Kaldi's CollapseModel keeps
+    those of the affine component a map folds into: a network written after
+    :func:`~pynnet3.optimize_network` trains on as its surviving layers did. A
+    Linear given a bias becomes a NaturalGradientAffine with the Linear's settings
+    (a plain Affine when it had ``use-natural-gradient=false``).
+
+    ``scaled_by``: the factor(s) (one number, or one per row or per column) by which
+    ``W`` is ``comp``'s own weights scaled (a folded map, a descriptor ``Scale``);
+    None: ``W`` is no scaled copy of them (two layers merged into one). An
+    orthonormal constraint (``M M^T = c^2 I``, floating when ``c < 0``) stays on
+    the scaled weights, as Kaldi's CollapseModel keeps it on a copy of the affine
+    component (and as a fused kernel trains its scaled weights): under a uniform
+    factor ``f`` a fixed ``c`` becomes ``c |f|``, so the folded layer's constraint
+    holds exactly where the original one held; under per-row/per-column factors it
+    is kept as it was. A merge of two layers drops it: it described one factor, not
+    their product (Kaldi's collapse-affine merge drops every setting)."""
     w32 = np.ascontiguousarray(w, dtype=np.float32)
     if isinstance(comp, LinearComponent):
         if b is None:
             out = copy.copy(comp)
             out.params_ = w32
-            return out
-        out = AffineComponent(w32, np.asarray(b, np.float32))
-        for attr in ("learning_rate", "learning_rate_factor", "max_change", "l2_regularize"):
-            setattr(out, attr, getattr(comp, attr))
-        return out
-    out = copy.copy(comp)
-    out.linear_params = w32
-    if b is not None:
-        out.bias_params = np.asarray(b, np.float32)
-    elif comp.type_name == "TdnnComponent" and comp.bias_params.size == 0:
-        out.bias_params = np.zeros(0, np.float32)
+        else:
+            natural = comp.use_natural_gradient
+            cls = NaturalGradientAffineComponent if natural else AffineComponent
+            out = cls(w32, np.asarray(b, np.float32))
+            for attr in ("learning_rate", "learning_rate_factor", "max_change", "l2_regularize",
+                         "is_gradient", "orthonormal_constraint"):
+                setattr(out, attr, getattr(comp, attr))
+            if natural:
+                for attr in ("rank_in", "rank_out", "update_period", "num_samples_history",
+                             "alpha"):
+                    setattr(out, attr, getattr(comp, attr))
+    else:
+        out = copy.copy(comp)
+        out.linear_params = w32
+        if b is not None:
+            out.bias_params = np.asarray(b, np.float32)
+        elif comp.type_name == "TdnnComponent" and comp.bias_params.size == 0:
+            out.bias_params = np.zeros(0, np.float32)
+    c = float(getattr(comp, "orthonormal_constraint", 0.0))
+    if c != 0.0:
+        f = None if scaled_by is None else np.abs(np.asarray(scaled_by, np.float64)).ravel()
+        if f is None:
+            c = 0.0
+        elif c > 0.0 and f.size and np.all(f == f[0]) and f[0] != 0.0:
+            c *= float(f[0])
+        out.orthonormal_constraint = float(np.float32(c))
     return out
 
 
