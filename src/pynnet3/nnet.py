@@ -299,20 +299,57 @@ class Nnet:
 
     def set_test_mode(self, test_mode: bool = True) -> None:
         """Both :meth:`set_batchnorm_test_mode` and :meth:`set_dropout_test_mode` (and
-        any other component with a test mode), as nnet3-compute wants."""
+        any other component with a test mode), as nnet3-compute wants. Training mode
+        (``False``) on a network from :func:`~pynnet3.optimize_network` that folded a
+        test-mode BatchNorm or Dropout into a linear or fused layer is a
+        :class:`GraphError` naming them (it can only compute them in test mode):
+        switch the original network instead. (A test-mode Dropout that pruning turned
+        into a descriptor ``Scale`` is not recorded.)"""
+        if not test_mode:
+            self._refuse_folded(("BatchNormComponent", "DropoutComponent"), "set_test_mode")
         for c in self.components.values():
             c.set_test_mode(test_mode)
 
+    def _refuse_folded(self, types: tuple[str, ...], method: str) -> None:
+        """The GraphError for training mode when components of ``types`` were folded
+        into others by optimize_network (graphopt/folding.py records them on the
+        component folded into; a fused kernel holds its chain as it was)."""
+        from .components.fused import AffineReluComponent
+
+        found = []
+        for name, c in self.components.items():
+            for type_name, folded in getattr(c, "folded_test_mode", ()):
+                if type_name in types:
+                    found.append(f"{type_name} {folded!r} (folded into {name!r})")
+            if isinstance(c, AffineReluComponent):
+                found += [f"{p.component.type_name} {p.component_name!r} (fused into {name!r})"
+                          for p in c._parts[1:] if p.component.type_name in types]
+        if found:
+            raise GraphError(
+                f"{method}(False): this network was optimized for inference "
+                f"(pynnet3.optimize_network), which removed test-mode "
+                f"{', '.join(found)}; it cannot compute them in training mode. Switch "
+                f"the original network, or optimize it with constant_folding=False and "
+                f"fusion=False")
+
     def set_batchnorm_test_mode(self, test_mode: bool) -> None:
-        """Kaldi's SetBatchnormTestMode: every (top-level) BatchNormComponent."""
+        """Kaldi's SetBatchnormTestMode: every (top-level) BatchNormComponent
+        (training mode after optimize_network folded one away: see
+        :meth:`set_test_mode`)."""
+        if not test_mode:
+            self._refuse_folded(("BatchNormComponent",), "set_batchnorm_test_mode")
         for c in self.components.values():
             if c.type_name == "BatchNormComponent":
                 c.set_test_mode(test_mode)
 
     def set_dropout_test_mode(self, test_mode: bool) -> None:
         """Kaldi's SetDropoutTestMode: every (top-level) random component (dropout,
-        dropout-mask, general dropout, spec-augment)."""
+        dropout-mask, general dropout, spec-augment; training mode after
+        optimize_network folded one away: see :meth:`set_test_mode`)."""
         from .components.dropout import RandomComponent
+
+        if not test_mode:
+            self._refuse_folded(("DropoutComponent",), "set_dropout_test_mode")
 
         for c in self.components.values():
             if isinstance(c, RandomComponent):

@@ -57,6 +57,16 @@ def _comp_name(ctx: RewriteContext, node: str) -> str:
     return ctx.nnet.node(node).component
 
 
+def _mark_folded(comp, ew_comp, ew_name: str):
+    """Record on ``comp`` a test-mode BatchNorm or Dropout folded into it (type and
+    component name, in ``folded_test_mode``): the network no longer has it, and
+    :meth:`~pynnet3.Nnet.set_test_mode` refuses to switch it back to training."""
+    if ew_comp.type_name in _TEST_MODE_ONLY:
+        comp.folded_test_mode = (*getattr(comp, "folded_test_mode", ()),
+                                 (ew_comp.type_name, ew_name))
+    return comp
+
+
 def next_is_fixed_map(match: Match, ctx: RewriteContext) -> str | None:
     """The match holds when the inner node is a fixed elementwise map in its mode."""
     comp = match.components[1]
@@ -122,7 +132,7 @@ def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | st
     bias = b if (has_bias(lin) or b.any()) else None
     lin_name, ew_name = _comp_name(ctx, root), _comp_name(ctx, inner)
     new_name = f"{ew_name}.{lin_name}"
-    comp = with_linear_params(lin, w, bias, scaled_by=factor)
+    comp = _mark_folded(with_linear_params(lin, w, bias, scaled_by=factor), ew_comp, ew_name)
     return Replacement(
         [Node("component-node", root, component=new_name, descriptor=new_desc)],
         [NewComponent(new_name, comp, key=("next", ew_name, lin_name, layout))],
@@ -144,10 +154,10 @@ def fold_into_previous_linear(match: Match, ctx: RewriteContext) -> Replacement 
     bias = b if (has_bias(lin) or b.any()) else None
     lin_name, ew_name = _comp_name(ctx, inner), _comp_name(ctx, root)
     new_name = f"{lin_name}.{ew_name}"
+    comp = _mark_folded(with_linear_params(lin, w, bias, scaled_by=s), ew_comp, ew_name)
     return Replacement(
         [Node("component-node", root, component=new_name, descriptor=match.inputs[1])],
-        [NewComponent(new_name, with_linear_params(lin, w, bias, scaled_by=s),
-                      key=("prev", lin_name, ew_name))],
+        [NewComponent(new_name, comp, key=("prev", lin_name, ew_name))],
         note=f"{ew_comp.type_name} {root} folded into {lin.type_name} {inner}")
 
 
@@ -179,10 +189,13 @@ def merge_affine_into_affine(match: Match, ctx: RewriteContext) -> Replacement |
     bias = b if (has_bias(l1) or has_bias(l2) or b.any()) else None
     n1, n2 = _comp_name(ctx, inner), _comp_name(ctx, root)
     new_name = f"{n1}.{n2}"
+    comp = with_linear_params(l2, w, bias, scaled_by=None)
+    folded = (*getattr(l1, "folded_test_mode", ()), *getattr(l2, "folded_test_mode", ()))
+    if folded:
+        comp.folded_test_mode = folded
     return Replacement(
         [Node("component-node", root, component=new_name, descriptor=new_desc)],
-        [NewComponent(new_name, with_linear_params(l2, w, bias, scaled_by=None),
-                      key=("affine", n1, n2, k))],
+        [NewComponent(new_name, comp, key=("affine", n1, n2, k))],
         note=f"{l1.type_name} {inner} merged into {l2.type_name} ({after} <= {before} "
              "multiply-adds per frame)")
 

@@ -88,6 +88,8 @@ def with_linear_params(comp: Component, w: np.ndarray, b: np.ndarray | None,
                 for attr in ("rank_in", "rank_out", "update_period", "num_samples_history",
                              "alpha"):
                     setattr(out, attr, getattr(comp, attr))
+            if hasattr(comp, "folded_test_mode"):  # (graphopt/folding.py's record)
+                out.folded_test_mode = comp.folded_test_mode
     else:
         out = copy.copy(comp)
         out.linear_params = w32
