@@ -27,7 +27,10 @@ small whole-archive helpers (bytes and files).
 from __future__ import annotations
 
 import io
+import math
 import os
+import stat
+import struct
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -133,6 +136,131 @@ def _as_array(key: str, value, source: str) -> np.ndarray:
     return arr
 
 
+def _stream_size(f) -> int | None:
+    """The size of ``f`` when it is a regular file or a BytesIO (its entries' sizes
+    can be checked against it before reading); None for a pipe or terminal."""
+    if isinstance(f, io.BytesIO):
+        return f.getbuffer().nbytes
+    try:
+        st = os.fstat(f.fileno())
+    except (AttributeError, OSError, ValueError):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _declared_data(head: bytes) -> tuple[int, int] | None:
+    """``(offset of the data, bytes of data)`` a binary entry's header declares, from
+    the entry's first bytes ``head`` (its ``\\0B`` on): ``FM``/``DM``, ``FV``/``DV``,
+    an int32 vector, ``CM``/``CM2``/``CM3``; None for anything else (text, ...)."""
+    if head[:2] != b"\0B":
+        return None
+    plain = _PLAIN_HEADS.get(head[2:5])
+    if plain is not None:  # (float and double matrices and vectors: most entries)
+        layout, width, start = plain
+        if len(head) < start:
+            return None
+        v = layout.unpack_from(head)
+        if v[0] != 4 or (len(v) == 4 and v[2] != 4):
+            return None
+        return start, width * (v[1] * v[3] if len(v) == 4 else v[1])
+    if head[2:3] == b"\x04":  # an int32 vector: 5 bytes an element
+        return (7, 5 * struct.unpack_from("<i", head, 3)[0]) if len(head) >= 7 else None
+    width = {b"CM ": 1, b"CM2": 2, b"CM3": 1}.get(head[2:5])
+    at = 5 if head[4:5] == b" " else 6
+    if width is None or len(head) < at + 16:
+        return None
+    rows, cols = struct.unpack_from("<ii", head, at + 8)
+    return at + 16, (8 * cols if head[2:5] == b"CM " else 0) + width * rows * cols
+
+
+# token -> (its size fields after it, bytes per element, offset of the data)
+_MATRIX_HEAD, _VECTOR_HEAD = struct.Struct("<5xBiBi"), struct.Struct("<5xBi")
+_PLAIN_HEADS = {b"FM ": (_MATRIX_HEAD, 4, 15), b"DM ": (_MATRIX_HEAD, 8, 15),
+                b"FV ": (_VECTOR_HEAD, 4, 10), b"DV ": (_VECTOR_HEAD, 8, 10)}
+
+
+def _check_declared(f, size: int, key: str, source: str) -> None:
+    """A :class:`FormatError` naming ``key`` when the entry at ``f``'s position
+    declares more data than the file holds (a corrupt size field: kaldiio would
+    allocate it, a MemoryError, or return a short vector without a word)."""
+    pos = f.tell()
+    head = f.read(32)
+    f.seek(pos)
+    declared = _declared_data(head)
+    if declared is None:
+        return
+    start, nbytes = declared
+    left = size - (pos + start)
+    if nbytes < 0 or nbytes > left:
+        raise FormatError(f"entry {key!r}: its header declares {nbytes} bytes of data, "
+                          f"but only {max(left, 0)} are left (corrupt or truncated archive)",
+                          source, offset=pos + start)
+
+
+class _PipeReads:
+    """A pipe as kaldiio reads archive entries from it: a read of the bytes an
+    entry declares is made in chunks up to the end of the stream (kaldiio's one
+    read would first make a buffer that large), and a short read of data (over 5
+    bytes: kaldiio's probes and size fields ask for at most 5) is kept in
+    ``short`` as ``(bytes declared, bytes there)``."""
+
+    _CHUNK = 1 << 24
+
+    def __init__(self, f):
+        self._f = f
+        self.short: tuple[int, int] | None = None
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+    def read(self, n: int | None = -1) -> bytes:
+        if n is None or n <= self._CHUNK:
+            data = self._f.read(n)
+        else:
+            parts, want = [], n
+            while want > 0:
+                chunk = self._f.read(min(want, self._CHUNK))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                want -= len(chunk)
+            data = b"".join(parts)
+        if n is not None and 5 < n and len(data) < n and self.short is None:
+            self.short = (n, len(data))
+        return data
+
+
+def _read_value(f, size: int | None, kaldiio, key: str, source: str):
+    """The value after ``key`` in ``f`` (kaldiio's read_kaldi), checked against a
+    corrupt size field: before reading in a file of ``size`` bytes, after reading in a
+    pipe (``f`` a :class:`_PipeReads`)."""
+    if size is not None:
+        _check_declared(f, size, key, source)
+        return kaldiio.matio.read_kaldi(f)
+    try:
+        value = kaldiio.matio.read_kaldi(f)
+    except Exception:
+        if f.short is None:
+            raise
+    if f.short is not None:
+        raise FormatError(f"entry {key!r}: its header declares {f.short[0]} bytes of data, "
+                          f"but only {f.short[1]} are left (corrupt or truncated archive)",
+                          source)
+    return value
+
+
+def _archive_entries(f, kaldiio, source: str) -> Iterator[tuple[str, object]]:
+    """kaldiio's load_ark, with the entries' sizes checked (see :func:`_read_value`)."""
+    size = _stream_size(f)
+    if size is None:
+        f = _PipeReads(f)
+    while True:
+        key = kaldiio.matio.read_token(f)
+        if key is None:
+            return
+        yield key, _read_value(f, size, kaldiio, key, source)
+
+
 def read_table(rspecifier: str) -> Iterator[tuple[str, np.ndarray | TableEntryError]]:
     """Entries ``(key, array)`` of a table in order (Kaldi's SequentialTableReader).
     An scp entry that cannot be read gives ``(key, TableEntryError)``; an archive that
@@ -149,13 +277,17 @@ def read_table(rspecifier: str) -> Iterator[tuple[str, np.ndarray | TableEntryEr
         raise FormatError(f"cannot open {spec.targets[0]!r}: {e.strerror or e}",
                           rspecifier) from None
     with f:
-        entries = kaldiio.load_ark(f)
+        entries = _archive_entries(f, kaldiio, rspecifier)
         while True:
             try:
                 key, value = next(entries)
                 arr = _as_array(key, value, rspecifier)
             except StopIteration:
                 return
+            except FormatError:
+                if spec.permissive:
+                    return
+                raise
             except Exception as e:
                 if spec.permissive:
                     return
@@ -211,10 +343,12 @@ def _binary_entry(where: str) -> np.ndarray | None:
             if any(head[5 + 5 * i] != 4 or len(sizes[i]) != 4 for i in range(ndim)):
                 return None
             shape = tuple(int.from_bytes(b, "little", signed=True) for b in sizes)
-            if min(shape) < 0:
-                return None
+            start = int(offset) + 5 + 5 * ndim
+            nbytes = np.dtype(dtype).itemsize * math.prod(shape)
+            if min(shape) < 0 or nbytes > os.fstat(f.fileno()).st_size - start:
+                return None  # (a corrupt size: the guarded read below says so)
             arr = np.empty(shape, dtype)
-            f.seek(int(offset) + 5 + 5 * ndim)
+            f.seek(start)
             if arr.nbytes and f.readinto(memoryview(arr).cast("B")) != arr.nbytes:
                 return None
             return arr
@@ -222,19 +356,30 @@ def _binary_entry(where: str) -> np.ndarray | None:
         return None
 
 
-def _load_mat(kaldiio, where: str):
+def _load_mat(kaldiio, where: str, key: str):
+    """The entry at ``where`` (``FILE:OFFSET[RANGE]``, a pipe, ...), as kaldiio's
+    load_mat reads it, its size checked (see :func:`_read_value`)."""
     arr = _binary_entry(where)
     if arr is not None:
         return arr
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return kaldiio.load_mat(where)
+        path, offset, slices = kaldiio.matio._parse_arkpath(where)
+        with kaldiio.utils.open_like_kaldi(path, "rb") as f:
+            if offset is not None:
+                f.seek(offset)
+            size = _stream_size(f)
+            value = _read_value(f if size is not None else _PipeReads(f), size, kaldiio,
+                                key, path)
+    if slices is not None:
+        value = (value[0], value[1][slices]) if isinstance(value, tuple) else value[slices]
+    return value
 
 
 def _read_scp(spec: Specifier, kaldiio) -> Iterator[tuple[str, np.ndarray | TableEntryError]]:
     for key, where in _scp_lines(spec, kaldiio):
         try:
-            arr = _as_array(key, _load_mat(kaldiio, where), spec.text)
+            arr = _as_array(key, _load_mat(kaldiio, where, key), spec.text)
         except Exception as e:
             if spec.permissive:
                 return
@@ -253,7 +398,7 @@ class _ScpTable(Mapping):
     def __getitem__(self, key: str) -> np.ndarray:
         where = self._where[key]
         try:
-            return _as_array(key, _load_mat(self._kaldiio, where), self._spec.text)
+            return _as_array(key, _load_mat(self._kaldiio, where, key), self._spec.text)
         except FormatError:
             raise
         except Exception as e:
@@ -433,7 +578,7 @@ def parse_ark(data: bytes, source: str = "<bytes>") -> Iterator[tuple[str, np.nd
     """Yield ``(key, array)`` for every entry of an archive held in ``data`` (binary or
     text entries, compressed matrices); a bad archive is a :class:`FormatError`."""
     kaldiio = _kaldiio()
-    entries = kaldiio.load_ark(io.BytesIO(data))
+    entries = _archive_entries(io.BytesIO(data), kaldiio, source)
     while True:
         try:
             key, value = next(entries)
