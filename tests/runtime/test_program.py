@@ -27,12 +27,20 @@ def _both(nnet, c, x, d):
     return plain, fast
 
 
-def _assert_same(a, b):
+def _assert_same(a, b, c=None):
+    """Equal results; where ``c``'s program multiplies a repeated-row block once per
+    source row (``C._row_block_plans``, forward only), outputs equal up to float32
+    rounding (the product's summation order changes), else bit for bit."""
+    rounded = c is not None and bool(C._row_block_plans(c))
     for part in ("outputs", "input_derivs"):
         da, db = getattr(a, part), getattr(b, part)
         assert da.keys() == db.keys()
         for k in da:
-            np.testing.assert_array_equal(da[k], db[k])
+            if rounded:
+                scale = float(np.abs(da[k]).max(initial=0.0))
+                np.testing.assert_allclose(db[k], da[k], rtol=1e-5, atol=1e-6 * scale)
+            else:
+                np.testing.assert_array_equal(da[k], db[k])
     assert a.gradients.keys() == b.gradients.keys()
     for k in a.gradients:
         for p in a.gradients[k]:
@@ -51,7 +59,7 @@ def test_program_matches_command_by_command(name, derivs, optimize):
     x = N.random_inputs(nnet, req, rng, np.float32)
     d = N.random_output_derivs(nnet, req, rng, np.float32)
     plain, fast = _both(nnet, c, x, d)
-    _assert_same(plain, fast)
+    _assert_same(plain, fast, c)
     assert fast.outputs  # (something was computed)
 
 
@@ -72,9 +80,9 @@ def test_program_on_a_decoding_chunk(net):
     assert CT.PROPAGATE in kinds and CT.ALLOC_MATRIX in kinds
     x = N.random_inputs(nnet, req, np.random.default_rng(0), np.float32)
     plain, fast = _both(nnet, c, x, {})
-    _assert_same(plain, fast)
+    _assert_same(plain, fast, c)
     again = NnetComputer(nnet, c, cache_program=True).run(x)  # (the kept program)
-    np.testing.assert_array_equal(again.outputs["output"], plain.outputs["output"])
+    np.testing.assert_array_equal(again.outputs["output"], fast.outputs["output"])
 
 
 def test_one_program_per_computation_while_it_lives():

@@ -151,6 +151,38 @@ def matmul_blocks_into(out: np.ndarray, blocks: list, w: np.ndarray, add: bool,
     return True
 
 
+def row_block_product(in_value: np.ndarray, block: tuple[int, int], src: np.ndarray,
+                      table: np.ndarray, alpha: float, w: np.ndarray, b: np.ndarray | None,
+                      out: np.ndarray, add_rows) -> bool:
+    """``out = x w^T (+ b)`` for an ``x`` whose columns ``block`` are ``alpha *
+    src[table]`` (see :meth:`AffineComponent.propagate_row_block`); the other
+    columns are read from ``in_value``. False when the dtypes differ (nothing done)."""
+    dtype = out.dtype
+    if in_value.dtype != dtype or src.dtype != dtype:
+        return False
+    w = w if w.dtype == dtype else w.astype(dtype)
+    c0, c1 = block
+    parts = [(lo, hi) for lo, hi in ((0, c0), (c1, in_value.shape[1])) if hi > lo]
+    # the block's product on src's rows, with the bias: added where the bias would be.
+    # One vector-matrix product per row (a stacked matmul), so each row's floats do
+    # not depend on how many rows src has: NumPy's 2-D matmul takes gemv for one row
+    # and gemm for more, and a chunk must not change with the batch it runs in.
+    small = np.matmul(src[:, None, :], w[:, c0:c1].T).reshape(src.shape[0], -1)
+    if alpha != 1.0:
+        small *= dtype.type(alpha)
+    if b is not None:
+        small += b if b.dtype == dtype else b.astype(dtype)
+    if parts:
+        lo, hi = parts[0]
+        np.matmul(in_value[:, lo:hi], w[:, lo:hi].T, out=out)
+        for lo, hi in parts[1:]:
+            namespace(out).gemm_acc(out, in_value[:, lo:hi], w[:, lo:hi].T)
+        add_rows(out, small, table)
+    else:
+        np.take(small, table, axis=0, out=out, mode="clip")
+    return True
+
+
 def refine_near_zero(out: np.ndarray, x: np.ndarray, w: np.ndarray,
                      b: np.ndarray | None = None, blocks: list | None = None) -> None:
     """Recompute, in float64, the float32 entries of ``out = x @ w.T (+ b)`` that
@@ -396,6 +428,23 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
 
     def propagate(self, indexes, in_value, out_value):
         return self._propagate(in_value, out_value, None)
+
+    def propagate_row_block(self, in_value, block: tuple[int, int], src, table,
+                            alpha: float, out_value, add_rows) -> bool:
+        """Forward only (NumPy): ``out = x W^T + b`` where columns ``block`` of
+        ``x = in_value`` hold ``alpha * src[table]`` (rows of a small matrix repeated,
+        e.g. an iVector appended to every frame) and are not read: that block's
+        product is taken once per row of ``src`` and added to the rows it feeds, so
+        its share of the GEMM shrinks from a row per frame to one per sequence.
+        Differs from :meth:`propagate` by float32 rounding only (like
+        :func:`matmul_blocks_into`). ``add_rows(dst, m, table)``: the backend's
+        ``dst[i] += m[table[i]]``. False (nothing done) where it does not apply:
+        a subclass with math of its own, or not NumPy arrays."""
+        if type(self).propagate is not AffineComponent.propagate \
+                or not isinstance(in_value, np.ndarray):
+            return False
+        return row_block_product(in_value, block, src, table, alpha, self.linear_params,
+                                 self.bias_params, out_value, add_rows)
 
     def _propagate(self, in_value, out_value, blocks: list | None):
         """``blocks``: ``in_value``'s column blocks, when it was gathered from them

@@ -232,6 +232,17 @@ class AffineReluComponent(Component):
         self._apply_floor(out_value)
         return None
 
+    def propagate_row_block(self, in_value, block: tuple[int, int], src, table,
+                            alpha: float, out_value, add_rows) -> bool:
+        """:meth:`propagate` with a repeated-row input block (forward only; see
+        AffineComponent.propagate_row_block); False where the linear layer has no
+        such product."""
+        fn = getattr(self.linear, "propagate_row_block", None)
+        if fn is None or not fn(in_value, block, src, table, alpha, out_value, add_rows):
+            return False
+        self._apply_floor(out_value)
+        return True
+
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         if in_deriv is None and grad is None:
             return

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..components.affine import near_zero_refinement
-from ..computation import Command, NnetComputation
+from ..computation import SUBMATRIX_FIELDS, Command, NnetComputation
 from ..computation import CommandType as CT
 from ..errors import PynnetError, RuntimeInputError
 from ..index import unique_keys
@@ -569,8 +569,24 @@ class _Program:
                                 for cmd in cmds)
         self.looped = any(cmd.type is CT.GOTO_LABEL for cmd in cmds)
         self.matrix_ids = frozenset(range(1, len(c.matrices)))
-        self.ops = [] if self.looped else [op for cmd in cmds
-                                           if (op := _prepare(c, cmd)) is not None]
+        if self.looped:
+            self.ops = []
+            return
+        plans = {} if self.has_backward else _row_block_plans(c)
+        skip = {j for copy, moved in plans.values() for j in (copy, *moved)}
+        ops = []
+        for i, cmd in enumerate(cmds):
+            if i in skip:
+                continue
+            if i in plans:
+                copy, moved = plans[i]
+                ops.append(_prepare_row_block(c, cmds[copy], cmd))
+                ops.extend(op for j in moved if (op := _prepare(c, cmds[j])) is not None)
+                continue
+            op = _prepare(c, cmd)
+            if op is not None:
+                ops.append(op)
+        self.ops = ops
 
 
 _LOOPED = object()  # (run(): a computation without a program that has a GOTO_LABEL)
@@ -595,6 +611,106 @@ def _program_for(c: NnetComputation) -> _Program:
     except TypeError:  # (an object that takes no weak reference: not kept)
         pass
     return program
+
+
+_MULTI = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
+_WRITES = frozenset(("dst", "out_value", "out_deriv", "in_deriv"))  # (fields written)
+_FILLS = (CT.MATRIX_COPY, CT.MATRIX_ADD, CT.COPY_ROWS, CT.ADD_ROWS, CT.SET_CONST)
+
+
+def _row_block_plans(c: NnetComputation) -> dict[int, tuple]:
+    """Forward-only peephole of the NumPy program: ``{propagate: (copy, (deallocs
+    moved after the propagate...))}`` for each COPY_ROWS that fills a column
+    block of a matrix ``S`` with a few rows repeated (``len(table) >= 4 * rows``:
+    an iVector appended to every frame) where ``S`` is then read only by one
+    PROPAGATE, over exactly those rows, and freed. That propagate may then take the
+    block's product once per source row (``propagate_row_block``); ``S``'s block is
+    never filled. The source's deallocation, if it comes between, waits for the
+    propagate. The computation itself is unchanged."""
+    subs, cmds = c.submatrices, c.commands
+    plans: dict[int, tuple] = {}
+    for i, cmd in enumerate(cmds):
+        if cmd.type is not CT.COPY_ROWS or not cmd.dst or not cmd.src:
+            continue
+        d, src = subs[cmd.dst], subs[cmd.src]
+        table = c.indexes[cmd.table]
+        if (d.matrix == src.matrix or len(table) < 4 * src.num_rows
+                or int(table.min()) < 0):
+            continue
+        plan = _row_block_plan(c, i, d, src.matrix)
+        if plan is not None and plan[0] not in plans:
+            plans[plan[0]] = (i, plan[1])
+    return plans
+
+
+def _row_block_plan(c: NnetComputation, i: int, d, src_matrix: int):
+    """(propagate index, (deallocs to move...)) for the copy at ``i`` (see
+    :func:`_row_block_plans`), or None."""
+    subs, cmds = c.submatrices, c.commands
+    S, lo, hi = d.matrix, d.col_offset, d.col_offset + d.num_cols
+    moved: list[int] = []
+    p = None
+    for j in range(i + 1, len(cmds)):
+        cmd = cmds[j]
+        t = cmd.type
+        if t in _NOOPS:
+            continue
+        if t is CT.DEALLOC_MATRIX and cmd.matrix == src_matrix:
+            if p is None:
+                moved.append(j)
+            continue
+        if t is CT.DEALLOC_MATRIX and cmd.matrix == S:
+            return None if p is None else (p, tuple(moved))
+        if cmd.matrix in (S, src_matrix) or cmd.src_matrix in (S, src_matrix):
+            return None  # (S or the source resized, swapped, compressed, ...)
+        fields = [(f, s) for f in SUBMATRIX_FIELDS if (s := getattr(cmd, f))]
+        if t in _MULTI or (cmd.table >= 0 and t in (CT.PROPAGATE, CT.BACKPROP,
+                                                     CT.BACKPROP_NO_MODEL_UPDATE)):
+            return None  # (tables of submatrices: not looked into)
+        on_s = [(f, subs[s]) for f, s in fields if subs[s].matrix == S]
+        if any(f in _WRITES and subs[s].matrix == src_matrix for f, s in fields):
+            return None  # (the source overwritten)
+        if not on_s:
+            continue
+        if p is not None:
+            return None  # (S read again after the propagate)
+        if t in _FILLS and len(on_s) == 1 and on_s[0][0] == "dst":
+            w = on_s[0][1]
+            if w.col_offset >= hi or w.col_offset + w.num_cols <= lo:
+                continue  # (another column block of S filled)
+            return None
+        if (t is CT.PROPAGATE and len(on_s) == 1 and on_s[0][0] == "in_value"
+                and cmd.alpha != 2.0 and not cmd.memo):
+            v = on_s[0][1]
+            if (v.row_offset == d.row_offset and v.num_rows == d.num_rows
+                    and v.col_offset <= lo and hi <= v.col_offset + v.num_cols):
+                p = j
+                continue
+        return None
+    return None
+
+
+def _prepare_row_block(c: NnetComputation, copy: Command, cmd: Command):
+    """The op of a PROPAGATE planned by :func:`_row_block_plans`: the component's
+    ``propagate_row_block`` where it has one, else the copy then the propagate."""
+    fallback_copy, fallback = _prepare(c, copy), _prepare(c, cmd)
+    (im, ik), (om, ok) = _view_of(c, cmd.in_value), _view_of(c, cmd.out_value)
+    sm, sk = _view_of(c, copy.src)
+    v = c.submatrices[cmd.in_value]
+    d = c.submatrices[copy.dst]
+    block = (d.col_offset - v.col_offset, d.col_offset - v.col_offset + d.num_cols)
+    table, alpha, node = c.indexes[copy.table], copy.alpha, cmd.node
+
+    def add_rows(dst, m, rows):
+        NumpyBackend.add_rows(None, dst, m, rows, 1.0)
+
+    def propagate_row_block(M, be, x):
+        fn = getattr(x._components[node], "propagate_row_block", None)
+        if fn is None or not fn(_get(M, im, ik), block, _get(M, sm, sk), table, alpha,
+                                _get(M, om, ok), add_rows):
+            fallback_copy(M, be, x)
+            fallback(M, be, x)
+    return propagate_row_block
 
 
 def _get(matrices: dict, m: int, k):
