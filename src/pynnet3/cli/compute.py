@@ -44,11 +44,12 @@ def _say(kind: str, message: str) -> None:
 def _load_model(args):
     """(network prepared for decoding, log priors or None)."""
     from ..graphopt import optimize_network
-    from .am import read_am_file
     from .files import read_model
 
     log_priors = None
     if args.use_priors:
+        from .am import read_am_file
+
         am = read_am_file(args.model)
         nnet = am.nnet
         if am.priors.size:

@@ -9,22 +9,14 @@ exit status 1.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from dataclasses import fields
 
 from ..errors import PynnetError
 from ..runtime.allocator import tune_malloc
-from .am import add_am_commands
-from .average import add_average_command
-from .compute import add_compute_command
-from .draw import add_draw_command, add_memory_plot_flags, write_memory_plot, write_report_plot
-from .egs import add_egs_commands
-from .export import add_export_command
 from .files import STDIO, read_bytes, read_config, read_model, write_model
-from .network import add_network_flags, cmd_optimize_network
-from .train import add_train_command
-from .xvector import add_xvector_command
 
 
 def kaldi_bool(text: str) -> bool:
@@ -91,6 +83,8 @@ def _cmd_show(args) -> int:
     import json  # (loaded when used: compute never needs it)
 
     sys.stdout.write("# stats: " + json.dumps(comp.stats()) + "\n")
+    from .draw import write_memory_plot, write_report_plot
+
     write_memory_plot(args, nnet, req, comp)
     write_report_plot(args, report, net_report)
     if net_report is not None:
@@ -203,9 +197,13 @@ def _command(sub, name: str, summary: str, description: str,
                           formatter_class=_Formatter)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``pynnet3`` argument parser: every command, argument and option has a help
-    text in plain words (no markup), defaults included."""
+    text in plain words (no markup), defaults included. Given the name of a command,
+    a parser with that command alone (what :func:`main` parses a command line with:
+    it loads and builds only what the command needs); the full one when ``command``
+    is None or names no command (its help lists them all; an unknown name is its
+    error)."""
     from .. import __version__
 
     p = _Parser(prog="pynnet3", description=_DESCRIPTION, epilog=_EPILOG,
@@ -214,33 +212,52 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            title="commands")
-    binary = "write the model in Kaldi's binary (true) or text (false) format (default: true)"
+    adders = ([_COMMANDS[command]] if command in _COMMANDS
+              else list(dict.fromkeys(_COMMANDS.values())))
+    for module, adder in adders:
+        add = (globals()[adder] if module is None
+               else getattr(importlib.import_module(f".{module}", __package__), adder))
+        add(sub, _command, kaldi_bool)
+    return p
 
-    s = _command(sub, "info", "print a model's nodes, components, dims and context "
-                 "(like nnet3-info)",
-                 "Print a model's nodes, components, dimensions, left/right context and\n"
-                 "parameter count, as Kaldi's nnet3-info does.")
+
+_BINARY_HELP = "write the model in Kaldi's binary (true) or text (false) format (default: true)"
+
+
+def _add_info(sub, command, kaldi_bool) -> None:
+    s = command(sub, "info", "print a model's nodes, components, dims and context "
+                "(like nnet3-info)",
+                "Print a model's nodes, components, dimensions, left/right context and\n"
+                "parameter count, as Kaldi's nnet3-info does.")
     s.add_argument("model", metavar="MODEL",
                    help="model file: Kaldi nnet3, text or binary (detected)")
     s.set_defaults(fn=_cmd_info)
 
-    s = _command(sub, "init", "initialize a network from a config (like nnet3-init)",
-                 "Build a network from a Kaldi nnet3 config with randomly initialized\n"
-                 "parameters and write it, as Kaldi's nnet3-init does.")
+
+def _add_init(sub, command, kaldi_bool) -> None:
+    s = command(sub, "init", "initialize a network from a config (like nnet3-init)",
+                "Build a network from a Kaldi nnet3 config with randomly initialized\n"
+                "parameters and write it, as Kaldi's nnet3-init does.")
     s.add_argument("config", metavar="CONFIG", help="config file (Kaldi nnet3 config lines)")
     s.add_argument("out", metavar="OUT", help="where to write the model")
-    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false", help=binary)
+    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
+                   help=_BINARY_HELP)
     s.add_argument("--srand", type=int, default=0, metavar="INT",
                    help="random seed for the initial parameters (default: 0)")
     s.set_defaults(fn=_cmd_init)
 
-    s = _command(sub, "copy", "copy a model, converting text/binary (like nnet3-copy)",
-                 "Read a model and write it again, converting between text and binary,\n"
-                 "as Kaldi's nnet3-copy does.")
+
+def _add_copy(sub, command, kaldi_bool) -> None:
+    from .network import add_network_flags
+
+    s = command(sub, "copy", "copy a model, converting text/binary (like nnet3-copy)",
+                "Read a model and write it again, converting between text and binary,\n"
+                "as Kaldi's nnet3-copy does.")
     s.add_argument("input", metavar="IN",
                    help="model to read: Kaldi nnet3, text or binary (detected)")
     s.add_argument("output", metavar="OUT", help="where to write the model")
-    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false", help=binary)
+    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
+                   help=_BINARY_HELP)
     s.add_argument("--set-test-mode", dest="set_test_mode", type=kaldi_bool, default=None,
                    metavar="true|false",
                    help="switch BatchNorm and dropout components to test mode (true) or "
@@ -253,16 +270,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_network_flags(s, kaldi_bool)
     s.set_defaults(fn=_cmd_copy)
 
-    s = _command(sub, "optimize-network", "rewrite a model into an equivalent, faster one",
-                 "Run the network optimizer (pruning, constant folding, arithmetic\n"
-                 "simplification, parameter fusion, fusion) on a model and write the\n"
-                 "result, a model Kaldi reads. Outputs stay equal up to float rounding\n"
-                 "(with --keep-derivatives=true input derivatives too). --report prints\n"
-                 "the rules applied and the sizes after each pass on stderr.")
+
+def _add_optimize_network(sub, command, kaldi_bool) -> None:
+    from .network import add_network_flags, cmd_optimize_network
+
+    s = command(sub, "optimize-network", "rewrite a model into an equivalent, faster one",
+                "Run the network optimizer (pruning, constant folding, arithmetic\n"
+                "simplification, parameter fusion, fusion) on a model and write the\n"
+                "result, a model Kaldi reads. Outputs stay equal up to float rounding\n"
+                "(with --keep-derivatives=true input derivatives too). --report prints\n"
+                "the rules applied and the sizes after each pass on stderr.")
     s.add_argument("input", metavar="IN",
                    help="model to read: Kaldi nnet3, text or binary (detected)")
     s.add_argument("output", metavar="OUT", help="where to write the optimized model")
-    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false", help=binary)
+    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
+                   help=_BINARY_HELP)
     s.add_argument("--set-test-mode", dest="set_test_mode", type=kaldi_bool, default=None,
                    metavar="true|false",
                    help="switch BatchNorm and dropout to test mode first (true) or training "
@@ -275,13 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_network_flags(s, kaldi_bool)
     s.set_defaults(fn=cmd_optimize_network)
 
-    s = _command(sub, "show-computation", "print the compiled computation and its stats",
-                 "Compile a request for a model and print the request, the computation\n"
-                 "(Kaldi-style listing of its commands) and its statistics: commands,\n"
-                 "matrices, peak memory. With --report, also the sizes after every\n"
-                 "optimizer pass.",
-                 usage="pynnet3 show-computation [-h] MODEL --request REQUEST.json [options]\n"
-                       "                                [--optimization.OPTION=VALUE ...]")
+
+def _add_show(sub, command, kaldi_bool) -> None:
+    from .draw import add_memory_plot_flags
+    from .network import add_network_flags
+
+    s = command(sub, "show-computation", "print the compiled computation and its stats",
+                "Compile a request for a model and print the request, the computation\n"
+                "(Kaldi-style listing of its commands) and its statistics: commands,\n"
+                "matrices, peak memory. With --report, also the sizes after every\n"
+                "optimizer pass.",
+                usage="pynnet3 show-computation [-h] MODEL --request REQUEST.json [options]\n"
+                      "                                [--optimization.OPTION=VALUE ...]")
     s.add_argument("model", metavar="MODEL",
                    help="model file: Kaldi nnet3, text or binary (detected)")
     s.add_argument("--request", required=True, metavar="REQUEST.json", help=_REQUEST_HELP)
@@ -306,24 +333,37 @@ def build_parser() -> argparse.ArgumentParser:
     add_network_flags(s, kaldi_bool)
     s.set_defaults(fn=_cmd_show)
 
-    add_am_commands(sub, _command, kaldi_bool)
-    add_compute_command(sub, _command, kaldi_bool)
-    add_xvector_command(sub, _command, kaldi_bool)
-    add_export_command(sub, _command, kaldi_bool)
-    add_egs_commands(sub, _command, kaldi_bool)
-    add_train_command(sub, _command, kaldi_bool)
-    add_average_command(sub, _command, kaldi_bool)
 
-    s = _command(sub, "demo", "compile and run the bundled TDNN-F example",
-                 "Build the bundled TDNN-F network (examples/tdnnf.config in the package),\n"
-                 "compile and run a 150-frame decode request and an 8-sequence training\n"
-                 "request, and print commands, matrices, peak memory, compile and run time.")
+def _add_demo(sub, command, kaldi_bool) -> None:
+    s = command(sub, "demo", "compile and run the bundled TDNN-F example",
+                "Build the bundled TDNN-F network (examples/tdnnf.config in the package),\n"
+                "compile and run a 150-frame decode request and an 8-sequence training\n"
+                "request, and print commands, matrices, peak memory, compile and run time.")
     s.add_argument("--seed", type=int, default=0, metavar="INT",
                    help="random seed for the parameters and the features (default: 0)")
     s.set_defaults(fn=_cmd_demo)
 
-    add_draw_command(sub, _command, kaldi_bool)
-    return p
+
+# Each command: the cli module that adds it (None: this one) and the function adding
+# it to the subparsers, in the order --help lists them (a function that adds two
+# commands is named for both, and runs once).
+_COMMANDS: dict[str, tuple[str | None, str]] = {
+    "info": (None, "_add_info"),
+    "init": (None, "_add_init"),
+    "copy": (None, "_add_copy"),
+    "optimize-network": (None, "_add_optimize_network"),
+    "show-computation": (None, "_add_show"),
+    "am-info": ("am", "add_am_commands"),
+    "am-copy": ("am", "add_am_commands"),
+    "compute": ("compute", "add_compute_command"),
+    "xvector-compute": ("xvector", "add_xvector_command"),
+    "export": ("export", "add_export_command"),
+    "merge-egs": ("egs", "add_egs_commands"),
+    "train": ("train", "add_train_command"),
+    "average": ("average", "add_average_command"),
+    "demo": (None, "_add_demo"),
+    "draw": ("draw", "add_draw_command"),
+}
 
 
 def entry_point() -> int:
@@ -368,8 +408,10 @@ def _exit_without_teardown(status: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv[0] if argv else None).parse_args(argv)
     except UsageError as e:
         print(one_line(str(e)), file=sys.stderr)
         return 1
