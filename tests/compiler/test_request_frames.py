@@ -115,3 +115,31 @@ def test_chunk_requests_are_made_once_per_shape():
     assert chunk_request(-13, 80, 17, 3, False, 4) is not a
     want = request_for_frames(range(-13, 67), range(0, 51, 3), 4, ivector=True)
     assert a.to_json() == want.to_json()
+
+
+def test_interleaved_rows_go_time_by_time():
+    req = request_for_frames(range(-1, 2), range(0, 2), 2, ivector=True, interleaved=True)
+    inp = req.inputs[0].indexes
+    np.testing.assert_array_equal(inp[:, 1], [-1, -1, 0, 0, 1, 1])
+    np.testing.assert_array_equal(inp[:, 0], [0, 1, 0, 1, 0, 1])
+    np.testing.assert_array_equal(req.outputs[0].indexes[:, :2], [[0, 0], [1, 0], [0, 1], [1, 1]])
+    np.testing.assert_array_equal(req.inputs[1].indexes[:, :2], [[0, 0], [1, 0]])
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_interleaved_request_computes_the_same_outputs(n):
+    """The same sequences, their rows in the other order: the same numbers."""
+    nnet = pynnet3.Nnet.from_config(_CONFIG, seed=3)
+    rng = np.random.default_rng(0)
+    feats = rng.standard_normal((n, 6, 3)).astype(np.float32)
+    ivec = rng.standard_normal((n, 2)).astype(np.float32)
+    outs = {}
+    for inter in (False, True):
+        req = request_for_frames(range(-1, 5), range(0, 5), n, ivector=True,
+                                 interleaved=inter)
+        x = np.stack(list(feats), axis=1) if inter else feats
+        res = pynnet3.run(nnet, req, {"input": x.reshape(-1, 3), "ivector": ivec})
+        y = res.outputs["output"]
+        outs[inter] = (y.reshape(5, n, 4).transpose(1, 0, 2) if inter
+                       else y.reshape(n, 5, 4))
+    np.testing.assert_allclose(outs[True], outs[False], rtol=1e-6, atol=1e-6)

@@ -241,7 +241,8 @@ def request_for_frames(input_frames, output_frames, num_sequences: int = 1, *,
                        ivector: bool = False, input_name: str = "input",
                        output_name: str = "output", ivector_name: str = "ivector",
                        input_deriv: bool = False, output_deriv: bool = False,
-                       need_model_derivative: bool = False) -> ComputationRequest:
+                       need_model_derivative: bool = False,
+                       interleaved: bool = False) -> ComputationRequest:
     """The request for ``num_sequences`` sequences that all have the same frames:
     ``input_name`` at the times ``input_frames`` and ``output_name`` at the times
     ``output_frames`` (each a ``range`` or a list of ints; x = 0), plus one
@@ -256,7 +257,12 @@ def request_for_frames(input_frames, output_frames, num_sequences: int = 1, *,
     F rows per sequence are sequence ``n = k``), so input matrices are the
     sequences' matrices stacked and outputs split back with a reshape; such a
     request is regular, so the :class:`pynnet3.CachingCompiler` builds it for any
-    ``num_sequences`` from a two-sequence compile (its shortcut). ``input_deriv`` /
+    ``num_sequences`` from a two-sequence compile (its shortcut). ``interleaved``:
+    rows go time by time instead, the sequences of each time side by side (row
+    ``i*N + k`` is sequence ``k`` at its ``i``-th time; N = ``num_sequences``), the
+    order in which the compiled computation keeps its rows (and Kaldi its merged
+    examples): an input is then ``np.stack(matrices, axis=1).reshape(-1, dim)``
+    and needs no reordering copies inside the computation. ``input_deriv`` /
     ``output_deriv`` set ``has_deriv`` (the derivative w.r.t. the input is wanted /
     an output derivative is supplied); ``need_model_derivative`` asks for gradients.
     Bad arguments (no output frame, a time repeated, ``num_sequences < 1``) are a
@@ -283,6 +289,8 @@ def request_for_frames(input_frames, output_frames, num_sequences: int = 1, *,
         idx = np.zeros((num_sequences, len(t), 3), dtype=np.int64)
         idx[:, :, 0] = np.arange(num_sequences)[:, None]
         idx[:, :, 1] = t[None, :]
+        if interleaved:
+            idx = np.ascontiguousarray(idx.transpose(1, 0, 2))
         return idx.reshape(-1, 3)
 
     inputs = [IoSpecification(input_name, rows(t_in), input_deriv)] if len(t_in) else []

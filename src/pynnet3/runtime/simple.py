@@ -70,9 +70,10 @@ def fixed_frames_per_chunk(nnet, options: SimpleOptions) -> int:
 
 def chunk_request(input_t_begin: int, num_input_frames: int, num_output_rows: int,
                   frame_subsampling_factor: int, ivector: bool,
-                  num_sequences: int = 1) -> ComputationRequest:
+                  num_sequences: int = 1, interleaved: bool = False) -> ComputationRequest:
     """The request of one chunk (``num_sequences`` equal-shaped chunks, one sequence
-    after another), time-shifted so that its first output is at t = 0: ``input`` at
+    after another, or ``interleaved`` time by time), time-shifted so that its first
+    output is at t = 0: ``input`` at
     ``t = input_t_begin ..`` (``num_input_frames`` rows), ``ivector`` at t = 0 when
     ``ivector``, ``output`` at ``t = 0, f, 2f, ...`` (:func:`request_for_frames`).
 
@@ -82,13 +83,14 @@ def chunk_request(input_t_begin: int, num_input_frames: int, num_output_rows: in
     # (with the max_rows limit request_for_frames checks: a shape cached under one
     # limit is built, and refused, anew under a lower one)
     key = (input_t_begin, num_input_frames, num_output_rows, frame_subsampling_factor,
-           bool(ivector), num_sequences, limits.LIMITS.max_rows)
+           bool(ivector), num_sequences, bool(interleaved), limits.LIMITS.max_rows)
     request = _CHUNK_REQUESTS.get(key)
     if request is None:
         request = request_for_frames(range(input_t_begin, input_t_begin + num_input_frames),
                                      range(0, num_output_rows * frame_subsampling_factor,
                                            frame_subsampling_factor),
-                                     num_sequences, ivector=ivector)
+                                     num_sequences, ivector=ivector,
+                                     interleaved=interleaved)
         if len(_CHUNK_REQUESTS) >= _MAX_CHUNK_REQUESTS:
             _CHUNK_REQUESTS.clear()
         _CHUNK_REQUESTS[key] = request
@@ -298,24 +300,25 @@ def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
     """Run equal-shaped ``chunks`` as the sequences of one request on ``d``'s network
     and compiler (``features[i]``: the feature matrix chunk i reads, default ``d``'s);
     one output matrix per chunk, before priors and scale."""
-    c0 = chunks[0]
+    c0, n = chunks[0], len(chunks)
+    # several chunks: interleaved rows, the computation's own order (no reordering
+    # copies of the input and output inside it)
     request = chunk_request(c0.input_t_begin, len(c0.rows), c0.computed_rows,
                             d.options.frame_subsampling_factor, c0.ivector is not None,
-                            len(chunks))
+                            n, interleaved=n > 1)
     computation = d.compiler.compile(request)
     if features is None:
-        features = [d.features] * len(chunks)
-    if len(chunks) == 1:
+        features = [d.features] * n
+    if n == 1:
         inputs = {"input": features[0][c0.rows]}
-    elif len({f.dtype for f in features}) == 1:  # (gathered in place: no concatenation)
-        rows = len(c0.rows)
-        x = np.empty((len(chunks) * rows, features[0].shape[1]), dtype=features[0].dtype)
-        for k, (f, c) in enumerate(zip(features, chunks, strict=True)):
-            np.take(f, c.rows, axis=0, out=x[k * rows:(k + 1) * rows], mode="clip")
-        inputs = {"input": x}
     else:
-        inputs = {"input": np.concatenate([f[c.rows] for f, c in zip(features, chunks,
-                                                                    strict=True)])}
+        dtype = np.result_type(*features)
+        x = np.empty((len(c0.rows), n, features[0].shape[1]), dtype=dtype)
+        for k, (f, c) in enumerate(zip(features, chunks, strict=True)):
+            first, last = int(c.rows[0]), int(c.rows[-1])
+            # (a plain run of frames is a strided copy; clipped edges are gathered)
+            x[:, k, :] = f[first:last + 1] if last - first == len(c.rows) - 1 else f[c.rows]
+        inputs = {"input": x.reshape(-1, x.shape[2])}
     if c0.ivector is not None:
         inputs["ivector"] = np.stack([c.ivector for c in chunks])
     # (a compiler's computations are shared and never modified: cache_program)
@@ -324,8 +327,10 @@ def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
     result = computer.run(inputs)
     # (the decodable hands out NumPy rows, whatever backend computed them)
     out = computer.backend.to_numpy(result.outputs["output"])
-    out = out.reshape(len(chunks), c0.computed_rows, out.shape[1])
-    return [o[:c.num_rows] for o, c in zip(out, chunks, strict=True)]
+    if n == 1:
+        return [out[:c0.num_rows]]
+    out = out.reshape(c0.computed_rows, n, out.shape[1])
+    return [np.ascontiguousarray(out[:c.num_rows, k]) for k, c in enumerate(chunks)]
 
 
 __all__ = ["ChunkPlan", "DecodableNnetSimple", "SimpleOptions", "chunk_request",
