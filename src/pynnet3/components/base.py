@@ -129,12 +129,36 @@ def register(cls):
     return cls
 
 
+# Kaldi type name -> family module (of this package) imported when the type is first
+# asked for: the families few networks use (components/__init__.py fills it).
+_ON_DEMAND: dict[str, str] = {}
+
+
+def _import_family(module: str) -> None:
+    """Import a family module. A type the user registered before keeps the user's
+    class, as when every family was imported with the package (before any @register
+    of the user's)."""
+    import importlib
+
+    before = dict(_REGISTRY)
+    try:
+        importlib.import_module(f"{__package__}.{module}")
+    finally:
+        _REGISTRY.update(before)
+
+
 def component_types() -> dict[str, type[Component]]:
+    for module in dict.fromkeys(_ON_DEMAND.values()):
+        _import_family(module)
     return dict(_REGISTRY)
 
 
 def component_class(type_name: str) -> type[Component] | None:
-    return _REGISTRY.get(type_name)
+    cls = _REGISTRY.get(type_name)
+    if cls is None and type_name in _ON_DEMAND:
+        _import_family(_ON_DEMAND[type_name])
+        cls = _REGISTRY.get(type_name)
+    return cls
 
 
 class Component:
