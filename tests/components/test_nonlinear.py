@@ -536,3 +536,23 @@ def test_stats_json_reference_is_zero():
     for case in direct_cases("RectifiedLinear"):
         assert "<Count> 0 " in (case / "model.txt").read_text()
         assert json.loads((case / "request.json").read_text())["need_model_derivative"]
+
+
+@pytest.mark.parametrize("shape", [(1, 7), (300, 200), (5000, 9), (3, 40000)])
+def test_log_softmax_blocked_is_the_whole_matrix_formula(shape):
+    """LogSoftmax's NumPy propagate runs a block of rows at a time: the same bits as
+    the whole-matrix form, and the float64 math within float32 rounding."""
+    from pynnet3.components.nonlinear import LogSoftmaxComponent
+
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(shape) * 8).astype(np.float32)
+    x[0, 0] = 80.0  # (an exp that overflows without the max shift)
+    out = np.full_like(x, np.nan)
+    assert LogSoftmaxComponent().propagate(None, x, out) is None
+    s = x - x.max(axis=1, keepdims=True)
+    whole = s - np.log(np.sum(np.exp(s), axis=1, keepdims=True))
+    np.testing.assert_array_equal(out, whole)
+    x64 = x.astype(np.float64)
+    ref = x64 - (np.log(np.exp(x64 - x64.max(axis=1, keepdims=True)).sum(axis=1, keepdims=True))
+                 + x64.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)

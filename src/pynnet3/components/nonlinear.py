@@ -515,6 +515,28 @@ class SoftmaxComponent(_RowNormalizedNonlinear):
         self._store_stats_internal(out_value, None)
 
 
+# Rows per block of a blocked row-wise pass: about this many floats, so that a block
+# and its temporary stay in the core's L2 cache.
+_BLOCK_FLOATS = 32768
+
+
+def _log_softmax_blocked(x: np.ndarray, out: np.ndarray) -> None:
+    """``out = x - max - log(sum(exp(x - max)))`` per row (NumPy), a block of rows
+    at a time: the exp temporary is one cache-sized block, not a matrix (a fresh
+    matrix of that size costs its page faults on every call), and each block is
+    read while cached. The same float operations per row as the whole-matrix form
+    (row sums are pairwise along each row either way): the same bits."""
+    rows, cols = x.shape
+    step = max(1, _BLOCK_FLOATS // max(cols, 1))
+    tmp = np.empty((min(step, rows), cols), dtype=x.dtype)
+    for r in range(0, rows, step):
+        xb, ob = x[r:r + step], out[r:r + step]
+        tb = tmp[:len(xb)]
+        np.subtract(xb, np.amax(xb, axis=1, keepdims=True), out=ob)
+        np.exp(ob, out=tb)
+        ob -= np.log(np.sum(tb, axis=1, keepdims=True))
+
+
 @register
 class LogSoftmaxComponent(_RowNormalizedNonlinear):
     """Row log-softmax ``y = x - log(sum(exp(x)))``; backprop
@@ -541,6 +563,9 @@ class LogSoftmaxComponent(_RowNormalizedNonlinear):
         xp = namespace(in_value)
         if out_value.dtype != in_value.dtype or xp.may_share_memory(in_value, out_value):
             return super().propagate(indexes, in_value, out_value)
+        if isinstance(in_value, np.ndarray):
+            _log_softmax_blocked(in_value, out_value)
+            return None
         xp.subtract(in_value, xp.amax(in_value, axis=1, keepdims=True), out=out_value)
         out_value -= xp.log(xp.sum(xp.exp(out_value), axis=1, keepdims=True))
         return None
