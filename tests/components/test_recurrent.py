@@ -256,3 +256,29 @@ def test_malformed_shapes():
         reread(gru.replace(b"<RecurrentDim> 2", b"<RecurrentDim> 3"))
     with pytest.raises(FormatError):  # <w_h> no longer matches <CellDim>
         reread(gru.replace(b"<CellDim> 2", b"<CellDim> 3"))
+
+
+def test_lstm_nonlinearity_numpy_fast_path_is_bit_identical():
+    """LstmNonlinearity's NumPy forward (gates in one block, results written in
+    place) computes the general form's floats exactly: checked against the general
+    form, reached through an ndarray subclass."""
+    import pynnet3
+    from pynnet3.components.recurrent import LstmNonlinearityComponent
+
+    class Sub(np.ndarray):
+        pass
+
+    cfg = ("input-node name=input dim=40\n"
+           "component name=l type=LstmNonlinearityComponent cell-dim=8\n"
+           "component-node name=l component=l input=input\n"
+           "output-node name=output input=l\n")
+    comp = pynnet3.Nnet.from_config(cfg, seed=3).components["l"]
+    assert isinstance(comp, LstmNonlinearityComponent) and not comp.use_dropout
+    comp.params_[...] = np.random.default_rng(2).standard_normal(comp.params_.shape)
+    x = (np.random.default_rng(4).standard_normal((37, 40)) * 3).astype(np.float32)
+    fast = np.full((37, 16), np.nan, np.float32)
+    general = np.full((37, 16), np.nan, np.float32).view(Sub)
+    comp.propagate(None, x, fast)
+    comp.propagate(None, x.view(Sub), general)
+    assert not np.isnan(fast).any()
+    np.testing.assert_array_equal(fast, np.asarray(general))
