@@ -73,3 +73,18 @@ def test_a_users_type_registered_before_its_family_is_imported_stays():
         "      component_class('MyOwnComponent') is Other,\n"
         "      component_class('StatisticsPoolingComponent').__name__)\n")
     assert out == ["True", "True", "True", "StatisticsPoolingComponent"]
+
+
+def test_a_family_imported_directly_keeps_the_users_class():
+    """pynnet3.train (for one) imports the composite family itself: a type the user
+    registered before still wins, as when every family loaded with the package."""
+    out = _fresh(
+        "from pynnet3.components import component_class, register\n"
+        "from pynnet3.components.base import Component\n"
+        "@register\n"
+        "class Mine(Component):\n"
+        "    type_name = 'CompositeComponent'\n"
+        "import pynnet3.components.composite as composite\n"
+        "print(component_class('CompositeComponent') is Mine,\n"
+        "      composite.CompositeComponent is not Mine)\n")
+    assert out == ["True", "True"]

@@ -124,9 +124,20 @@ _REGISTRY: dict[str, type[Component]] = {}
 
 
 def register(cls):
-    """Class decorator: make a component type known by its Kaldi type name."""
+    """Class decorator: make a component type known by its Kaldi type name. A
+    built-in family imported late (on demand, or directly by another module) does
+    not replace a class the user registered under that name first, as when every
+    family was imported with the package."""
+    held = _REGISTRY.get(cls.type_name)
+    if (held is not None and held is not cls and _is_builtin(cls)
+            and not _is_builtin(held)):
+        return cls
     _REGISTRY[cls.type_name] = cls
     return cls
+
+
+def _is_builtin(cls) -> bool:
+    return cls.__module__.startswith(__package__ + ".")
 
 
 # Kaldi type name -> family module (of this package) imported when the type is first
