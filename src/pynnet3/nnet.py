@@ -17,7 +17,6 @@ import math
 import operator
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -27,7 +26,6 @@ from .components.base import Component, check_dims
 from .config import ConfigLine, is_valid_name, split_config_lines
 from .descriptor import Descriptor, NodeRef, RoundOf, SwitchOf, parse_descriptor
 from .errors import ConfigError, DescriptorError, DimensionError, GraphError
-from .io.am_file import is_am_bytes
 from .io.atomic import atomic_write  # (also importable from here, as before)
 from .io.model_file import ModelParts, gunzip_if_compressed, parse_model_bytes, write_model_parts
 
@@ -543,14 +541,18 @@ def read_nnet(path: str | os.PathLike) -> Nnet:
     """Read a Kaldi nnet3 model, text or binary (auto-detected by the ``\\0B`` marker):
     a raw network, or the network of an acoustic model (``final.mdl``); gzip-compressed
     files (``final.mdl.gz``) are read transparently."""
-    path = Path(path)
-    return nnet_from_bytes(path.read_bytes(), str(path))
+    path = os.fspath(path)  # (not pathlib: a few ms of every command's start)
+    with open(path, "rb") as f:
+        data = f.read()
+    return nnet_from_bytes(data, str(path))
 
 
 def nnet_from_bytes(data: bytes, source: str = "<bytes>") -> Nnet:
     """A network from the bytes of a Kaldi model file, text or binary, raw or an
     acoustic model (its network; :func:`pynnet3.read_am` keeps the rest); ``source``
     names it in error messages."""
+    from .io.am_file import is_am_bytes  # (imported when a model is read, not at import)
+
     data = gunzip_if_compressed(data, source)
     if is_am_bytes(data):
         from .am import AcousticModel

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from pathlib import Path
 
 import numpy as np
 
@@ -86,7 +85,8 @@ def load_kaldi_object(cfg, key: str, kind: str) -> np.ndarray:
     """Read the matrix or vector file named by option ``key`` (Kaldi's ReadKaldiObject)."""
     path = cfg.get_str(key)
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise cfg.error(f"{key}={path}: cannot read file ({e.strerror})") from None
     r = make_reader(data, path)

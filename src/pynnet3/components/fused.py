@@ -25,7 +25,6 @@ is added (seen through the map's scale: ``z' = s z + o``).
 from __future__ import annotations
 
 import copy
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,6 +253,11 @@ class AffineReluComponent(Component):
 
 _MISSING = object()
 
+try:  # (the builtin module: hashlib would load OpenSSL, a few ms of every start)
+    from _blake2 import blake2b as _blake2b
+except ImportError:  # (an interpreter built without it)
+    from hashlib import blake2b as _blake2b
+
 
 def _scalar_settings(comp: Component) -> dict:
     """A component's plain settings (numbers, flags, strings: no parameters)."""
@@ -261,7 +265,7 @@ def _scalar_settings(comp: Component) -> dict:
 
 
 def _params_digest(comp: Component) -> bytes:
-    h = hashlib.blake2b(digest_size=16)
+    h = _blake2b(digest_size=16)
     for name, value in sorted(comp.params().items()):
         h.update(name.encode())
         h.update(np.ascontiguousarray(value).tobytes())

@@ -57,6 +57,19 @@ def _kaldiio():
     return kaldiio
 
 
+class _LazyKaldiio:
+    """kaldiio, imported when first used: a table whose entries are all plain binary
+    matrices in files never needs it (a few ms of every ``compute`` start)."""
+
+    def __getattr__(self, name: str):
+        return getattr(_kaldiio(), name)
+
+
+_LAZY_KALDIIO = _LazyKaldiio()
+# kaldiio's text encoding for scp files (kaldiio.utils.default_encoding)
+_SCP_ENCODING = "utf-8"
+
+
 @dataclass(frozen=True)
 class Specifier:
     """A parsed rspecifier or wspecifier: ``kind`` is ``"ark"``, ``"scp"`` or
@@ -301,9 +314,14 @@ def _why(e: BaseException) -> str:
 
 
 def _scp_lines(spec: Specifier, kaldiio) -> list[tuple[str, str]]:
+    target = spec.targets[0]
     try:
-        with kaldiio.utils.open_like_kaldi(spec.targets[0], "r") as f:
-            lines = f.read().splitlines()
+        if _is_stream(target.strip()):
+            with kaldiio.utils.open_like_kaldi(target, "r") as f:
+                lines = f.read().splitlines()
+        else:  # (a plain file: as kaldiio opens it, without importing kaldiio)
+            with open(target, encoding=_SCP_ENCODING) as f:
+                lines = f.read().splitlines()
     except OSError as e:
         raise FormatError(f"cannot open {spec.targets[0]!r}: {e.strerror or e}",
                           spec.text) from None
@@ -419,9 +437,8 @@ def random_access_table(rspecifier: str) -> Mapping[str, np.ndarray]:
     """Kaldi's RandomAccessTableReader: a mapping ``key -> array``. An scp is read
     lazily (entries loaded when asked for), an archive or pipe whole."""
     spec = parse_specifier(rspecifier)
-    kaldiio = _kaldiio()
     if spec.kind == "scp":
-        return _ScpTable(spec, kaldiio)
+        return _ScpTable(spec, _LAZY_KALDIIO)
     return {key: value for key, value in read_table(rspecifier)}
 
 
