@@ -34,12 +34,11 @@ import struct
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import FormatError
-from .atomic import _host, random_hex, remove_stale_temporaries, temp_prefix
+from .atomic import remove_stale_temporaries, temp_path
 
 _FLOAT32_LE = np.dtype("<f4")
 
@@ -280,10 +279,10 @@ def read_table(rspecifier: str) -> Iterator[tuple[str, np.ndarray | TableEntryEr
     breaks raises :class:`FormatError` after its good entries (with ``p``: stops
     quietly)."""
     spec = parse_specifier(rspecifier)
-    kaldiio = _kaldiio()
     if spec.kind == "scp":
-        yield from _read_scp(spec, kaldiio)
+        yield from _read_scp(spec, _LAZY_KALDIIO)
         return
+    kaldiio = _kaldiio()
     try:
         f = kaldiio.utils.open_like_kaldi(spec.targets[0], "rb")
     except OSError as e:
@@ -443,12 +442,6 @@ def random_access_table(rspecifier: str) -> Mapping[str, np.ndarray]:
 
 
 # -- writing -------------------------------------------------------------------------------------
-def _temp_path(path: str) -> Path:
-    p = Path(path)
-    folder = p.parent if str(p.parent) else Path(".")
-    return folder / f"{temp_prefix(p)}{_host()}-{os.getpid()}-{random_hex()}"
-
-
 class TableWriter:
     """Kaldi's TableWriter for matrices and vectors. Files are written to temporaries
     beside the targets and renamed into place by :meth:`commit` (the scp last, naming
@@ -458,11 +451,11 @@ class TableWriter:
 
     def __init__(self, wspecifier: str, compression_method: int | None = None):
         self.spec = parse_specifier(wspecifier, write=True)
-        self._kaldiio = _kaldiio()
+        self._kaldiio = _LAZY_KALDIIO  # (plain float32 entries to files need none of it)
         self.compression_method = compression_method
         self.num_written = 0
         self._done = False
-        self._files: list[tuple[io.IOBase, Path | None, str]] = []  # (file, temp, target)
+        self._files: list[tuple[io.IOBase, str | None, str]] = []  # (file, temp, target)
         self._scp = None
         try:
             ark = self.spec.targets[0]
@@ -483,7 +476,7 @@ class TableWriter:
             self._files.append((f, None, target))
             return f
         remove_stale_temporaries(target)
-        tmp = _temp_path(target)
+        tmp = temp_path(target)
         try:
             f = open(tmp, mode.replace("w", "x"))  # noqa: SIM115
         except OSError as e:
@@ -627,7 +620,9 @@ def ark_bytes(entries: dict[str, np.ndarray], double: bool = False) -> bytes:
 
 def read_ark(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """All entries of an archive file, key -> array (later keys win)."""
-    return dict(parse_ark(Path(path).read_bytes(), str(path)))
+    with open(path, "rb") as f:
+        data = f.read()
+    return dict(parse_ark(data, str(path)))
 
 
 def write_ark(path: str | os.PathLike, entries: dict[str, np.ndarray],

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from pathlib import Path
 
 TAG = ".pynnet3-tmp-"
 STALE_SECONDS = 24 * 3600
@@ -37,9 +36,23 @@ def random_hex() -> str:
     return os.urandom(4).hex()
 
 
+def _split(path: str | os.PathLike) -> tuple[str, str]:
+    """(folder, name) of ``path``, the folder "." for a bare name (pathlib's parent
+    and name, without loading pathlib at every command's start)."""
+    folder, name = os.path.split(os.path.normpath(os.fspath(path)))
+    return folder or ".", name
+
+
 def temp_prefix(path: str | os.PathLike) -> str:
     """The start of the names of ``path``'s temporaries (in the same folder)."""
-    return f".{Path(path).name[:_NAME_CHARS]}{TAG}"
+    return f".{_split(path)[1][:_NAME_CHARS]}{TAG}"
+
+
+def temp_path(path: str | os.PathLike) -> str:
+    """A new temporary's path for target ``path``: in its folder, named after it,
+    this host, this process and 8 random hex digits."""
+    folder, _ = _split(path)
+    return os.path.join(folder, f"{temp_prefix(path)}{_host()}-{os.getpid()}-{random_hex()}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -55,8 +68,7 @@ def _pid_alive(pid: int) -> bool:
 def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
     """Remove the stale temporaries of target ``path`` (module doc); returns the
     names removed."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
+    folder, _ = _split(path)
     prefix = temp_prefix(path)
     host, now, removed = _host(), time.time(), []
     try:
@@ -89,12 +101,10 @@ def _umask() -> int:
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers never see a partial file; stale
     temporaries of earlier, killed writes to ``path`` are removed first."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
+    path = os.fspath(path)
     remove_stale_temporaries(path)
-    base = f"{temp_prefix(path)}{_host()}-{os.getpid()}-"
     while True:
-        tmp = folder / (base + random_hex())
+        tmp = temp_path(path)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             break
@@ -108,7 +118,7 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         # the temporary is 0600; give it the mode a plain open() would (or keep the
         # mode of the file being replaced)
         try:
-            mode = path.stat().st_mode & 0o7777
+            mode = os.stat(path).st_mode & 0o7777
         except OSError:
             mode = 0o666 & ~_umask()
         os.chmod(tmp, mode)
