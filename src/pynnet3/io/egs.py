@@ -147,6 +147,10 @@ def _read_index_vector_binary(r: KaldiReader) -> np.ndarray:
     if size < 0:
         raise r.error(f"negative index-vector size {size}", pos=start)
     data, pos = r.data, r.pos
+    if size > len(data) - pos:  # (an index takes a byte at least: a corrupt size is
+        # an error here, not an allocation of size * 12 bytes)
+        raise r.error(f"index-vector size {size} is more than the {len(data) - pos} bytes "
+                      "left", token=str(size), pos=start)
     out = np.empty((size, 3), dtype=np.int32)
     i, prev = 0, (0, 0, 0)
     while i < size:
@@ -189,7 +193,9 @@ def _read_index_vector_text(r: KaldiReader) -> np.ndarray:
     size = r.read_int()
     if size < 0:
         raise r.error(f"negative index-vector size {size}", pos=start)
-    out = np.empty((size, 3), dtype=np.int64)
+    # (an index takes 10 bytes at least, '<I1> n t x': a corrupt size allocates no more
+    # than the data can fill, and the match after the last one there fails as before)
+    out = np.empty((min(size, (len(r.data) - r.pos) // 10 + 1), 3), dtype=np.int64)
     for i in range(size):
         m = _I1.match(r.data, r.pos)
         if m is None:
@@ -284,12 +290,22 @@ def write_example(w, eg: NnetExample) -> None:
 # -- archives -------------------------------------------------------------------------------------
 _KEY = re.compile(rb"\s*(\S+)")
 
+# Bytes read from stdin or a pipe at a time: an archive there is parsed from a buffer
+# of about a chunk plus the entry being read, not read whole (a 2 GB egs archive piped
+# in took 2 GB before its first example).
+STREAM_CHUNK = 1 << 22
+
+
+def _is_stream(target: str) -> bool:
+    return target == "-" or target.startswith("|") or target.endswith("|")
+
 
 def _open_data(target: str, source: str):
-    """The bytes of a file (memory-mapped), stdin or a pipe's output."""
+    """The bytes of a file (memory-mapped), stdin or a pipe's output (read whole: an
+    archive is read from those by :func:`_read_stream`)."""
     from .ark import _kaldiio
 
-    if target != "-" and not target.startswith("|") and not target.endswith("|"):
+    if not _is_stream(target):
         try:
             f = open(target, "rb")  # noqa: SIM115
         except OSError as e:
@@ -305,54 +321,143 @@ def _open_data(target: str, source: str):
         raise FormatError(f"cannot read {target!r}: {e.strerror or e}", source) from None
 
 
+class _StreamBinaryReader(BinaryReader):
+    """A BinaryReader over a part of a stream that starts ``base`` bytes into it:
+    errors give offsets in the whole stream."""
+
+    def __init__(self, data, source: str, pos: int, base: int):
+        super().__init__(data, source, pos)
+        self.base = base
+
+    def error(self, message: str, token: str | None = None, pos: int | None = None):
+        pos = self.pos if pos is None else pos
+        return FormatError(message, self.source, offset=self.base + pos, token=token)
+
+
+class _StreamTextReader(TextReader):
+    """A TextReader over a part of a stream after ``lines`` newlines of it: errors
+    give lines of the whole stream."""
+
+    def __init__(self, data, source: str, pos: int, lines: int):
+        super().__init__(data, source, pos)
+        self.lines = lines
+
+    def error(self, message: str, token: str | None = None, pos: int | None = None):
+        pos = self.pos if pos is None else pos
+        return FormatError(message, self.source,
+                           line=self.lines + self.data.count(b"\n", 0, pos) + 1, token=token)
+
+
+def _entries(data, source: str, permissive: bool,
+             read=None) -> Iterator[tuple[str, NnetExample]]:
+    """``(key, example)`` for the entries of an archive: all in ``data`` (bytes or an
+    mmap) when ``read`` is None; else ``data`` is its start and ``read(n)`` gives the
+    rest, up to ``n`` bytes a call (none at the end) (:func:`_read_stream`).
+
+    From a stream, an entry is parsed from a buffer of what is left of the data read;
+    one that cannot be parsed yet (its end not there, or wrong only because it is cut
+    off: any exception) is parsed again after reading more, until the stream ends, when
+    the entry's outcome (an example or an error) is the one the whole archive gives.
+    An entry read counts only when its last token is followed by a space or another
+    byte there (so no token, number or run of whitespace of it ends where the buffer
+    does): every read of the readers checks its bounds, or searches for a delimiter, so
+    such an entry is the one the whole archive gives. Errors name places in the whole
+    stream (offsets, lines)."""
+    pos = base = lines = 0  # base, lines: the bytes and newlines before data[0]
+    at_end = read is None
+    while True:
+        try:
+            m = _KEY.match(data, pos)
+            if m is None or m.end() <= m.start(1):
+                if at_end:
+                    return
+                raise EOFError
+            key = m.group(1).decode("utf-8", errors="replace")
+            at = m.end()
+            sep = data[at:at + 1]
+            if sep not in (b" ", b"\t", b"\n"):
+                raise FormatError("expected a space after the key", source, offset=base + at,
+                                  token=key)
+            if sep != b"\n":
+                at += 1
+            text = data[at:at + 2] != b"\0B"
+            if not text:
+                r: KaldiReader = (BinaryReader(data, source, pos=at + 2) if read is None
+                                  else _StreamBinaryReader(data, source, at + 2, base))
+            else:
+                if isinstance(data, mmap.mmap):  # text errors count lines: need bytes
+                    data = bytes(data)
+                r = (TextReader(data, source, pos=at) if read is None else
+                     _StreamTextReader(data, source, at, lines))
+            try:
+                eg = read_example(r)
+            except FormatError as e:
+                raise FormatError(f"example {key!r}: {e}") from None
+            if not at_end and r.pos >= len(data) and data[r.pos - 1:r.pos] != b" ":
+                raise EOFError  # (the last token may go on)
+        except Exception as e:
+            if at_end:
+                if permissive and isinstance(e, FormatError):
+                    return
+                raise
+            # read more: at least a chunk, and half what is left (a long entry is
+            # parsed again a logarithmic number of times, not once per chunk)
+            lines += data.count(b"\n", 0, pos)
+            base += pos
+            rest = data[pos:]
+            more = read(max(STREAM_CHUNK, len(rest) // 2))
+            at_end = not more
+            data, pos = rest + more, 0
+            continue
+        pos = r.pos
+        if text and data[pos:pos + 1] in (b" ", b"\n"):
+            pos += 1
+        yield key, eg
+
+
 def parse_examples(data, source: str = "<bytes>",
                    permissive: bool = False) -> Iterator[tuple[str, NnetExample]]:
     """``(key, example)`` for every entry of an archive held in ``data`` (bytes or an
     mmap), binary or text entries; a broken entry is a :class:`FormatError` naming
     the key and place (with ``permissive``, reading stops there quietly)."""
-    pos = 0
-    while True:
-        m = _KEY.match(data, pos)
-        if m is None or m.end() <= m.start(1):
-            return
-        key = m.group(1).decode("utf-8", errors="replace")
-        pos = m.end()
-        sep = data[pos:pos + 1]
-        if sep not in (b" ", b"\t", b"\n"):
-            if permissive:
-                return
-            raise FormatError("expected a space after the key", source, offset=pos, token=key)
-        if sep != b"\n":
-            pos += 1
-        if data[pos:pos + 2] == b"\0B":
-            r: KaldiReader = BinaryReader(data, source, pos=pos + 2)
-        else:
-            if isinstance(data, mmap.mmap):  # text errors count lines: need bytes
-                data = bytes(data)
-            r = TextReader(data, source, pos=pos)
+    return _entries(data, source, permissive)
+
+
+def _read_stream(target: str, source: str,
+                 permissive: bool) -> Iterator[tuple[str, NnetExample]]:
+    """The examples of an archive on stdin (``-``) or from a pipe, read
+    :data:`STREAM_CHUNK` bytes at a time: each is yielded when it has been read."""
+    from .ark import _kaldiio
+
+    try:
+        f = _kaldiio().utils.open_like_kaldi(target, "rb")
+    except OSError as e:
+        raise FormatError(f"cannot read {target!r}: {e.strerror or e}", source) from None
+    def read(n: int) -> bytes:
         try:
-            eg = read_example(r)
-        except FormatError as e:
-            if permissive:
-                return
-            raise FormatError(f"example {key!r}: {e}") from None
-        pos = r.pos
-        if isinstance(r, TextReader) and data[pos:pos + 1] in (b" ", b"\n"):
-            pos += 1
-        yield key, eg
+            return f.read(n)
+        except OSError as e:
+            raise FormatError(f"cannot read {target!r}: {e.strerror or e}", source) from None
+
+    with f:
+        yield from _entries(b"", source, permissive, read)
 
 
 def read_examples(rspecifier: str) -> Iterator[tuple[str, NnetExample]]:
     """Examples ``(key, NnetExample)`` of a table in order (Kaldi's
-    SequentialNnetExampleReader): ``ark:``, ``scp:``, ``-`` and pipes."""
+    SequentialNnetExampleReader): ``ark:``, ``scp:``, ``-`` and pipes (read as they
+    come, a chunk at a time)."""
     from .ark import parse_specifier
 
     spec = parse_specifier(rspecifier)
     if spec.kind == "scp":
         yield from _read_scp(spec)
         return
-    yield from parse_examples(_open_data(spec.targets[0], rspecifier), rspecifier,
-                              spec.permissive)
+    target = spec.targets[0]
+    if _is_stream(target):
+        yield from _read_stream(target, rspecifier, spec.permissive)
+        return
+    yield from parse_examples(_open_data(target, rspecifier), rspecifier, spec.permissive)
 
 
 def _read_scp(spec) -> Iterator[tuple[str, NnetExample]]:
