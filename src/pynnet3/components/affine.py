@@ -23,6 +23,7 @@ import numpy as np
 
 from ..io.kaldi_stream import make_reader
 from .base import Flags, UpdatableComponent, register, require
+from .blas import available as blas_direct
 from .fields import REPEATED_OPENING, UPDATABLE_HEADER, Custom, Field, pair, positive, skip_optional
 from .preconditioning import precondition_matrix, precondition_product, preconditioners
 from .xp import namespace
@@ -124,6 +125,18 @@ def backward_follows() -> bool:
     computation with no backward pass, so forward kernels may trade bit-identity
     with the spliced-input product for speed (float32 rounding only)."""
     return _REFINE.get()
+
+
+def bias_first(out, b) -> bool:
+    """Forward only (no backward pass follows), NumPy: ``out[:] = b`` (per row), so
+    that the product is added by BLAS itself (beta = 1) instead of a pass adding the
+    bias afterwards; False (nothing done) otherwise. With the inner dimension
+    within one BLAS block the floats are those of product-then-bias; else they
+    differ by float32 rounding (the bias joins the sum earlier)."""
+    if _REFINE.get() or type(out) is not np.ndarray or not blas_direct():
+        return False
+    np.copyto(out, b if b.dtype == out.dtype else b.astype(out.dtype))
+    return True
 
 
 def matmul_blocks_into(out: np.ndarray, blocks: list, w: np.ndarray, add: bool,
@@ -419,6 +432,9 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
 
     def propagate_blocks(self, indexes, blocks: list, out_value):
         w = _param(self.linear_params, blocks[0])
+        if len(blocks) > 1 and bias_first(out_value, self.bias_params):
+            matmul_blocks_into(out_value, blocks, w, add=True)  # (forward only: done)
+            return None
         if matmul_blocks_into(out_value, blocks, w, add=False):
             out_value += _param(self.bias_params, blocks[0])
             return None
@@ -450,6 +466,9 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
         """``blocks``: ``in_value``'s column blocks, when it was gathered from them
         (only a cheaper first pass of :func:`refine_near_zero`)."""
         xp = namespace(in_value)
+        if bias_first(out_value, self.bias_params):  # (forward only: no refinement)
+            xp.gemm_acc(out_value, in_value, _param(self.linear_params, in_value).T)
+            return None
         # (into the output: no product temporary; the same sgemm, the same bits)
         xp.matmul(in_value, xp.param(self.linear_params, in_value).T, out=out_value)
         out_value += xp.param(self.bias_params, in_value)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ComputeError
 from ..index import KeySet, pack
-from .affine import matmul_blocks_into
+from .affine import bias_first, matmul_blocks_into
 from .base import Flags, InputDeps, UpdatableComponent, register
 from .fields import UPDATABLE_HEADER, Custom, Field, pair
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
@@ -511,11 +511,17 @@ class TdnnComponent(UpdatableComponent):
         if indexes.starts is not None and len(indexes.starts) > 1:
             n = indexes.num_out
             blocks = [in_value[s:s + n] for s in indexes.starts]
+            if self.use_bias and bias_first(out_value, self.bias_params):
+                matmul_blocks_into(out_value, blocks, w, add=True, any_order=True)
+                return None
             # (per time offset, as Kaldi's TdnnComponent sums them, forward-only or not)
             if matmul_blocks_into(out_value, blocks, w, add=not self.use_bias, any_order=True):
                 if self.use_bias:
                     out_value += xp.param(self.bias_params, like=in_value)
                 return None
+        if self.use_bias and bias_first(out_value, self.bias_params):
+            xp.gemm_acc(out_value, self._spliced(indexes, in_value), w.T)
+            return None
         if self.use_bias:  # straight into the output: no product temporary
             xp.matmul(self._spliced(indexes, in_value), w.T, out=out_value)
             out_value += xp.param(self.bias_params, like=in_value)
