@@ -647,6 +647,14 @@ class LinearComponent(BlockInputMixin, UpdatableComponent):
         xp.gemm_acc(out_value, in_value, xp.param(self.params_, in_value).T)
         return None
 
+    def propagate_overwrite(self, indexes, in_value, out_value):
+        """:meth:`propagate` into an output of undefined contents, as if it were zero
+        (the runtime skips the zeroing Kaldi's PROPAGATE_ADDS asks for): the same
+        floats, the product written rather than added."""
+        xp = namespace(in_value)
+        xp.matmul(in_value, xp.param(self.params_, in_value).T, out=out_value)
+        return None
+
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         """``in_value`` may be a list of column blocks (:class:`BlockInputMixin`)."""
         if in_deriv is not None:

@@ -582,6 +582,11 @@ class StatisticsExtractionComponent(Component):
     stretch_precomputed = _stretch_precomputed
 
     # -- math ------------------------------------------------------------------------
+    def propagate_overwrite(self, indexes: RangeIndexes, in_value, out_value):
+        """:meth:`propagate`, which writes every entry of its output: the zeroing
+        Kaldi's PROPAGATE_ADDS asks for first is not needed (the runtime skips it)."""
+        return self.propagate(indexes, in_value, out_value)
+
     def propagate(self, indexes: RangeIndexes, in_value, out_value):
         d = self._input_dim
         xp = namespace(in_value)

@@ -530,6 +530,22 @@ class TdnnComponent(UpdatableComponent):
             xp.gemm_acc(out_value, self._spliced(indexes, in_value), w.T)
         return None
 
+    def propagate_overwrite(self, indexes, in_value, out_value):
+        """:meth:`propagate` into an output of undefined contents, as if it were zero
+        (the runtime skips the zeroing PROPAGATE_ADDS asks for): the first time
+        offset's product is written, the others added; the same floats."""
+        if self.use_bias:  # (no PROPAGATE_ADDS: propagate writes its output)
+            return self.propagate(indexes, in_value, out_value)
+        xp = namespace(in_value)
+        w = xp.param(self.linear_params, like=in_value)
+        if indexes.starts is not None and len(indexes.starts) > 1:
+            n = indexes.num_out
+            blocks = [in_value[s:s + n] for s in indexes.starts]
+            if matmul_blocks_into(out_value, blocks, w, add=False, any_order=True):
+                return None
+        xp.matmul(self._spliced(indexes, in_value), w.T, out=out_value)
+        return None
+
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         xp = namespace(out_deriv)
         d = self.input_dim

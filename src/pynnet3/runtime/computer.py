@@ -574,6 +574,8 @@ class _Program:
             return
         plans = {} if self.has_backward else _row_block_plans(c)
         skip = {j for copy, moved in plans.values() for j in (copy, *moved)}
+        zeroed = {p: z for p, z in _zeroing_skips(c).items() if p not in plans and z not in skip}
+        skip.update(zeroed.values())
         ops = []
         for i, cmd in enumerate(cmds):
             if i in skip:
@@ -582,6 +584,9 @@ class _Program:
                 copy, moved = plans[i]
                 ops.append(_prepare_row_block(c, cmds[copy], cmd))
                 ops.extend(op for j in moved if (op := _prepare(c, cmds[j])) is not None)
+                continue
+            if i in zeroed:
+                ops.append(_prepare_overwrite(c, cmds[zeroed[i]], cmd))
                 continue
             op = _prepare(c, cmd)
             if op is not None:
@@ -711,6 +716,48 @@ def _prepare_row_block(c: NnetComputation, copy: Command, cmd: Command):
             fallback_copy(M, be, x)
             fallback(M, be, x)
     return propagate_row_block
+
+
+def _zeroing_skips(c: NnetComputation) -> dict[int, int]:
+    """``{propagate: zeroing}``: each SET_CONST(0) directly followed (no-ops aside)
+    by a PROPAGATE (no memo, no stats, no block table) whose output is exactly that
+    submatrix and whose input lies in another matrix: the zeroing Kaldi's
+    PROPAGATE_ADDS asks for, which a component's ``propagate_overwrite`` makes
+    needless (it writes every entry, as if onto zeros)."""
+    cmds, subs = c.commands, c.submatrices
+    out: dict[int, int] = {}
+    for i, cmd in enumerate(cmds):
+        if cmd.type is not CT.SET_CONST or cmd.alpha != 0.0 or not cmd.dst:
+            continue
+        j = i + 1
+        while j < len(cmds) and cmds[j].type in _NOOPS:
+            j += 1
+        if j == len(cmds):
+            continue
+        p = cmds[j]
+        if (p.type is CT.PROPAGATE and p.table == -1 and p.in_value and p.out_value
+                and not p.memo and p.alpha != 2.0
+                and subs[p.out_value] == subs[cmd.dst]
+                and subs[p.in_value].matrix != subs[cmd.dst].matrix):
+            out[j] = i
+    return out
+
+
+def _prepare_overwrite(c: NnetComputation, zeroing: Command, cmd: Command):
+    """The op of a PROPAGATE planned by :func:`_zeroing_skips`: the component's
+    ``propagate_overwrite`` where it has one, else the zeroing then the propagate."""
+    fallback_zero, fallback = _prepare(c, zeroing), _prepare(c, cmd)
+    (im, ik), (om, ok) = _view_of(c, cmd.in_value), _view_of(c, cmd.out_value)
+    pre, node = c.precomputed[cmd.precomputed], cmd.node
+
+    def propagate_overwrite(M, be, x):
+        fn = getattr(x._components[node], "propagate_overwrite", None)
+        if fn is None:
+            fallback_zero(M, be, x)
+            fallback(M, be, x)
+        else:
+            fn(pre, _get(M, im, ik), _get(M, om, ok))
+    return propagate_overwrite
 
 
 def _get(matrices: dict, m: int, k):

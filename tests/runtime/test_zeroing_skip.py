@@ -1,0 +1,95 @@
+"""The NumPy program skips the zeroing that Kaldi's PROPAGATE_ADDS asks for before a
+propagate whose component writes every entry anyway (``propagate_overwrite``:
+TDNN layers without bias, Linear, StatisticsExtraction): the same results, one pass
+less (runtime/computer.py ``_zeroing_skips``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pynnet3
+from pynnet3.runtime import computer as C
+from pynnet3.runtime.computer import NnetComputer
+from tests.reference import REF, needs_reference
+
+_CFG = """
+input-node name=input dim=5
+component name=lin type=LinearComponent input-dim=5 output-dim=6
+component-node name=lin component=lin input=input
+component name=tdnn type=TdnnComponent input-dim=6 output-dim=4 time-offsets=-1,0,2 use-bias=false
+component-node name=tdnn component=tdnn input=lin
+component name=ext type=StatisticsExtractionComponent input-dim=4 input-period=1 output-period=1 include-variance=true
+component-node name=ext component=ext input=tdnn
+component name=pool type=StatisticsPoolingComponent input-dim=9 input-period=1 left-context=0 right-context=20 num-log-count-features=0 output-stddevs=true
+component-node name=pool component=pool input=ext
+output-node name=output input=pool
+"""  # noqa: E501
+
+
+def _net():
+    return pynnet3.Nnet.from_config(_CFG, seed=5)
+
+
+@pytest.mark.parametrize("name", ["lin", "tdnn", "ext"])
+def test_propagate_overwrite_is_propagate_onto_zeros(name):
+    nnet = _net()
+    req = pynnet3.ComputationRequest.from_frames(range(-1, 20), range(0, 1))
+    c = pynnet3.compile(nnet, req, optimize=False)
+    node = nnet.node(name)
+    comp = nnet.components[node.component]
+    cmd = next(k for k in c.commands if k.type.name == "PROPAGATE" and k.node == name)
+    pre = c.precomputed[cmd.precomputed]
+    sin, sout = c.submatrices[cmd.in_value], c.submatrices[cmd.out_value]
+    x = np.random.default_rng(1).standard_normal((sin.num_rows, sin.num_cols)).astype(np.float32)
+    want = np.zeros((sout.num_rows, sout.num_cols), np.float32)
+    comp.propagate(pre, x, want)
+    got = np.full_like(want, np.nan)
+    comp.propagate_overwrite(pre, x, got)
+    np.testing.assert_array_equal(got, want)
+    assert np.abs(want).sum() > 0
+
+
+def test_program_skips_the_zeroing_and_computes_the_same():
+    nnet = _net()
+    req = pynnet3.ComputationRequest.from_frames(range(-1, 20), range(0, 1), 3)
+    c = pynnet3.compile(nnet, req)
+    assert C._zeroing_skips(c), "no zeroing before a PROPAGATE_ADDS propagate found"
+    x = {"input": np.random.default_rng(2).standard_normal((63, 5)).astype(np.float32)}
+    fast = NnetComputer(nnet, c, cache_program=True).run(x).outputs["output"]
+    plain = NnetComputer(nnet, c).run(x).outputs["output"]
+    np.testing.assert_array_equal(fast, plain)
+
+
+def test_a_component_without_overwrite_keeps_its_zeroing():
+    """A PROPAGATE_ADDS component with no propagate_overwrite (a user's, say) gets
+    the zeroing as before."""
+    nnet = _net()
+    req = pynnet3.ComputationRequest.from_frames(range(-1, 20), range(0, 1), 2)
+    c = pynnet3.compile(nnet, req)
+    comp = nnet.components["tdnn"]
+    x = {"input": np.random.default_rng(3).standard_normal((42, 5)).astype(np.float32)}
+    plain = NnetComputer(nnet, c).run(x).outputs["output"]
+    comp.propagate_overwrite = None  # (instance attribute: getattr finds None)
+    try:
+        C._PROGRAMS.clear()
+        fast = NnetComputer(nnet, c, cache_program=True).run(x).outputs["output"]
+    finally:
+        del comp.propagate_overwrite
+    np.testing.assert_array_equal(fast, plain)
+
+
+@needs_reference
+def test_xvector_decode_matches_kaldi():
+    folder = REF / "realistic" / "xvector"
+    nnet = pynnet3.read_nnet(folder / "model.txt")
+    nnet.set_test_mode(True)
+    req = pynnet3.ComputationRequest.from_json_text(
+        (folder / "decode" / "request.json").read_text())
+    c = pynnet3.CachingCompiler(nnet).compile(req)
+    assert C._zeroing_skips(c)
+    with np.load(folder / "decode" / "arrays.npz") as z:
+        inputs = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("input:")}
+        want = z["output:output"]
+    out = NnetComputer(nnet, c, cache_program=True).run(inputs).outputs["output"]
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
