@@ -93,3 +93,29 @@ def test_xvector_decode_matches_kaldi():
         want = z["output:output"]
     out = NnetComputer(nnet, c, cache_program=True).run(inputs).outputs["output"]
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_a_subclass_with_its_own_propagate_keeps_its_math():
+    """Review case: a user's LinearComponent subclass overriding only propagate
+    inherits propagate_overwrite; the program must still run the subclass's math."""
+    from pynnet3.compiler.request import request_for_frames
+    from pynnet3.components.affine import LinearComponent
+
+    class Doubled(LinearComponent):
+        def propagate(self, indexes, in_value, out_value):
+            out_value += 2.0 * (in_value @ self.params_.T)
+
+    cfg = ("input-node name=input dim=6\n"
+           "component name=a type=LinearComponent input-dim=6 output-dim=8\n"
+           "component-node name=a component=a input=input\n"
+           "output-node name=output input=a\n")
+    nnet = pynnet3.Nnet.from_config(cfg, seed=1)
+    nnet.components["a"].__class__ = Doubled
+    c = pynnet3.compile(nnet, request_for_frames(range(10), range(10), 2))
+    assert C._zeroing_skips(c)
+    x = {"input": np.random.default_rng(0).standard_normal((20, 6)).astype(np.float32)}
+    plain = NnetComputer(nnet, c).run(dict(x)).outputs["output"]
+    fast = NnetComputer(nnet, c, cache_program=True).run(dict(x)).outputs["output"]
+    np.testing.assert_allclose(fast, plain, rtol=1e-6)
+    np.testing.assert_allclose(plain, 2.0 * x["input"] @ nnet.components["a"].params_.T,
+                               rtol=1e-5, atol=1e-6)

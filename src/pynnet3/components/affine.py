@@ -127,6 +127,13 @@ def backward_follows() -> bool:
     return _REFINE.get()
 
 
+def overwrite_by_zeroing(comp, indexes, in_value, out_value):
+    """``propagate_overwrite`` for a class whose ``propagate`` is not the one its
+    ``propagate_overwrite`` mirrors (a user's subclass): zero, then propagate."""
+    out_value[...] = 0
+    return comp.propagate(indexes, in_value, out_value)
+
+
 def bias_first(out, b) -> bool:
     """Forward only (no backward pass follows), NumPy: ``out[:] = b`` (per row), so
     that the product is added by BLAS itself (beta = 1) instead of a pass adding the
@@ -456,9 +463,10 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
         :func:`matmul_blocks_into`). ``add_rows(dst, m, table)``: the backend's
         ``dst[i] += m[table[i]]``. False (nothing done) where it does not apply:
         a subclass with math of its own, or not NumPy arrays."""
-        if type(self).propagate is not AffineComponent.propagate \
-                or not isinstance(in_value, np.ndarray):
-            return False
+        if (type(self).propagate is not AffineComponent.propagate
+                or type(self)._propagate is not AffineComponent._propagate
+                or not isinstance(in_value, np.ndarray)):
+            return False  # (a subclass's own math)
         return row_block_product(in_value, block, src, table, alpha, self.linear_params,
                                  self.bias_params, out_value, add_rows)
 
@@ -651,6 +659,8 @@ class LinearComponent(BlockInputMixin, UpdatableComponent):
         """:meth:`propagate` into an output of undefined contents, as if it were zero
         (the runtime skips the zeroing Kaldi's PROPAGATE_ADDS asks for): the same
         floats, the product written rather than added."""
+        if type(self).propagate is not LinearComponent.propagate:  # (a subclass's math)
+            return overwrite_by_zeroing(self, indexes, in_value, out_value)
         xp = namespace(in_value)
         xp.matmul(in_value, xp.param(self.params_, in_value).T, out=out_value)
         return None

@@ -585,6 +585,8 @@ class StatisticsExtractionComponent(Component):
     def propagate_overwrite(self, indexes: RangeIndexes, in_value, out_value):
         """:meth:`propagate`, which writes every entry of its output: the zeroing
         Kaldi's PROPAGATE_ADDS asks for first is not needed (the runtime skips it)."""
+        if type(self).propagate is not StatisticsExtractionComponent.propagate:
+            out_value[...] = 0  # (a subclass's own math: it may add)
         return self.propagate(indexes, in_value, out_value)
 
     def propagate(self, indexes: RangeIndexes, in_value, out_value):

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ComputeError
 from ..index import KeySet, pack
-from .affine import bias_first, matmul_blocks_into
+from .affine import bias_first, matmul_blocks_into, overwrite_by_zeroing
 from .base import Flags, InputDeps, UpdatableComponent, register
 from .fields import UPDATABLE_HEADER, Custom, Field, pair
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
@@ -536,6 +536,8 @@ class TdnnComponent(UpdatableComponent):
         offset's product is written, the others added; the same floats."""
         if self.use_bias:  # (no PROPAGATE_ADDS: propagate writes its output)
             return self.propagate(indexes, in_value, out_value)
+        if type(self).propagate is not TdnnComponent.propagate:  # (a subclass's math)
+            return overwrite_by_zeroing(self, indexes, in_value, out_value)
         xp = namespace(in_value)
         w = xp.param(self.linear_params, like=in_value)
         if indexes.starts is not None and len(indexes.starts) > 1:

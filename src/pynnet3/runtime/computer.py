@@ -634,17 +634,20 @@ def _row_block_plans(c: NnetComputation) -> dict[int, tuple]:
     propagate. The computation itself is unchanged."""
     subs, cmds = c.submatrices, c.commands
     plans: dict[int, tuple] = {}
+    claimed: set[int] = set()
     for i, cmd in enumerate(cmds):
         if cmd.type is not CT.COPY_ROWS or not cmd.dst or not cmd.src:
             continue
         d, src = subs[cmd.dst], subs[cmd.src]
         table = c.indexes[cmd.table]
-        if (d.matrix == src.matrix or len(table) < 4 * src.num_rows
+        if (d.matrix == src.matrix or not len(table) or len(table) < 4 * src.num_rows
                 or int(table.min()) < 0):
             continue
         plan = _row_block_plan(c, i, d, src.matrix)
-        if plan is not None and plan[0] not in plans:
+        # (a deallocation moved for one plan cannot wait for another's propagate too)
+        if plan is not None and plan[0] not in plans and not claimed.intersection(plan[1]):
             plans[plan[0]] = (i, plan[1])
+            claimed.update(plan[1])
     return plans
 
 
@@ -669,6 +672,8 @@ def _row_block_plan(c: NnetComputation, i: int, d, src_matrix: int):
         if cmd.matrix in (S, src_matrix) or cmd.src_matrix in (S, src_matrix):
             return None  # (S or the source resized, swapped, compressed, ...)
         fields = [(f, s) for f in SUBMATRIX_FIELDS if (s := getattr(cmd, f))]
+        if t is CT.PROVIDE_OUTPUT and cmd.release and subs[cmd.src].matrix == src_matrix:
+            return None  # (the source handed over: gone before the propagate)
         if t in _MULTI or (cmd.table >= 0 and t in (CT.PROPAGATE, CT.BACKPROP,
                                                      CT.BACKPROP_NO_MODEL_UPDATE)):
             return None  # (tables of submatrices: not looked into)
