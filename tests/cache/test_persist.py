@@ -138,3 +138,23 @@ def test_other_pickles_are_refused(tmp_path):
     path.write_bytes(pickle.dumps({"something": "else"}, protocol=pickle.HIGHEST_PROTOCOL))
     with pytest.raises(FormatError):
         CachingCompiler(pynnet3.Nnet.from_config(_TDNN)).load(path)
+
+
+def test_fingerprint_ignores_the_record_of_folded_test_mode_components(tmp_path):
+    """Review case: graphopt's record of what it folded is not written to model files,
+    so it must not make a network written and read back miss its saved cache."""
+    import pynnet3
+    from pynnet3.cache.persist import nnet_fingerprint
+
+    text = ("input-node name=input dim=6\n"
+            "component name=a type=AffineComponent input-dim=6 output-dim=6\n"
+            "component name=bn type=BatchNormComponent dim=6 test-mode=true\n"
+            "component name=b type=AffineComponent input-dim=6 output-dim=3\n"
+            "component-node name=a component=a input=input\n"
+            "component-node name=bn component=bn input=a\n"
+            "component-node name=b component=b input=bn\n"
+            "output-node name=output input=b\n")
+    opt = pynnet3.optimize_network(pynnet3.Nnet.from_config(text, seed=2))
+    assert any(getattr(c, "folded_test_mode", ()) for c in opt.components.values())
+    opt.write(tmp_path / "opt.mdl")
+    assert nnet_fingerprint(opt) == nnet_fingerprint(pynnet3.read_nnet(tmp_path / "opt.mdl"))

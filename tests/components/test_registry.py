@@ -88,3 +88,16 @@ def test_a_family_imported_directly_keeps_the_users_class():
         "print(component_class('CompositeComponent') is Mine,\n"
         "      composite.CompositeComponent is not Mine)\n")
     assert out == ["True", "True"]
+
+
+def test_registering_a_builtin_class_again_restores_it():
+    out = _fresh(
+        "from pynnet3.components import component_class, register\n"
+        "orig = component_class('AffineComponent')\n"
+        "@register\n"
+        "class MyAffine(orig):\n"
+        "    type_name = 'AffineComponent'\n"
+        "a = component_class('AffineComponent').__name__\n"
+        "register(orig)\n"
+        "print(a, component_class('AffineComponent') is orig)\n")
+    assert out == ["MyAffine", "True"]

@@ -186,3 +186,14 @@ def test_whole_archive_helpers(tmp_path):
     assert list(dict(parse_ark(ark_bytes(entries)))) == ["a", "b", "c"]
     with pytest.raises(FormatError, match="whitespace"):
         ark_bytes({"a b": entries["a"]})
+
+
+def test_an_scp_that_is_not_utf8_is_a_format_error(tmp_path):
+    from pynnet3.errors import FormatError
+    from pynnet3.io.ark import random_access_table, read_table
+
+    scp = tmp_path / "bad.scp"
+    scp.write_bytes(b"utt\xe9 /nowhere.ark:5\n")
+    for read in (lambda s: list(read_table(s)), random_access_table):
+        with pytest.raises(FormatError, match="not UTF-8"):
+            read(f"scp:{scp}")

@@ -93,3 +93,21 @@ def test_old_import_location_still_works():
     from pynnet3.nnet import atomic_write as from_nnet
 
     assert from_nnet is atomic_write
+
+
+def test_dotdot_past_a_symbolic_link_is_not_folded(tmp_path):
+    """'LINK/../out' is the folder above the link's target, as pathlib (and the
+    system) see it: the temporary goes there, not beside LINK (review: a lexical
+    normpath put it in another folder, across file systems a failed rename)."""
+    real = tmp_path / "real" / "sub"
+    real.mkdir(parents=True)
+    (tmp_path / "lnk").symlink_to(real)
+    atomic_write(str(tmp_path / "lnk" / ".." / "out.bin"), b"hello")
+    assert (tmp_path / "real" / "out.bin").read_bytes() == b"hello"
+    assert not (tmp_path / "out.bin").exists()
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["out.bin", "sub"]
+
+
+def test_a_trailing_slash_names_the_file_as_pathlib_does(tmp_path):
+    atomic_write(str(tmp_path / "name") + "/", b"x")
+    assert (tmp_path / "name").read_bytes() == b"x"

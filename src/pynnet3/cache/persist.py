@@ -67,11 +67,19 @@ def _plain(value):
     return None
 
 
+# Attributes that say nothing about what a computation does: graphopt/folding.py's
+# record of the test-mode components it folded away (not written to model files, so
+# a network written and read back would otherwise miss the cache saved for it).
+_NOT_STRUCTURAL = frozenset(("folded_test_mode",))
+
+
 def _settings(obj, depth: int = 0) -> list:
     """The non-float settings of a component (recursing one level into
     sub-objects), as sorted (name, value) pairs."""
     out = []
     for name, value in sorted(vars(obj).items()):
+        if name in _NOT_STRUCTURAL:
+            continue
         plain = _plain(value)
         if plain is not None:
             out.append((name, plain))

@@ -43,6 +43,7 @@ only speed):
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -124,13 +125,14 @@ _REGISTRY: dict[str, type[Component]] = {}
 
 
 def register(cls):
-    """Class decorator: make a component type known by its Kaldi type name. A
-    built-in family imported late (on demand, or directly by another module) does
-    not replace a class the user registered under that name first, as when every
-    family was imported with the package."""
+    """Class decorator: make a component type known by its Kaldi type name. While a
+    built-in family module is being imported late (on demand, or directly by another
+    module), its classes do not replace one the user registered under that name
+    first, as when every family was imported with the package; a later explicit
+    ``register(cls)`` always does (a user restoring a built-in class)."""
     held = _REGISTRY.get(cls.type_name)
-    if (held is not None and held is not cls and _is_builtin(cls)
-            and not _is_builtin(held)):
+    if (held is not None and held is not cls and _family_loading(cls)
+            and not _family_loading(held) and not _is_builtin(held)):
         return cls
     _REGISTRY[cls.type_name] = cls
     return cls
@@ -138,6 +140,14 @@ def register(cls):
 
 def _is_builtin(cls) -> bool:
     return cls.__module__.startswith(__package__ + ".")
+
+
+def _family_loading(cls) -> bool:
+    """Whether ``cls`` is a built-in class whose module is being imported now."""
+    if not _is_builtin(cls):
+        return False
+    spec = getattr(sys.modules.get(cls.__module__), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
 
 
 # Kaldi type name -> family module (of this package) imported when the type is first

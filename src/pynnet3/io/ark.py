@@ -324,6 +324,9 @@ def _scp_lines(spec: Specifier, kaldiio) -> list[tuple[str, str]]:
     except OSError as e:
         raise FormatError(f"cannot open {spec.targets[0]!r}: {e.strerror or e}",
                           spec.text) from None
+    except UnicodeDecodeError as e:
+        raise FormatError(f"{spec.targets[0]!r} is not UTF-8 text (byte {e.start}: "
+                          f"{e.object[e.start:e.start + 1]!r})", spec.text) from None
     out = []
     for number, line in enumerate(lines, 1):
         if not line.strip():

@@ -36,10 +36,22 @@ def random_hex() -> str:
     return os.urandom(4).hex()
 
 
+def _plain_path(path: str | os.PathLike) -> str:
+    """``str(pathlib.Path(path))`` without loading pathlib (a few ms of every
+    command's start): repeated slashes and ``.`` parts dropped, a trailing slash
+    too, ``..`` kept (folding it would be wrong past a symbolic link)."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    root = "/" if text.startswith("/") else ""
+    parts = [p for p in text.split("/") if p and p != "."]
+    return root + "/".join(parts) if parts or root else "."
+
+
 def _split(path: str | os.PathLike) -> tuple[str, str]:
-    """(folder, name) of ``path``, the folder "." for a bare name (pathlib's parent
-    and name, without loading pathlib at every command's start)."""
-    folder, name = os.path.split(os.path.normpath(os.fspath(path)))
+    """(folder, name) of ``path`` as pathlib's parent and name: the folder "." for a
+    bare name."""
+    folder, name = os.path.split(_plain_path(path))
     return folder or ".", name
 
 
@@ -101,7 +113,7 @@ def _umask() -> int:
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers never see a partial file; stale
     temporaries of earlier, killed writes to ``path`` are removed first."""
-    path = os.fspath(path)
+    path = _plain_path(path)
     remove_stale_temporaries(path)
     while True:
         tmp = temp_path(path)
