@@ -20,7 +20,7 @@ from pynnet3.runtime.batching import ChunkQueue, decode_batched, frame_local
 from pynnet3.runtime.simple import DecodableNnetSimple, SimpleOptions
 from tests.cli.test_compute import _CASES, _cases, _data, _expected, _flags
 from tests.cli.test_compute import model as model  # noqa: F401 (the fixture)
-from tests.reference import ref_params
+from tests.reference import needs_reference, ref_params
 
 
 @pytest.mark.parametrize("case", ref_params(_cases(), "nnet3-compute runs"))
@@ -260,3 +260,89 @@ output-node name=output input=r
     fused = pynnet3.optimize_network(tdnn)
     assert type(fused.components[fused.node("r").component]).__name__ == "AffineReluComponent"
     assert frame_local(tdnn) and frame_local(fused)
+
+
+_RECURRENT = """\
+input-node name=input dim=3
+component name=a type=NaturalGradientAffineComponent input-dim=7 output-dim=4
+component-node name=a component=a input=Append(Offset(input, {x}), IfDefined(Offset(r, {r})))
+component name=t type=TanhComponent dim=4
+component-node name=t component=t input=a
+dim-range-node name=r input-node=t dim-offset=0 dim=4
+component name=o type=AffineComponent input-dim=4 output-dim=2
+component-node name=o component=o input=t
+output-node name=output input=o
+"""
+
+
+@pytest.mark.parametrize("x, r, safe", [
+    (0, -1, True),   # a recurrence running forward in time: padding the end is safe
+    (2, -2, True),   # looking ahead 2 frames, the recurrence back 2: within the context
+    (0, 1, False),   # a recurrence running backward: the end of the chunk matters
+    (-1, -3, True),
+])
+def test_pads_at_end_for_recurrent_networks(x, r, safe):
+    from pynnet3.runtime.simple import pads_at_end
+
+    nnet = pynnet3.Nnet.from_config(_RECURRENT.format(x=x, r=r), seed=1)
+    assert not frame_local(nnet)
+    assert pads_at_end(nnet) is safe
+    # what the analysis claims, computed: the padded last chunk's real rows
+    f = np.random.default_rng(3).standard_normal((27, 3)).astype(np.float32)
+    outs = [DecodableNnetSimple(nnet, CachingCompiler(nnet), f,
+                                SimpleOptions(frames_per_chunk=10),
+                                pad_last_chunk=pad).output() for pad in (True, False)]
+    same = np.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+    assert same if safe else not same
+
+
+def test_pads_at_end_refuses_an_optional_input_that_needs_more_future_frames():
+    """IfDefined(Offset(b, -1)) where b looks 3 frames ahead and the descriptor's
+    required part only 0: at the short chunk's end b is undefined, padded it is not."""
+    from pynnet3.runtime.simple import pads_at_end
+
+    nnet = pynnet3.Nnet.from_config("""\
+input-node name=input dim=2
+component name=b type=AffineComponent input-dim=2 output-dim=2
+component-node name=b component=b input=Offset(input, 3)
+component name=a type=AffineComponent input-dim=4 output-dim=2
+component-node name=a component=a input=Append(input, IfDefined(Offset(b, -1)))
+output-node name=output input=a
+""", seed=2)
+    assert not pads_at_end(nnet)
+    f = np.random.default_rng(3).standard_normal((27, 2)).astype(np.float32)
+    outs = [DecodableNnetSimple(nnet, CachingCompiler(nnet), f,
+                                SimpleOptions(frames_per_chunk=10),
+                                pad_last_chunk=pad).output() for pad in (True, False)]
+    assert not np.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)  # (it would matter)
+
+
+@needs_reference
+def test_recurrent_last_chunk_padded_gives_the_same_rows(tmp_path, capsys):
+    """tdnn_lstm (LSTMs running forward, 20 frames of extra left context): the short
+    last chunks computed full-size give the rows the short chunks give, with one
+    computation instead of one per last-chunk length."""
+    from pynnet3.runtime.simple import pads_at_end
+    from tests.reference import REF
+
+    model = REF / "realistic" / "tdnn_lstm" / "model.txt"
+    assert pads_at_end(pynnet3.read_nnet(model))
+    rng = np.random.default_rng(4)
+    feats = {f"u{k}": rng.standard_normal((n, 40)).astype(np.float32)
+             for k, n in enumerate((23, 57, 80, 131))}
+    ivecs = {k: rng.standard_normal(100).astype(np.float32) for k in feats}
+    kaldiio.save_ark(str(tmp_path / "feats.ark"), feats)
+    kaldiio.save_ark(str(tmp_path / "iv.ark"), ivecs)
+    got, compiled = {}, {}
+    for flag in ("true", "false"):
+        out = tmp_path / f"{flag}.ark"
+        assert main(["compute", "--extra-left-context=20", f"--pad-last-chunk={flag}",
+                     f"--ivectors=ark:{tmp_path}/iv.ark", str(model),
+                     f"ark:{tmp_path}/feats.ark", f"ark:{out}"]) == 0
+        compiled[flag] = int(capsys.readouterr().err.split("compiled ")[1].split()[0])
+        got[flag] = read_ark(out)
+    assert compiled["true"] < compiled["false"]
+    for key in feats:
+        scale = float(np.abs(got["false"][key]).max())
+        np.testing.assert_allclose(got["true"][key], got["false"][key], rtol=1e-5,
+                                   atol=1e-5 * scale)

@@ -135,7 +135,7 @@ def cmd_compute(args, stats: dict | None = None) -> int:
     """Run ``compute`` (``args`` from its parser); the exit status. ``stats`` receives
     the counts (:func:`pynnet3.cli.jobs.run_table_job`)."""
     from ..cache import CachingCompiler
-    from ..runtime.simple import DecodableNnetSimple, fixed_frames_per_chunk, frame_local
+    from ..runtime.simple import DecodableNnetSimple, fixed_frames_per_chunk, pads_at_end
 
     if args.ivectors and args.online_ivectors:
         raise PynnetError("give --ivectors or --online-ivectors, not both")
@@ -180,9 +180,9 @@ def cmd_compute(args, stats: dict | None = None) -> int:
             kwargs["online_ivector_period"] = args.online_ivector_period
         return kwargs
 
-    # a short last chunk computed full-size (the same rows when frame-local): one
-    # computation for every chunk instead of one per last-chunk length
-    pad = bool(args.pad_last_chunk and looped is None and frame_local(nnet))
+    # a short last chunk computed full-size (the same rows where pads_at_end says so):
+    # one computation for every chunk instead of one per last-chunk length
+    pad = bool(args.pad_last_chunk and looped is None and pads_at_end(nnet))
 
     def process(key: str, feats: np.ndarray) -> np.ndarray:
         kwargs = inputs(key, feats)
@@ -343,11 +343,12 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
                    metavar="true|false",
                    help="beyond nnet3-compute: compute a short last chunk full-size (frames "
                         "past the end repeating the last one) and keep its real rows, when "
-                        "each output frame of the network needs a fixed set of input frames "
-                        "(no IfDefined/Failover/Switch, only simple and TDNN components): "
-                        "the same rows, and one computation for every chunk instead of one "
-                        "per last-chunk length; other networks compute it short, as Kaldi "
-                        "does (default: true)")
+                        "that gives the same rows: each output frame of the network needs a "
+                        "fixed set of input frames (only simple and TDNN components), or its "
+                        "recurrences run forward in time (IfDefined/Failover looking back, "
+                        "as an LSTM's); one computation for every chunk instead of one per "
+                        "last-chunk length; other networks compute it short, as Kaldi does "
+                        "(default: true)")
     s.add_argument("--jobs", type=int, default=1, metavar="INT",
                    help="split the scp of FEATS-RSPECIFIER as split_scp.pl does and run "
                         "this many workers on a local Ray cluster (127.0.0.1, stopped at "

@@ -8,10 +8,12 @@ and run N at a time as the N sequences of one request (one sequence after anothe
 shortcut builds cheaply from a two-sequence compile. No chunk sees another's rows,
 so every output equals the chunk-by-chunk one up to float rounding.
 
-A short last chunk has a shape of its own. For a :func:`frame_local` network it may
-be planned full-size instead (``DecodableNnetSimple(pad_last_chunk=True)``: frames
-past the end repeat the last frame) and cut back: its real rows are the same, and it
-joins the full chunks' requests.
+A short last chunk has a shape of its own. Where
+:func:`pynnet3.runtime.simple.pads_at_end` (frame-local networks, recurrences running
+forward in time) it may be planned full-size instead
+(``DecodableNnetSimple(pad_last_chunk=True)``: frames past the end repeat the last
+frame) and cut back: its real rows are the same, and it joins the full chunks'
+requests.
 
 Invariant of the queue: utterances leave it in the order they came, each when all of
 its chunks have run; it holds at most ``max_pending`` utterances before running the

@@ -127,8 +127,8 @@ class DecodableNnetSimple:
     """One utterance decoded chunk by chunk (module doc). ``compiler`` has a
     ``compile(request)`` method (a :class:`pynnet3.CachingCompiler` for ``nnet``,
     shared by the utterances of a run); ``log_priors`` (one per output) is
-    subtracted when not empty. ``pad_last_chunk`` (only for a :func:`frame_local`
-    network; Kaldi computes it short): a short last chunk is computed full-size and
+    subtracted when not empty. ``pad_last_chunk`` (only where :func:`pads_at_end`;
+    Kaldi computes it short): a short last chunk is computed full-size and
     cut back (:meth:`plan_chunk`)."""
 
     def __init__(self, nnet, compiler, features, options: SimpleOptions | None = None,
@@ -215,8 +215,8 @@ class DecodableNnetSimple:
     def plan_chunk(self, start: int, pad: bool | None = None) -> ChunkPlan:
         """The chunk of output rows ``start ..`` (at most frames-per-chunk / f rows).
         ``pad``: a short last chunk is computed as a full-size one (frames past the
-        end repeat the last frame) and cut back -- the same rows for a
-        :func:`frame_local` network, and every chunk then has one shape."""
+        end repeat the last frame) and cut back -- the same rows where
+        :func:`pads_at_end`, and every chunk then has one shape."""
         o, f = self.options, self.options.frame_subsampling_factor
         n = min(self.num_frames - start, self.frames_per_chunk // f)
         if pad is None:
@@ -295,6 +295,115 @@ def frame_local(nnet) -> bool:
     return True
 
 
+# Not simple in Kaldi's sense, but row by row where pads_at_end needs it.
+_ROW_WISE = ("TdnnComponent", "BackpropTruncationComponent")
+
+
+def pads_at_end(nnet) -> bool:
+    """Whether a chunk planned full-size past the utterance's end (the frames
+    beyond repeating the last one, ``pad_last_chunk``) computes its real rows as
+    the short chunk does: every :func:`frame_local` network, and recurrent ones
+    (an LSTM running forward in time) whose optional inputs only look back and
+    never need more future frames than what reads them.
+
+    Why that suffices: the two chunks start alike and hold the same input frames up
+    to the short chunk's end (real frames, then the repeated last one); what differs
+    is the padded chunk's later frames. Required inputs of a real row lie within the
+    network's right context, so both chunks have them. An optional input
+    (``IfDefined(a)``, ``Failover(a, b)``) is what could differ: whether ``a`` is
+    defined. Where each node ``n`` that ``a`` reads at time offset ``o <= 0`` needs
+    no more future frames than the descriptor's required terms (``o + R(n) <= R``,
+    ``R`` the future frames needed through required terms only), ``a`` is defined
+    at a time exactly when the descriptor's own required inputs are there, alike in
+    both chunks; ``n``'s own optional inputs are covered by the same rule at ``n``.
+    Components must be simple, TDNN layers (whose offsets are all required), as for
+    :func:`frame_local`, or BackpropTruncation (row by row in the forward pass: what
+    makes it not simple, its zeroing pattern, acts in the backward pass only)."""
+    if frame_local(nnet):
+        return True
+    nodes = nnet.node_map
+    for node in nnet.nodes:
+        if node.kind == "component-node":
+            comp = linear_part(nnet.components[node.component])
+            if not comp.is_simple() and comp.type_name not in _ROW_WISE:
+                return False
+    memo: dict[str, float] = {}
+
+    def right(name: str) -> float:
+        """Future frames node ``name`` needs through required terms (-inf: none)."""
+        if name in memo:
+            return memo[name]
+        memo[name] = float("inf")  # (a required cycle: not computable, not paddable)
+        node = nodes[name]
+        if node.kind == "input-node":
+            r = 0.0
+        elif node.kind == "dim-range-node":
+            r = right(node.source)
+        else:
+            r = _descriptor_right(node.descriptor, right)[0]
+            if node.kind == "component-node":
+                comp = linear_part(nnet.components[node.component])
+                r += max(getattr(comp, "time_offsets", None) or [0])
+        memo[name] = r
+        return r
+
+    for node in nnet.nodes:
+        if node.descriptor is None:
+            continue
+        required, optional = _descriptor_right(node.descriptor, right)
+        if any(o > 0 or o + right(n) > required for n, o in optional):
+            return False
+    return True
+
+
+def _descriptor_right(desc, right) -> tuple[float, list[tuple[str, int]]]:
+    """(future frames the required terms of ``desc`` need, the optional terms as
+    (node, time offset)); terms at an absolute time (``ReplaceIndex(., t, k)``) need
+    none and count as offset 0."""
+    terms: list[tuple[str, int, bool]] = []
+    for part in desc.parts:
+        _terms(part, 0, False, terms)
+    required = max((o + right(n) for n, o, opt in terms if not opt), default=float("-inf"))
+    return required, [(n, o) for n, o, opt in terms if opt]
+
+
+def _terms(p, off: int, optional: bool, out: list) -> None:
+    """(node, time offset, optional) of every term of descriptor part ``p``."""
+    from ..descriptor import (
+        ConstOf,
+        FailoverOf,
+        IfDefinedOf,
+        NodeRef,
+        OffsetOf,
+        ReplaceIndexOf,
+        RoundOf,
+        SumOf,
+        SwitchOf,
+    )
+
+    if isinstance(p, NodeRef):
+        out.append((p.node, off, optional))
+    elif isinstance(p, OffsetOf):
+        _terms(p.src, off + p.t_offset, optional, out)
+    elif isinstance(p, RoundOf):  # (reads at t - t mod m: no later than t)
+        _terms(p.src, off, optional, out)
+    elif isinstance(p, ReplaceIndexOf):
+        _terms(p.src, 0 if p.variable == "t" else off, optional, out)
+    elif isinstance(p, SwitchOf):
+        for src in p.srcs:
+            _terms(src, off, optional, out)
+    elif isinstance(p, SumOf):
+        _terms(p.a, off, optional, out)
+        _terms(p.b, off, optional, out)
+    elif isinstance(p, FailoverOf):  # (which one is used depends on a's definedness)
+        _terms(p.a, off, True, out)
+        _terms(p.b, off, True, out)
+    elif isinstance(p, IfDefinedOf):
+        _terms(p.a, off, True, out)
+    elif not isinstance(p, ConstOf):
+        raise TypeError(f"unknown descriptor part {p!r}")
+
+
 def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
                 features: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """Run equal-shaped ``chunks`` as the sequences of one request on ``d``'s network
@@ -334,4 +443,4 @@ def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
 
 
 __all__ = ["ChunkPlan", "DecodableNnetSimple", "SimpleOptions", "chunk_request",
-           "fixed_frames_per_chunk", "frame_local", "run_chunks"]
+           "fixed_frames_per_chunk", "frame_local", "pads_at_end", "run_chunks"]
