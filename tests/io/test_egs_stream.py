@@ -240,3 +240,145 @@ def test_corrupt_text_index_vector_size_allocates_nothing_large():
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20
+
+
+# -- a broken entry is final at once; other streams than pipes; huge text indexes ------------------
+class _Counting:
+    """``read(n)`` over ``pieces`` (the first call gives the first, and so on), then
+    zeros up to ``total`` bytes in all: counts what was given."""
+
+    def __init__(self, pieces, total: int = 0):
+        self.pieces, self.total, self.given = list(pieces), total, 0
+
+    def __call__(self, n: int) -> bytes:
+        if self.pieces:
+            out = self.pieces.pop(0)
+        else:
+            out = bytes(max(0, min(n, self.total - self.given)))
+        self.given += len(out)
+        return out
+
+
+def _corruptions(text: bool):
+    """(what, mutate) for a broken first entry of an archive (text or binary), each an
+    error that its bytes show before the entry ends."""
+    if text:
+        yield "bad token", lambda d: d.replace(b"<NumIo>", b"<NumIx>", 1)
+        yield "bad index", lambda d: d.replace(b"<I1>", b"<I2>", 1)
+        yield "bad number", lambda d: d.replace(b"[\n", b"[\n  1.5x ", 1)
+        yield "bad sparse vector", lambda d: d.replace(b"dim=7 [", b"dim=7 {", 1)
+        yield "rows mismatch", lambda d: d.replace(b"<I1V> 5 ", b"<I1V> 4 ", 1).replace(
+            b"<I1> 0 -2 0 ", b"", 1)
+    else:
+        yield "bad token", lambda d: d.replace(b"<NumIo>", b"<NumIx>", 1)
+        yield "bad compact index byte", lambda d: d.replace(b"<I1V> \x04\x05\x00\x00\x00\xfe",
+                                                            b"<I1V> \x04\x05\x00\x00\x00\x7d", 1)
+        yield "bad matrix header", lambda d: d.replace(b"FM ", b"XM ", 1)
+        yield "bad sparse token", lambda d: d.replace(b"SV ", b"SX ", 1)
+
+
+@pytest.mark.parametrize("text", [False, True])
+def test_a_broken_entry_is_final_at_once(text, monkeypatch):
+    """An error inside what has been read is not read on past (a corrupt first entry on
+    a pipe read and buffered the whole rest of the stream, ~840 MB for 400 MB of
+    zeros, before its error): it comes from the first chunk, as the file gives it;
+    more is read only where the entry runs into the end of what was read. Every cut
+    point of such archives gives the file's examples and error."""
+    egs = _egs(3)
+    first = len(examples_bytes(egs[:1], binary=not text))
+    monkeypatch.setattr(egs_module, "STREAM_CHUNK", 4096)
+    for what, mutate in _corruptions(text):
+        data = examples_bytes(egs, binary=not text)
+        bad = mutate(data[:first]) + data[first:]
+        assert bad[:first] != data[:first], what
+        with pytest.raises(FormatError) as whole:
+            list(parse_examples(bad, "s"))
+        assert "'eg0'" in str(whole.value), what
+        # the broken entry, then 16 MiB of zeros: one read, not the whole stream
+        read = _Counting([bad[:first + 40]], total=1 << 24)
+        with pytest.raises(FormatError) as streamed:
+            list(egs_module._entries(b"", "s", False, read))
+        assert str(streamed.value) == str(whole.value), what
+        assert read.given == first + 40, what
+        assert list(egs_module._entries(b"", "s", True, _Counting([bad[:first + 40]],
+                                                                   1 << 24))) == []
+        # cut anywhere: the file's outcome
+        for cut in range(1, len(bad)):
+            with pytest.raises(FormatError) as streamed:
+                list(egs_module._entries(b"", "s", False, _Counting([bad[:cut], bad[cut:]])))
+            assert str(streamed.value) == str(whole.value), (what, cut)
+
+
+def test_a_corrupt_entry_on_a_pipe_stops_the_reading(tmp_path, monkeypatch):
+    """The reviewer's case: a binary entry with a bad first token, then 25 MiB of zeros
+    from a pipe; the error is at byte 5 after a chunk, and the pipe, closed then,
+    stops writing: it has not written all its zeros."""
+    done = tmp_path / "wrote_everything"
+    cmd = (r"printf 'k1 \0B<Bad> '; i=0; while [ $i -lt 400 ]; do "
+           r"head -c 65536 /dev/zero || exit 0; i=$((i+1)); done; "
+           f"touch {shlex.quote(str(done))}")
+    monkeypatch.setattr(egs_module, "STREAM_CHUNK", 4096)
+    with pytest.raises(FormatError, match=r"example 'k1': .*byte 5: expected '<Nnet3Eg>'"):
+        list(read_examples(f"ark:{cmd} |"))
+    assert not done.exists()
+
+
+def test_fifos_and_dev_stdin_are_read_as_streams(tmp_path):
+    """A FIFO (and /dev/stdin on a pipe, process substitution) has size 0: it is read
+    as a stream, not taken for an empty file."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    egs = _egs(3)
+    data = examples_bytes(egs[:2]) + examples_bytes(egs[2:], binary=False)
+    fifo = tmp_path / "egs.fifo"
+    os.mkfifo(fifo)
+
+    def write():
+        with open(fifo, "wb") as f:
+            f.write(data)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    got = [(k, eg.to_bytes()) for k, eg in read_examples(f"ark:{fifo}")]
+    writer.join(5)
+    assert got == [(k, eg.to_bytes()) for k, eg in parse_examples(data)]
+    assert [k for k, _ in got] == ["eg0", "eg1", "eg2"]
+    code = ("from pynnet3.io.egs import read_examples, examples_bytes; import sys; "
+            "sys.stdout.buffer.write(examples_bytes(list(read_examples('ark:/dev/stdin'))))")
+    out = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True,
+                         check=True, timeout=60)
+    assert out.stdout == examples_bytes(list(parse_examples(data)))
+    # a broken one: the error a file gives
+    path = tmp_path / "bad.ark"
+    path.write_bytes(data[:-30])
+    code = ("from pynnet3.io.egs import read_examples; "
+            "print(len(list(read_examples('ark:/dev/stdin'))))")
+    with path.open("rb") as f:  # (a regular file on stdin: mapped)
+        out = subprocess.run([sys.executable, "-c", code], stdin=f, capture_output=True,
+                             timeout=60)
+    piped = subprocess.run([sys.executable, "-c", code], input=data[:-30], capture_output=True,
+                           timeout=60)
+    assert out.returncode == piped.returncode == 1
+    for o in (out, piped):
+        assert b"example 'eg2'" in o.stderr and b"ark:/dev/stdin, line" in o.stderr
+
+
+@pytest.mark.parametrize("big", [b"3000000000", b"99999999999999999999", b"-99999999999999999999"])
+def test_a_text_index_beyond_int64_is_a_format_error(big, tmp_path, monkeypatch):
+    egs = _egs(3)
+    data = examples_bytes(egs, binary=False)
+    at = data.index(b"eg1 ")
+    bad = data[:at] + data[at:].replace(b"<I1> 0 -1 0", b"<I1> 0 " + big + b" 0", 1)
+    assert bad != data
+    with pytest.raises(FormatError, match=r"example 'eg1': s, line \d+: index out of the int32"):
+        list(parse_examples(bad, "s"))
+    path = tmp_path / "big.ark"
+    path.write_bytes(bad)
+    monkeypatch.setattr(egs_module, "STREAM_CHUNK", 64)
+    for spec in (f"ark:{path}", _pipe(path)):
+        want = _outcome(spec, spec)
+        assert want[-1][0] == "error" and "int32" in want[-1][1]
+        assert [k for k, _ in read_examples(spec.replace("ark:", "ark,p:", 1))] == ["eg0"]

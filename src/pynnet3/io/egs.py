@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -149,6 +150,7 @@ def _read_index_vector_binary(r: KaldiReader) -> np.ndarray:
     data, pos = r.data, r.pos
     if size > len(data) - pos:  # (an index takes a byte at least: a corrupt size is
         # an error here, not an allocation of size * 12 bytes)
+        _ran_out(r)
         raise r.error(f"index-vector size {size} is more than the {len(data) - pos} bytes "
                       "left", token=str(size), pos=start)
     out = np.empty((size, 3), dtype=np.int32)
@@ -186,6 +188,15 @@ def _read_index_vector_binary(r: KaldiReader) -> np.ndarray:
 
 
 _I1 = re.compile(rb"\s*<I1>\s+(\S+)\s+(\S+)\s+(\S+)")
+# What the data ends with when it is the start of an index (cut off in a stream)
+_I1_START = re.compile(rb"\s*(?:<(?:I(?:1(?:>(?:\s+(?:\S+(?:\s+(?:\S+(?:\s+)?)?)?)?)?)?)?)?)?\Z")
+_INT64 = 2**63
+
+
+def _ran_out(r: KaldiReader) -> None:
+    """Mark that ``r`` ran into the end of its data (for a stream: its buffer): an
+    error that follows may be the cut's, so more is read (:func:`_entries`)."""
+    r.ran_out = True
 
 
 def _read_index_vector_text(r: KaldiReader) -> np.ndarray:
@@ -199,13 +210,21 @@ def _read_index_vector_text(r: KaldiReader) -> np.ndarray:
     for i in range(size):
         m = _I1.match(r.data, r.pos)
         if m is None:
+            if _I1_START.match(r.data, r.pos):
+                _ran_out(r)
             raise r.error("expected '<I1> n t x'", pos=r.token_start(),
                           token=r.peek_token() if not r.at_eof() else "<eof>")
+        if m.end() >= len(r.data):  # (the last number may go on)
+            _ran_out(r)
         try:
-            out[i] = [int(g) for g in m.groups()]
+            values = [int(g) for g in m.groups()]
         except ValueError:
             raise r.error("bad integer in an index", pos=m.start(1),
                           token=b" ".join(m.groups()).decode(errors="replace")) from None
+        try:
+            out[i] = values
+        except OverflowError:  # beyond int64: out of the int32 range, reported below
+            out[i] = [min(max(v, -_INT64), _INT64 - 1) for v in values]
         r.pos = m.end()
     if size and ((out < -2**31) | (out > 2**31 - 1)).any():
         raise r.error("index out of the int32 range", pos=start)
@@ -290,9 +309,9 @@ def write_example(w, eg: NnetExample) -> None:
 # -- archives -------------------------------------------------------------------------------------
 _KEY = re.compile(rb"\s*(\S+)")
 
-# Bytes read from stdin or a pipe at a time: an archive there is parsed from a buffer
-# of about a chunk plus the entry being read, not read whole (a 2 GB egs archive piped
-# in took 2 GB before its first example).
+# Bytes read from stdin, a pipe or a FIFO at a time: an archive there is parsed from a
+# buffer of about a chunk plus the entry being read, not read whole (a 2 GB egs archive
+# piped in took 2 GB before its first example).
 STREAM_CHUNK = 1 << 22
 
 
@@ -301,27 +320,106 @@ def _is_stream(target: str) -> bool:
 
 
 def _open_data(target: str, source: str):
-    """The bytes of a file (memory-mapped), stdin or a pipe's output (read whole: an
-    archive is read from those by :func:`_read_stream`)."""
+    """The bytes of a file: a regular one memory-mapped; anything else (stdin, a pipe's
+    output, a FIFO, a character device) read whole (an archive is read from those a
+    chunk at a time by :func:`read_examples`)."""
+    with _open(target, source) as f:
+        if isinstance(f, _Regular):
+            return f.data
+        return _read_all(f, target, source)
+
+
+class _Regular:
+    """An opened regular file: its bytes (memory-mapped; b"" when empty)."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _open(target: str, source: str):
+    """:class:`_Regular` for a regular file, else an open binary stream (stdin, a
+    pipe's output, a FIFO, /dev/stdin: their size is no length, so they are read, not
+    mapped)."""
     from .ark import _kaldiio
 
-    if not _is_stream(target):
+    if _is_stream(target):
         try:
-            f = open(target, "rb")  # noqa: SIM115
+            return _kaldiio().utils.open_like_kaldi(target, "rb")
         except OSError as e:
-            raise FormatError(f"cannot open {target!r}: {e.strerror or e}", source) from None
-        with f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return b""
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            raise FormatError(f"cannot read {target!r}: {e.strerror or e}", source) from None
     try:
-        with _kaldiio().utils.open_like_kaldi(target, "rb") as f:
-            return f.read()
+        f = open(target, "rb")  # noqa: SIM115
     except OSError as e:
-        raise FormatError(f"cannot read {target!r}: {e.strerror or e}", source) from None
+        raise FormatError(f"cannot open {target!r}: {e.strerror or e}", source) from None
+    st = os.fstat(f.fileno())
+    if not stat.S_ISREG(st.st_mode):
+        return f
+    with f:
+        if st.st_size == 0:
+            return _Regular(b"")
+        return _Regular(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 
-class _StreamBinaryReader(BinaryReader):
+def _reader(f, target: str, source: str):
+    def read(n: int) -> bytes:
+        try:
+            return f.read(n)
+        except OSError as e:
+            raise FormatError(f"cannot read {target!r}: {e.strerror or e}", source) from None
+
+    return read
+
+
+def _read_all(f, target: str, source: str) -> bytes:
+    return _reader(f, target, source)(-1)
+
+
+class _StreamReading:
+    """For the readers of a part of a stream (a buffer of it): ``ran_out`` is set when
+    reading ran into the end of the buffer, so that an error may be the cut's and not
+    the stream's: only then is more read (:func:`_entries`). The readers check the
+    bounds of every read, and those that fail at the end of the data say "unexpected
+    end of file" (:meth:`_check_end`); a token, number or whitespace run that ends
+    where the buffer does leaves ``pos`` there (it only grows); searches for a
+    delimiter (a ']', a regular expression of egs or general_matrix) that find none
+    there are marked by them."""
+
+    data: bytes
+    pos: int
+    ran_out = False
+
+    def peek_token(self) -> str:
+        m = _KEY.match(self.data, self.pos)  # (pos goes back after a peek)
+        if m is None or m.end() >= len(self.data):
+            self.ran_out = True
+        return super().peek_token()  # type: ignore[misc]
+
+    def at_eof(self) -> bool:
+        if super().at_eof():  # type: ignore[misc]
+            self.ran_out = True
+            return True
+        return False
+
+    def _check_end(self, message: str, pos: int) -> None:
+        if (pos >= len(self.data) or self.pos >= len(self.data)
+                or message.startswith("unexpected end of file")
+                or (message.startswith("expected a sparse vector")
+                    and _SPARSE_START.match(self.data, pos))):
+            self.ran_out = True
+
+
+# What the data ends with when it is the start of a text sparse vector (the match of
+# general_matrix's 'dim=D [ index value ... ]' failed there because it was cut off)
+_SPARSE_START = re.compile(rb"\s*(?:d(?:i(?:m(?:=(?:\S+(?:\s+(?:\[[^\]]*)?)?)?)?)?)?)?\Z")
+
+
+class _StreamBinaryReader(_StreamReading, BinaryReader):
     """A BinaryReader over a part of a stream that starts ``base`` bytes into it:
     errors give offsets in the whole stream."""
 
@@ -331,10 +429,11 @@ class _StreamBinaryReader(BinaryReader):
 
     def error(self, message: str, token: str | None = None, pos: int | None = None):
         pos = self.pos if pos is None else pos
+        self._check_end(message, pos)
         return FormatError(message, self.source, offset=self.base + pos, token=token)
 
 
-class _StreamTextReader(TextReader):
+class _StreamTextReader(_StreamReading, TextReader):
     """A TextReader over a part of a stream after ``lines`` newlines of it: errors
     give lines of the whole stream."""
 
@@ -342,38 +441,54 @@ class _StreamTextReader(TextReader):
         super().__init__(data, source, pos)
         self.lines = lines
 
+    def _bracketed(self, what: str) -> tuple[bytes, int]:
+        at = _KEY.match(self.data, self.pos)  # (the '[' and what it opens)
+        if at is None or (at.group(1)[:1] == b"[" and self.data.find(b"]", at.start(1)) < 0):
+            self.ran_out = True
+        return super()._bracketed(what)
+
     def error(self, message: str, token: str | None = None, pos: int | None = None):
         pos = self.pos if pos is None else pos
+        self._check_end(message, pos)
         return FormatError(message, self.source,
                            line=self.lines + self.data.count(b"\n", 0, pos) + 1, token=token)
+
+
+class _NeedMore(Exception):
+    """The entry at the start of a stream's buffer goes on past it."""
 
 
 def _entries(data, source: str, permissive: bool,
              read=None) -> Iterator[tuple[str, NnetExample]]:
     """``(key, example)`` for the entries of an archive: all in ``data`` (bytes or an
     mmap) when ``read`` is None; else ``data`` is its start and ``read(n)`` gives the
-    rest, up to ``n`` bytes a call (none at the end) (:func:`_read_stream`).
+    rest, up to ``n`` bytes a call (none at the end) (:func:`read_examples`).
 
     From a stream, an entry is parsed from a buffer of what is left of the data read;
-    one that cannot be parsed yet (its end not there, or wrong only because it is cut
-    off: any exception) is parsed again after reading more, until the stream ends, when
-    the entry's outcome (an example or an error) is the one the whole archive gives.
-    An entry read counts only when its last token is followed by a space or another
-    byte there (so no token, number or run of whitespace of it ends where the buffer
-    does): every read of the readers checks its bounds, or searches for a delimiter, so
-    such an entry is the one the whole archive gives. Errors name places in the whole
-    stream (offsets, lines)."""
+    one that cannot be parsed yet is parsed again after reading more, until the stream
+    ends, when the entry's outcome (an example or an error) is the one the whole
+    archive gives. An entry cannot be parsed yet when reading it ran into the end of
+    the buffer (its reader's ``ran_out``, :class:`_StreamReading`): an error strictly
+    inside the buffer is final at once (a corrupt entry is not followed by reading the
+    rest of the stream). An entry read counts only when its last token is followed by
+    a space or another byte there (so no token, number or run of whitespace of it ends
+    where the buffer does): every read of the readers checks its bounds, or searches
+    for a delimiter, so such an entry is the one the whole archive gives. Errors name
+    places in the whole stream (offsets, lines)."""
     pos = base = lines = 0  # base, lines: the bytes and newlines before data[0]
     at_end = read is None
     while True:
+        r: KaldiReader | None = None
         try:
             m = _KEY.match(data, pos)
             if m is None or m.end() <= m.start(1):
                 if at_end:
                     return
-                raise EOFError
+                raise _NeedMore
             key = m.group(1).decode("utf-8", errors="replace")
             at = m.end()
+            if not at_end and at + 3 > len(data):  # (the key, its space, the \0B may go on)
+                raise _NeedMore
             sep = data[at:at + 1]
             if sep not in (b" ", b"\t", b"\n"):
                 raise FormatError("expected a space after the key", source, offset=base + at,
@@ -382,8 +497,8 @@ def _entries(data, source: str, permissive: bool,
                 at += 1
             text = data[at:at + 2] != b"\0B"
             if not text:
-                r: KaldiReader = (BinaryReader(data, source, pos=at + 2) if read is None
-                                  else _StreamBinaryReader(data, source, at + 2, base))
+                r = (BinaryReader(data, source, pos=at + 2) if read is None
+                     else _StreamBinaryReader(data, source, at + 2, base))
             else:
                 if isinstance(data, mmap.mmap):  # text errors count lines: need bytes
                     data = bytes(data)
@@ -394,9 +509,11 @@ def _entries(data, source: str, permissive: bool,
             except FormatError as e:
                 raise FormatError(f"example {key!r}: {e}") from None
             if not at_end and r.pos >= len(data) and data[r.pos - 1:r.pos] != b" ":
-                raise EOFError  # (the last token may go on)
+                raise _NeedMore  # (the last token may go on)
         except Exception as e:
-            if at_end:
+            cut = isinstance(e, _NeedMore) or (r is not None and (
+                getattr(r, "ran_out", False) or r.pos >= len(data)))
+            if at_end or not cut:
                 if permissive and isinstance(e, FormatError):
                     return
                 raise
@@ -423,30 +540,12 @@ def parse_examples(data, source: str = "<bytes>",
     return _entries(data, source, permissive)
 
 
-def _read_stream(target: str, source: str,
-                 permissive: bool) -> Iterator[tuple[str, NnetExample]]:
-    """The examples of an archive on stdin (``-``) or from a pipe, read
-    :data:`STREAM_CHUNK` bytes at a time: each is yielded when it has been read."""
-    from .ark import _kaldiio
-
-    try:
-        f = _kaldiio().utils.open_like_kaldi(target, "rb")
-    except OSError as e:
-        raise FormatError(f"cannot read {target!r}: {e.strerror or e}", source) from None
-    def read(n: int) -> bytes:
-        try:
-            return f.read(n)
-        except OSError as e:
-            raise FormatError(f"cannot read {target!r}: {e.strerror or e}", source) from None
-
-    with f:
-        yield from _entries(b"", source, permissive, read)
-
-
 def read_examples(rspecifier: str) -> Iterator[tuple[str, NnetExample]]:
     """Examples ``(key, NnetExample)`` of a table in order (Kaldi's
-    SequentialNnetExampleReader): ``ark:``, ``scp:``, ``-`` and pipes (read as they
-    come, a chunk at a time)."""
+    SequentialNnetExampleReader): ``ark:``, ``scp:``, ``-`` and pipes. A regular file
+    is memory-mapped; stdin, a pipe's output or a FIFO is read as it comes,
+    :data:`STREAM_CHUNK` bytes at a time: each example is yielded when it has been
+    read."""
     from .ark import parse_specifier
 
     spec = parse_specifier(rspecifier)
@@ -454,10 +553,12 @@ def read_examples(rspecifier: str) -> Iterator[tuple[str, NnetExample]]:
         yield from _read_scp(spec)
         return
     target = spec.targets[0]
-    if _is_stream(target):
-        yield from _read_stream(target, rspecifier, spec.permissive)
-        return
-    yield from parse_examples(_open_data(target, rspecifier), rspecifier, spec.permissive)
+    with _open(target, rspecifier) as f:
+        if isinstance(f, _Regular):
+            yield from parse_examples(f.data, rspecifier, spec.permissive)
+        else:
+            yield from _entries(b"", rspecifier, spec.permissive,
+                                _reader(f, target, rspecifier))
 
 
 def _read_scp(spec) -> Iterator[tuple[str, NnetExample]]:
