@@ -262,6 +262,10 @@ def _read_sparse_text(r: KaldiReader) -> SparseMatrix:
         r.pos = m.end()
     if len(dims) > 1:
         raise r.error(f"sparse matrix rows of different dims {sorted(dims)}", pos=start)
+    limit = np.iinfo(np.int32)
+    if any(not limit.min <= c <= limit.max for c in cols) or \
+            any(not limit.min <= d <= limit.max for d in dims):
+        raise r.error("sparse vector index or dim out of the int32 range", pos=start)
     return SparseMatrix(dims.pop() if dims else 0, np.array(ptr, np.int64),
                         np.array(cols, np.int32), np.array(vals, np.float32))._check(r, start)
 
