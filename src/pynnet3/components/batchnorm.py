@@ -18,6 +18,8 @@ invented test-mode stats), so a read->write round trip is byte-identical.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from . import device_stats
@@ -177,8 +179,13 @@ class BatchNormComponent(Component):
             self.offset = self.scale = None
             return
         if self.count == 0.0:
-            # Kaldi invents random stats here (with a warning); so do we.
-            rng = rng or np.random.default_rng()
+            # Kaldi invents random stats here (with a warning); so do we, from a fixed
+            # seed (Kaldi's rand() is unseeded too): the same network gives the same
+            # outputs in every process, so runs and its optimized copy agree.
+            warnings.warn("BatchNormComponent: test mode is set but there are no "
+                          "statistics (count 0): random ones are made up, which only "
+                          "makes sense in tests", RuntimeWarning, stacklevel=2)
+            rng = rng or np.random.default_rng(0)
             self.count = 1.0
             self.stats_sum = rng.standard_normal(self.block_dim)
             self.stats_sumsq = rng.standard_normal(self.block_dim) + self.stats_sum ** 2
