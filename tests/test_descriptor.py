@@ -481,3 +481,16 @@ def test_evaluation_invariants(d, seed):
             if term.node is not None:
                 for r, i in zip(term.rows.tolist(), term.indexes.tolist(), strict=True):
                     assert (term.node, r, tuple(i)) in dep_keys
+
+
+def test_time_terms():
+    """Every node term with the time offset it is read at and whether it is optional
+    (inside IfDefined or Failover); under ReplaceIndex of t, an absolute time (None)."""
+    from pynnet3.descriptor import parse_descriptor
+
+    d = parse_descriptor("Append(Offset(a, -2), Sum(b, Offset(Round(c, 3), 4)), "
+                         "IfDefined(Offset(r, -3)), Failover(Offset(d, 1), e), "
+                         "ReplaceIndex(Offset(iv, 5), t, 0), Offset(Switch(f, g), 2))")
+    assert d.time_terms() == [("a", -2, False), ("b", 0, False), ("c", 4, False),
+                              ("r", -3, True), ("d", 1, True), ("e", 0, True),
+                              ("iv", None, False), ("f", 2, False), ("g", 2, False)]

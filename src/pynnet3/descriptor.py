@@ -165,6 +165,17 @@ class Descriptor:
     def part_dims(self, node_dim: Callable[[str], int]) -> list[int]:
         return [part_dim(p, node_dim) for p in self.parts]
 
+    def time_terms(self) -> list[tuple[str, int | None, bool]]:
+        """``(node, time offset, optional)`` of every node term: the offset at which
+        it is read relative to the row's time (None under ``ReplaceIndex(., t, k)``:
+        an absolute time; ``Round`` counts as its source's offset, reading no later),
+        and whether it sits inside an ``IfDefined`` or a ``Failover`` (what is read
+        may depend on what is defined)."""
+        out: list = []
+        for p in self.parts:
+            _time_terms(p, 0, False, out)
+        return out
+
     def map_nodes(self, fn: Callable[[str], str]) -> Descriptor:
         return Descriptor(tuple(_map_nodes(p, fn) for p in self.parts))
 
@@ -187,6 +198,29 @@ class Dep:
     rows: np.ndarray
     indexes: np.ndarray
     required: bool
+
+
+def _time_terms(e, off: int | None, optional: bool, out: list) -> None:
+    """Append ``(node, time offset or None, optional)`` for every term of part ``e``."""
+    if isinstance(e, NodeRef):
+        out.append((e.node, off, optional))
+    elif isinstance(e, OffsetOf):
+        _time_terms(e.src, None if off is None else off + e.t_offset, optional, out)
+    elif isinstance(e, RoundOf):  # (reads at t - t mod m: no later than t)
+        _time_terms(e.src, off, optional, out)
+    elif isinstance(e, ReplaceIndexOf):
+        _time_terms(e.src, None if e.variable == "t" else off, optional, out)
+    elif isinstance(e, SwitchOf):
+        for s in e.srcs:
+            _time_terms(s, off, optional, out)
+    elif isinstance(e, SumOf):
+        _time_terms(e.a, off, optional, out)
+        _time_terms(e.b, off, optional, out)
+    elif isinstance(e, FailoverOf):  # (which one is used depends on a's definedness)
+        _time_terms(e.a, off, True, out)
+        _time_terms(e.b, off, True, out)
+    elif isinstance(e, IfDefinedOf):
+        _time_terms(e.a, off, True, out)
 
 
 def _nodes_of(e) -> list[str]:

@@ -358,50 +358,11 @@ def pads_at_end(nnet) -> bool:
 
 def _descriptor_right(desc, right) -> tuple[float, list[tuple[str, int]]]:
     """(future frames the required terms of ``desc`` need, the optional terms as
-    (node, time offset)); terms at an absolute time (``ReplaceIndex(., t, k)``) need
-    none and count as offset 0."""
-    terms: list[tuple[str, int, bool]] = []
-    for part in desc.parts:
-        _terms(part, 0, False, terms)
+    (node, time offset)); terms at an absolute time (``ReplaceIndex(., t, k)``: an
+    iVector) count in neither, their rows being the same whatever the chunk's end."""
+    terms = [(n, o, opt) for n, o, opt in desc.time_terms() if o is not None]
     required = max((o + right(n) for n, o, opt in terms if not opt), default=float("-inf"))
     return required, [(n, o) for n, o, opt in terms if opt]
-
-
-def _terms(p, off: int, optional: bool, out: list) -> None:
-    """(node, time offset, optional) of every term of descriptor part ``p``."""
-    from ..descriptor import (
-        ConstOf,
-        FailoverOf,
-        IfDefinedOf,
-        NodeRef,
-        OffsetOf,
-        ReplaceIndexOf,
-        RoundOf,
-        SumOf,
-        SwitchOf,
-    )
-
-    if isinstance(p, NodeRef):
-        out.append((p.node, off, optional))
-    elif isinstance(p, OffsetOf):
-        _terms(p.src, off + p.t_offset, optional, out)
-    elif isinstance(p, RoundOf):  # (reads at t - t mod m: no later than t)
-        _terms(p.src, off, optional, out)
-    elif isinstance(p, ReplaceIndexOf):
-        _terms(p.src, 0 if p.variable == "t" else off, optional, out)
-    elif isinstance(p, SwitchOf):
-        for src in p.srcs:
-            _terms(src, off, optional, out)
-    elif isinstance(p, SumOf):
-        _terms(p.a, off, optional, out)
-        _terms(p.b, off, optional, out)
-    elif isinstance(p, FailoverOf):  # (which one is used depends on a's definedness)
-        _terms(p.a, off, True, out)
-        _terms(p.b, off, True, out)
-    elif isinstance(p, IfDefinedOf):
-        _terms(p.a, off, True, out)
-    elif not isinstance(p, ConstOf):
-        raise TypeError(f"unknown descriptor part {p!r}")
 
 
 def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
