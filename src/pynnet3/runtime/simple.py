@@ -281,18 +281,27 @@ def frame_local(nnet) -> bool:
     """Whether each output frame of ``nnet`` depends on a fixed set of input frames
     (its context), whatever else the chunk holds: no optional inputs (IfDefined,
     Failover, Switch: recurrences need them) and only simple components or
-    TdnnComponents (all of whose time offsets are required). Then a chunk padded at
-    its end computes its real rows exactly as the short chunk does."""
+    TdnnComponents (all of whose time offsets are required), none in training mode
+    (BatchNorm, dropout). Then a chunk padded at its end computes its real rows
+    exactly as the short chunk does."""
     for node in nnet.nodes:
         if node.descriptor is not None and any(w in str(node.descriptor)
                                                for w in _OPTIONAL_INPUTS):
             return False
         if node.kind == "component-node":
             comp = nnet.components[node.component]
+            if _batch_dependent(comp):
+                return False
             comp = linear_part(comp)  # (a fused kernel: its linear layer's)
             if not comp.is_simple() and comp.type_name != "TdnnComponent":
                 return False
     return True
+
+
+def _batch_dependent(comp) -> bool:
+    """A component in training mode (BatchNorm normalizing over the chunk's rows,
+    dropout drawing masks for them): its rows depend on the rest of the chunk."""
+    return getattr(comp, "test_mode", True) is False
 
 
 # Not simple in Kaldi's sense, but row by row where pads_at_end needs it.
@@ -318,50 +327,88 @@ def pads_at_end(nnet) -> bool:
     both chunks; ``n``'s own optional inputs are covered by the same rule at ``n``.
     Components must be simple, TDNN layers (whose offsets are all required), as for
     :func:`frame_local`, or BackpropTruncation (row by row in the forward pass: what
-    makes it not simple, its zeroing pattern, acts in the backward pass only)."""
+    makes it not simple, its zeroing pattern, acts in the backward pass only), none in
+    training mode. Refused as well, the bound not holding there: ``Switch`` and
+    ``Round`` (an offset reached at some times only) and a node other than an input
+    read at a fixed time (``ReplaceIndex(., t, k)``: near the chunk's start); an
+    iVector read so is fine."""
     if frame_local(nnet):
         return True
     nodes = nnet.node_map
     for node in nnet.nodes:
         if node.kind == "component-node":
-            comp = linear_part(nnet.components[node.component])
+            comp = nnet.components[node.component]
+            if _batch_dependent(comp):
+                return False
+            comp = linear_part(comp)
             if not comp.is_simple() and comp.type_name not in _ROW_WISE:
                 return False
-    memo: dict[str, float] = {}
-
-    def right(name: str) -> float:
-        """Future frames node ``name`` needs through required terms (-inf: none)."""
-        if name in memo:
-            return memo[name]
-        memo[name] = float("inf")  # (a required cycle: not computable, not paddable)
-        node = nodes[name]
-        if node.kind == "input-node":
-            r = 0.0
-        elif node.kind == "dim-range-node":
-            r = right(node.source)
-        else:
-            r = _descriptor_right(node.descriptor, right)[0]
-            if node.kind == "component-node":
-                comp = linear_part(nnet.components[node.component])
-                r += max(getattr(comp, "time_offsets", None) or [0])
-        memo[name] = r
-        return r
-
+        if node.descriptor is not None:
+            text = str(node.descriptor)
+            if "Switch(" in text or "Round(" in text:
+                return False  # (an offset reached at some times only: no bound here)
+            if any(o is None and nodes[n].kind != "input-node"
+                   for n, o, _ in node.descriptor.time_terms()):
+                return False  # (a node at a fixed time: near the chunk's start)
+    right = _right_contexts(nnet)
     for node in nnet.nodes:
         if node.descriptor is None:
             continue
         required, optional = _descriptor_right(node.descriptor, right)
-        if any(o > 0 or o + right(n) > required for n, o in optional):
+        if any(o > 0 or o + right[n] > required for n, o in optional):
             return False
     return True
 
 
-def _descriptor_right(desc, right) -> tuple[float, list[tuple[str, int]]]:
+def _right_contexts(nnet) -> dict[str, float]:
+    """Future frames each node needs through required terms (-inf: none; inf: a
+    required cycle), node by node without recursion (deep networks)."""
+    nodes = nnet.node_map
+    right: dict[str, float] = {}
+    visiting: set[str] = set()
+
+    def deps(node) -> list[str]:
+        if node.kind == "input-node":
+            return []
+        if node.kind == "dim-range-node":
+            return [node.source]
+        return [n for n, o, opt in node.descriptor.time_terms() if not opt and o is not None]
+
+    for root in nodes:
+        stack = [(root, False)]
+        while stack:
+            name, expanded = stack.pop()
+            if name in right:
+                continue
+            node = nodes[name]
+            if not expanded:
+                if name in visiting:  # (an ancestor on this path: a required cycle)
+                    right[name] = float("inf")
+                    continue
+                visiting.add(name)
+                stack.append((name, True))
+                stack.extend((d, False) for d in deps(node) if d not in right)
+                continue
+            visiting.discard(name)
+            if node.kind == "input-node":
+                r = 0.0
+            elif node.kind == "dim-range-node":
+                r = right[node.source]
+            else:
+                r = _descriptor_right(node.descriptor, right)[0]
+                if node.kind == "component-node":
+                    comp = linear_part(nnet.components[node.component])
+                    r += max(getattr(comp, "time_offsets", None) or [0])
+            right[name] = r
+    return right
+
+
+def _descriptor_right(desc, right: dict) -> tuple[float, list[tuple[str, int]]]:
     """(future frames the required terms of ``desc`` need, the optional terms as
-    (node, time offset)); terms at an absolute time (``ReplaceIndex(., t, k)``: an
-    iVector) count in neither, their rows being the same whatever the chunk's end."""
+    (node, time offset)); terms at an absolute time (``ReplaceIndex(., t, k)`` of an
+    input node: an iVector, given with every chunk) count in neither."""
     terms = [(n, o, opt) for n, o, opt in desc.time_terms() if o is not None]
-    required = max((o + right(n) for n, o, opt in terms if not opt), default=float("-inf"))
+    required = max((o + right[n] for n, o, opt in terms if not opt), default=float("-inf"))
     return required, [(n, o) for n, o, opt in terms if opt]
 
 
