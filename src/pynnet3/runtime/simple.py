@@ -301,7 +301,8 @@ def frame_local(nnet) -> bool:
 def _batch_dependent(comp) -> bool:
     """A component in training mode (BatchNorm normalizing over the chunk's rows,
     dropout drawing masks for them): its rows depend on the rest of the chunk."""
-    return getattr(comp, "test_mode", True) is False
+    mode = getattr(comp, "test_mode", True)
+    return mode is not None and not bool(mode)
 
 
 # Not simple in Kaldi's sense, but row by row where pads_at_end needs it.
