@@ -1,8 +1,7 @@
 """Review: training mode on a network from ``optimize_network`` that folded a test-mode
 BatchNorm away used to be silently ignored (the network kept computing the folded
-test-mode map); now a GraphError names what was folded, and nothing changes. (A
-test-mode Dropout is a plain scale that pruning turns into a descriptor Scale, not a
-fold: it is not recorded.)"""
+test-mode map); now a GraphError names what was folded (or, for a test-mode dropout,
+pruned), and nothing changes."""
 
 from __future__ import annotations
 
@@ -77,3 +76,29 @@ def test_plain_and_unfolded_networks_switch_as_before():
     opt.set_test_mode(False)
     opt.set_test_mode(True)
     assert opt.components["bn"].test_mode
+
+
+@pytest.mark.parametrize("dropout", [
+    "type=DropoutComponent dim=6 dropout-proportion=0.3",
+    "type=GeneralDropoutComponent dim=6 dropout-proportion=0.3 continuous=true",
+])
+def test_pruned_test_mode_dropout_is_refused_too(dropout):
+    """(review: pruning takes a test-mode dropout out of the graph, a Scale at most;
+    training mode then silently computed no dropout)"""
+    text = f"""input-node name=input dim=6
+component name=a type=AffineComponent input-dim=6 output-dim=6
+component name=d {dropout}
+component-node name=a component=a input=input
+component-node name=d component=d input=a
+output-node name=output input=d
+"""
+    nnet = Nnet.from_config(text, seed=2)
+    nnet.set_test_mode(True)
+    opt = pynnet3.optimize_network(nnet)
+    assert not any("Dropout" in c.type_name for c in opt.components.values())
+    for switch in (opt.set_test_mode, opt.set_dropout_test_mode, opt.copy().set_test_mode):
+        with pytest.raises(GraphError, match=r"Dropout.*'d' \(pruned\)"):
+            switch(False)
+    opt.set_batchnorm_test_mode(False)  # (no BatchNorm was removed)
+    opt.set_test_mode(True)
+    nnet.set_test_mode(False)  # (the original switches as before)

@@ -301,8 +301,8 @@ class Nnet:
         (``False``) on a network from :func:`~pynnet3.optimize_network` that folded a
         test-mode BatchNorm or Dropout into a linear or fused layer is a
         :class:`GraphError` naming them (it can only compute them in test mode):
-        switch the original network instead. (A test-mode Dropout that pruning turned
-        into a descriptor ``Scale`` is not recorded.)"""
+        switch the original network instead (a test-mode dropout that pruning took out
+        of the graph too)."""
         if not test_mode:
             self._refuse_folded(("BatchNormComponent", "DropoutComponent"), "set_test_mode")
         for c in self.components.values():
@@ -322,13 +322,17 @@ class Nnet:
             if isinstance(c, AffineReluComponent):
                 found += [f"{p.component.type_name} {p.component_name!r} (fused into {name!r})"
                           for p in c._parts[1:] if p.component.type_name in types]
+        # graphopt/pruning.py's record of test-mode dropout it took out of the graph
+        found += [f"{type_name} {node!r} (pruned)"
+                  for family, type_name, node in getattr(self, "pruned_test_mode", ())
+                  if family in types]
         if found:
             raise GraphError(
                 f"{method}(False): this network was optimized for inference "
                 f"(pynnet3.optimize_network), which removed test-mode "
                 f"{', '.join(found)}; it cannot compute them in training mode. Switch "
-                f"the original network, or optimize it with constant_folding=False and "
-                f"fusion=False")
+                f"the original network, or optimize it with the passes that removed "
+                f"them off (pruning, constant_folding, fusion)")
 
     def set_batchnorm_test_mode(self, test_mode: bool) -> None:
         """Kaldi's SetBatchnormTestMode: every (top-level) BatchNormComponent

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from ..components.dropout import RandomComponent
 from ..rewrite.algebra import is_forwarding, scaled
 from ..rewrite.rewriter import NetworkRewriter, RewriteRefused
 from .linear import identity_scale
@@ -41,6 +42,12 @@ def prune(rewriter: NetworkRewriter, keep_derivatives: bool = False) -> list[str
                                 f"{comp.type_name} is the identity" if c == 1.0
                                 else f"{comp.type_name} is Scale({c:g})")
                 notes.append(f"{name} ({comp.type_name})")
+                if isinstance(comp, RandomComponent) and getattr(comp, "test_mode", False):
+                    # (the network can no longer run it in training mode: Nnet's
+                    # set_test_mode(False) says so, from this record)
+                    record = (*getattr(nnet, "pruned_test_mode", ()),
+                              ("DropoutComponent", comp.type_name, name))
+                    object.__setattr__(nnet, "pruned_test_mode", record)
             except RewriteRefused as e:
                 notes.append(f"kept {name}: {e}")
         elif node.kind == "dim-range-node":
