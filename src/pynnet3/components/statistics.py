@@ -787,12 +787,41 @@ class StatisticsPoolingComponent(Component):
 
     # -- math ------------------------------------------------------------------------
     def propagate(self, indexes: RangeIndexes, in_value, out_value):
-        nlc = self.num_log_count_features
-        xp = namespace(in_value)
         # Sums are exact-ish (float64); the rest runs in the data's dtype like
         # Kaldi, so that E[x^2] - mean^2 cancels the way Kaldi's float32 does
         # when the variance is small next to mean^2.
-        sums = xp.astype(indexes.window_sums(in_value), out_value.dtype)
+        self._pool(indexes.window_sums(in_value), out_value)
+        return None
+
+    def propagate_extracted(self, indexes: RangeIndexes, extraction, ext_indexes,
+                            x, out_value) -> bool:
+        """:meth:`propagate` of what ``extraction`` (a StatisticsExtractionComponent
+        whose rows are its input's, one row per window: x-vector decoding) makes of
+        ``x``, without making it: the window sums of its columns (count, ``x``,
+        ``x^2``) taken column block by column block, the same floats (a column's sums
+        do not depend on the others). NumPy forward only; False (nothing done) where
+        that does not hold."""
+        d = extraction._input_dim
+        if (type(x) is not np.ndarray or type(out_value) is not np.ndarray
+                or x.dtype != out_value.dtype or not ext_indexes.is_identity
+                or type(self).propagate is not StatisticsPoolingComponent.propagate
+                or x.shape[1] != d or x.shape[0] != indexes.num_input_rows
+                or self.input_dim != 1 + d * (2 if extraction.include_variance else 1)):
+            return False
+        sums = np.empty((len(indexes.lo), self.input_dim), np.float64)
+        counts = ext_indexes.counts_table.astype(x.dtype)[:, None]  # (as it writes them)
+        sums[:, :1] = indexes.window_sums(counts)
+        sums[:, 1:1 + d] = indexes.window_sums(x)
+        if extraction.include_variance:
+            sums[:, 1 + d:] = indexes.window_sums(np.square(x))
+        self._pool(sums, out_value)
+        return True
+
+    def _pool(self, window_sums, out_value) -> None:
+        """The output from the float64 window sums of the input's columns."""
+        nlc = self.num_log_count_features
+        xp = namespace(out_value)
+        sums = xp.astype(window_sums, out_value.dtype)
         counts = sums[:, 0]
         stats = sums[:, 1:] / counts[:, None]
         if self.output_stddevs:
@@ -805,7 +834,6 @@ class StatisticsPoolingComponent(Component):
         out_value[:, nlc:] = stats
         if nlc:
             out_value[:, :nlc] = xp.log(counts)[:, None]
-        return None
 
     def backprop(self, indexes: RangeIndexes, in_value, out_value, out_deriv, memo, grad,
                  in_deriv) -> None:

@@ -574,7 +574,17 @@ class _Program:
             return
         plans = {} if self.has_backward else _row_block_plans(c)
         skip = {j for copy, moved in plans.values() for j in (copy, *moved)}
-        zeroed = {p: z for p, z in _zeroing_skips(c).items() if p not in plans and z not in skip}
+        zeroings = _zeroing_skips(c)
+        stats = {} if self.has_backward else {
+            p2: (p1, zeroings.get(p1), moved) for p2, (p1, moved) in _stats_plans(c).items()
+            if p2 not in plans and p1 not in plans and p1 not in skip
+            and not skip.intersection(moved)}
+        for p1, z, moved in stats.values():
+            skip.update((p1, *moved))
+            if z is not None:
+                skip.add(z)
+        zeroed = {p: z for p, z in zeroings.items()
+                  if p not in plans and z not in skip and p not in skip}
         skip.update(zeroed.values())
         ops = []
         for i, cmd in enumerate(cmds):
@@ -583,6 +593,11 @@ class _Program:
             if i in plans:
                 copy, moved = plans[i]
                 ops.append(_prepare_row_block(c, cmds[copy], cmd))
+                ops.extend(op for j in moved if (op := _prepare(c, cmds[j])) is not None)
+                continue
+            if i in stats:
+                p1, z, moved = stats[i]
+                ops.append(_prepare_stats(c, None if z is None else cmds[z], cmds[p1], cmd))
                 ops.extend(op for j in moved if (op := _prepare(c, cmds[j])) is not None)
                 continue
             if i in zeroed:
@@ -763,6 +778,95 @@ def _prepare_overwrite(c: NnetComputation, zeroing: Command, cmd: Command):
         else:
             fn(pre, _get(M, im, ik), _get(M, om, ok))
     return propagate_overwrite
+
+
+def _whole(c: NnetComputation, s: int) -> bool:
+    sm = c.submatrices[s]
+    info = c.matrices[sm.matrix]
+    return (sm.row_offset == 0 and sm.col_offset == 0 and sm.num_rows == info.rows
+            and sm.num_cols == info.cols)
+
+
+def _stats_plans(c: NnetComputation) -> dict[int, tuple[int, tuple]]:
+    """Forward-only peephole: ``{pooling: (extraction, (deallocs moved after the
+    pooling...))}`` where a statistics extraction with one row per window (x-vector
+    decoding) writes a whole matrix ``E`` that only the next statistics pooling
+    reads, whole, before ``E`` is freed: the pooling may then take its sums from the
+    extraction's input itself (``propagate_extracted``), ``E`` never written. The
+    input's deallocation, if it comes between, waits for the pooling."""
+    from ..components.statistics import RangeIndexes
+
+    cmds, subs = c.commands, c.submatrices
+    plans: dict[int, tuple[int, tuple]] = {}
+    for i, cmd in enumerate(cmds):
+        if (cmd.type is not CT.PROPAGATE or cmd.table != -1 or not cmd.in_value
+                or not cmd.out_value or cmd.memo or cmd.alpha == 2.0
+                or not _whole(c, cmd.out_value)):
+            continue
+        pre = c.precomputed[cmd.precomputed]
+        if not isinstance(pre, RangeIndexes) or not pre.is_identity:
+            continue
+        E, X = subs[cmd.out_value].matrix, subs[cmd.in_value].matrix
+        if E == X:
+            continue
+        moved: list[int] = []
+        p2 = None
+        for j in range(i + 1, len(cmds)):
+            nxt = cmds[j]
+            t = nxt.type
+            if t in _NOOPS:
+                continue
+            if t is CT.DEALLOC_MATRIX and nxt.matrix == X:
+                if p2 is None:
+                    moved.append(j)
+                continue
+            if t is CT.DEALLOC_MATRIX and nxt.matrix == E:
+                if p2 is not None:
+                    plans[p2] = (i, tuple(moved))
+                break
+            if nxt.matrix in (E, X) or nxt.src_matrix in (E, X) or t in _MULTI or (
+                    nxt.table >= 0 and t in (CT.PROPAGATE, CT.BACKPROP,
+                                             CT.BACKPROP_NO_MODEL_UPDATE)):
+                break
+            fields = [(f, subs[s]) for f in SUBMATRIX_FIELDS if (s := getattr(nxt, f))]
+            if t is CT.PROVIDE_OUTPUT and nxt.release and subs[nxt.src].matrix == X:
+                break
+            if any(f in _WRITES and sm.matrix == X for f, sm in fields):
+                break  # (the extraction's input overwritten)
+            on_e = [(f, sm) for f, sm in fields if sm.matrix == E]
+            if not on_e:
+                continue
+            if (p2 is None and t is CT.PROPAGATE and len(on_e) == 1
+                    and on_e[0][0] == "in_value" and _whole(c, nxt.in_value)
+                    and not nxt.memo and nxt.alpha != 2.0
+                    and isinstance(c.precomputed[nxt.precomputed], RangeIndexes)):
+                p2 = j
+                continue
+            break
+    return plans
+
+
+def _prepare_stats(c: NnetComputation, zeroing: Command | None, extract: Command,
+                   pool: Command):
+    """The op of a pooling planned by :func:`_stats_plans`: the pooling component's
+    ``propagate_extracted`` on the extraction's input where both are the standard
+    classes and it applies, else the zeroing, the extraction and the pooling."""
+    fallbacks = [_prepare(c, cmd) for cmd in (zeroing, extract, pool) if cmd is not None]
+    (xm, xk), (om, ok) = _view_of(c, extract.in_value), _view_of(c, pool.out_value)
+    ext_pre, pool_pre = c.precomputed[extract.precomputed], c.precomputed[pool.precomputed]
+    ext_node, pool_node = extract.node, pool.node
+
+    def pool_extracted(M, be, x):
+        comps = x._components
+        ext, pooling = comps[ext_node], comps[pool_node]
+        fn = getattr(pooling, "propagate_extracted", None)
+        if (fn is None or ext.type_name != "StatisticsExtractionComponent"
+                or type(ext).propagate.__qualname__ != "StatisticsExtractionComponent.propagate"
+                or not fn(pool_pre, ext, ext_pre, _get(M, xm, xk), _get(M, om, ok))):
+            for op in fallbacks:
+                if op is not None:
+                    op(M, be, x)
+    return pool_extracted
 
 
 def _get(matrices: dict, m: int, k):
