@@ -666,53 +666,68 @@ def _row_block_plans(c: NnetComputation) -> dict[int, tuple]:
     return plans
 
 
-def _row_block_plan(c: NnetComputation, i: int, d, src_matrix: int):
-    """(propagate index, (deallocs to move...)) for the copy at ``i`` (see
-    :func:`_row_block_plans`), or None."""
+def _sole_reader(c: NnetComputation, start: int, target: int, source: int, judge):
+    """``(reader, (deallocs to move...))`` when, after command ``start``, matrix
+    ``target`` is read by exactly one command before it is freed, or None. ``judge(j,
+    cmd, on_target)`` rules on each command before the reader that touches
+    ``target`` (``on_target``: its (field, submatrix) pairs there): "reader", "skip"
+    (allowed, e.g. a fill of another column block) or None (refused); nothing may
+    touch it after the reader. Matrix ``source`` must stay as it is until the
+    reader: its deallocation before it is to move after it; a write, resize, swap
+    or hand-over refuses."""
     subs, cmds = c.submatrices, c.commands
-    S, lo, hi = d.matrix, d.col_offset, d.col_offset + d.num_cols
     moved: list[int] = []
-    p = None
-    for j in range(i + 1, len(cmds)):
+    reader = None
+    for j in range(start + 1, len(cmds)):
         cmd = cmds[j]
         t = cmd.type
         if t in _NOOPS:
             continue
-        if t is CT.DEALLOC_MATRIX and cmd.matrix == src_matrix:
-            if p is None:
+        if t is CT.DEALLOC_MATRIX and cmd.matrix == source:
+            if reader is None:
                 moved.append(j)
             continue
-        if t is CT.DEALLOC_MATRIX and cmd.matrix == S:
-            return None if p is None else (p, tuple(moved))
-        if cmd.matrix in (S, src_matrix) or cmd.src_matrix in (S, src_matrix):
-            return None  # (S or the source resized, swapped, compressed, ...)
-        fields = [(f, s) for f in SUBMATRIX_FIELDS if (s := getattr(cmd, f))]
-        if t is CT.PROVIDE_OUTPUT and cmd.release and subs[cmd.src].matrix == src_matrix:
-            return None  # (the source handed over: gone before the propagate)
+        if t is CT.DEALLOC_MATRIX and cmd.matrix == target:
+            return None if reader is None else (reader, tuple(moved))
+        if cmd.matrix in (target, source) or cmd.src_matrix in (target, source):
+            return None  # (resized, swapped, compressed, ...)
         if t in _MULTI or (cmd.table >= 0 and t in (CT.PROPAGATE, CT.BACKPROP,
                                                      CT.BACKPROP_NO_MODEL_UPDATE)):
             return None  # (tables of submatrices: not looked into)
-        on_s = [(f, subs[s]) for f, s in fields if subs[s].matrix == S]
-        if any(f in _WRITES and subs[s].matrix == src_matrix for f, s in fields):
+        fields = [(f, subs[s]) for f in SUBMATRIX_FIELDS if (s := getattr(cmd, f))]
+        if t is CT.PROVIDE_OUTPUT and cmd.release and subs[cmd.src].matrix == source:
+            return None  # (the source handed over: gone before the reader)
+        if any(f in _WRITES and sm.matrix == source for f, sm in fields):
             return None  # (the source overwritten)
-        if not on_s:
+        on_target = [(f, sm) for f, sm in fields if sm.matrix == target]
+        if not on_target:
             continue
-        if p is not None:
-            return None  # (S read again after the propagate)
-        if t in _FILLS and len(on_s) == 1 and on_s[0][0] == "dst":
-            w = on_s[0][1]
-            if w.col_offset >= hi or w.col_offset + w.num_cols <= lo:
-                continue  # (another column block of S filled)
+        verdict = None if reader is not None else judge(j, cmd, on_target)
+        if verdict == "reader":
+            reader = j
+        elif verdict != "skip":
             return None
-        if (t is CT.PROPAGATE and len(on_s) == 1 and on_s[0][0] == "in_value"
+    return None
+
+
+def _row_block_plan(c: NnetComputation, i: int, d, src_matrix: int):
+    """(propagate index, (deallocs to move...)) for the copy at ``i`` (see
+    :func:`_row_block_plans`), or None."""
+    lo, hi = d.col_offset, d.col_offset + d.num_cols
+
+    def judge(j, cmd, on_s):
+        if cmd.type in _FILLS and len(on_s) == 1 and on_s[0][0] == "dst":
+            w = on_s[0][1]  # (another column block of S filled)
+            return "skip" if w.col_offset >= hi or w.col_offset + w.num_cols <= lo else None
+        if (cmd.type is CT.PROPAGATE and len(on_s) == 1 and on_s[0][0] == "in_value"
                 and cmd.alpha != 2.0 and not cmd.memo):
             v = on_s[0][1]
             if (v.row_offset == d.row_offset and v.num_rows == d.num_rows
                     and v.col_offset <= lo and hi <= v.col_offset + v.num_cols):
-                p = j
-                continue
+                return "reader"
         return None
-    return None
+
+    return _sole_reader(c, i, d.matrix, src_matrix, judge)
 
 
 def _prepare_row_block(c: NnetComputation, copy: Command, cmd: Command):
@@ -797,6 +812,14 @@ def _stats_plans(c: NnetComputation) -> dict[int, tuple[int, tuple]]:
     from ..components.statistics import RangeIndexes
 
     cmds, subs = c.commands, c.submatrices
+
+    def judge(j, cmd, on_e):  # (the pooling: reading all of E)
+        return "reader" if (cmd.type is CT.PROPAGATE and len(on_e) == 1
+                            and on_e[0][0] == "in_value" and _whole(c, cmd.in_value)
+                            and not cmd.memo and cmd.alpha != 2.0
+                            and isinstance(c.precomputed[cmd.precomputed], RangeIndexes)
+                            ) else None
+
     plans: dict[int, tuple[int, tuple]] = {}
     for i, cmd in enumerate(cmds):
         if (cmd.type is not CT.PROPAGATE or cmd.table != -1 or not cmd.in_value
@@ -809,40 +832,9 @@ def _stats_plans(c: NnetComputation) -> dict[int, tuple[int, tuple]]:
         E, X = subs[cmd.out_value].matrix, subs[cmd.in_value].matrix
         if E == X:
             continue
-        moved: list[int] = []
-        p2 = None
-        for j in range(i + 1, len(cmds)):
-            nxt = cmds[j]
-            t = nxt.type
-            if t in _NOOPS:
-                continue
-            if t is CT.DEALLOC_MATRIX and nxt.matrix == X:
-                if p2 is None:
-                    moved.append(j)
-                continue
-            if t is CT.DEALLOC_MATRIX and nxt.matrix == E:
-                if p2 is not None:
-                    plans[p2] = (i, tuple(moved))
-                break
-            if nxt.matrix in (E, X) or nxt.src_matrix in (E, X) or t in _MULTI or (
-                    nxt.table >= 0 and t in (CT.PROPAGATE, CT.BACKPROP,
-                                             CT.BACKPROP_NO_MODEL_UPDATE)):
-                break
-            fields = [(f, subs[s]) for f in SUBMATRIX_FIELDS if (s := getattr(nxt, f))]
-            if t is CT.PROVIDE_OUTPUT and nxt.release and subs[nxt.src].matrix == X:
-                break
-            if any(f in _WRITES and sm.matrix == X for f, sm in fields):
-                break  # (the extraction's input overwritten)
-            on_e = [(f, sm) for f, sm in fields if sm.matrix == E]
-            if not on_e:
-                continue
-            if (p2 is None and t is CT.PROPAGATE and len(on_e) == 1
-                    and on_e[0][0] == "in_value" and _whole(c, nxt.in_value)
-                    and not nxt.memo and nxt.alpha != 2.0
-                    and isinstance(c.precomputed[nxt.precomputed], RangeIndexes)):
-                p2 = j
-                continue
-            break
+        plan = _sole_reader(c, i, E, X, judge)
+        if plan is not None:
+            plans[plan[0]] = (i, plan[1])
     return plans
 
 
