@@ -22,7 +22,7 @@ import contextvars
 import numpy as np
 
 from ..io.kaldi_stream import make_reader
-from .base import Flags, UpdatableComponent, register, require
+from .base import Flags, UpdatableComponent, overwrite_by_zeroing, register, require
 from .blas import available as blas_direct
 from .fields import REPEATED_OPENING, UPDATABLE_HEADER, Custom, Field, pair, positive, skip_optional
 from .preconditioning import precondition_matrix, precondition_product, preconditioners
@@ -125,13 +125,6 @@ def backward_follows() -> bool:
     computation with no backward pass, so forward kernels may trade bit-identity
     with the spliced-input product for speed (float32 rounding only)."""
     return _REFINE.get()
-
-
-def overwrite_by_zeroing(comp, indexes, in_value, out_value):
-    """``propagate_overwrite`` for a class whose ``propagate`` is not the one its
-    ``propagate_overwrite`` mirrors (a user's subclass): zero, then propagate."""
-    out_value[...] = 0
-    return comp.propagate(indexes, in_value, out_value)
 
 
 def bias_first(out, b) -> bool:

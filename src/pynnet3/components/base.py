@@ -124,6 +124,15 @@ class InputDeps:
 _REGISTRY: dict[str, type[Component]] = {}
 
 
+def overwrite_by_zeroing(comp, indexes, in_value, out_value):
+    """A component's ``propagate_overwrite`` (a propagate into an output of
+    undefined contents, PROPAGATE_ADDS's zeroing skipped) for a class whose
+    ``propagate`` is not the one its ``propagate_overwrite`` mirrors (a user's
+    subclass): zero, then propagate."""
+    out_value[...] = 0
+    return comp.propagate(indexes, in_value, out_value)
+
+
 def register(cls):
     """Class decorator: make a component type known by its Kaldi type name. While a
     built-in family module is being imported late (on demand, or directly by another

@@ -25,7 +25,15 @@ import numpy as np
 
 from ..errors import ComputeError
 from ..index import describe, pack
-from .base import Component, Flags, InputDeps, check_table_rows, register, require
+from .base import (
+    Component,
+    Flags,
+    InputDeps,
+    check_table_rows,
+    overwrite_by_zeroing,
+    register,
+    require,
+)
 from .fields import Field
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 from .xp import namespace
@@ -586,7 +594,7 @@ class StatisticsExtractionComponent(Component):
         """:meth:`propagate`, which writes every entry of its output: the zeroing
         Kaldi's PROPAGATE_ADDS asks for first is not needed (the runtime skips it)."""
         if type(self).propagate is not StatisticsExtractionComponent.propagate:
-            out_value[...] = 0  # (a subclass's own math: it may add)
+            return overwrite_by_zeroing(self, indexes, in_value, out_value)
         return self.propagate(indexes, in_value, out_value)
 
     def propagate(self, indexes: RangeIndexes, in_value, out_value):

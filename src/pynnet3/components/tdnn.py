@@ -19,8 +19,8 @@ import numpy as np
 
 from ..errors import ComputeError
 from ..index import KeySet, pack
-from .affine import bias_first, matmul_blocks_into, overwrite_by_zeroing
-from .base import Flags, InputDeps, UpdatableComponent, register
+from .affine import bias_first, matmul_blocks_into
+from .base import Flags, InputDeps, UpdatableComponent, overwrite_by_zeroing, register
 from .fields import UPDATABLE_HEADER, Custom, Field, pair
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
 from .preconditioning import precondition_product, preconditioners
