@@ -73,6 +73,21 @@ def load_case(case: Path):
     return request, arrays, stats
 
 
+def realistic_decode(net: str):
+    """(network in test mode, ComputationRequest, inputs, Kaldi's outputs) of
+    ``realistic/<net>/decode``; inputs and outputs by node name."""
+    import pynnet3
+
+    case = REF / "realistic" / net / "decode"
+    nnet = pynnet3.read_nnet(REF / "realistic" / net / "model.txt")
+    nnet.set_test_mode(True)
+    request = pynnet3.ComputationRequest.from_json_text((case / "request.json").read_text())
+    with np.load(case / "arrays.npz") as z:
+        inputs = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("input:")}
+        outputs = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("output:")}
+    return nnet, request, inputs, outputs
+
+
 def load_components(model_path: Path) -> dict:
     """name -> Component, read from a model file with pynnet3's component readers."""
     from pynnet3.io.model_file import parse_model_bytes

@@ -13,7 +13,7 @@ import pynnet3
 from pynnet3.compiler.request import request_for_frames
 from pynnet3.runtime import computer as C
 from pynnet3.runtime.computer import NnetComputer
-from tests.reference import REF, needs_reference
+from tests.reference import needs_reference, realistic_decode
 
 _AFFINE = ("""
 input-node name=input dim=6
@@ -137,17 +137,11 @@ def test_tdnnf_chain_decode_matches_kaldi_with_the_plan():
     """The realistic TDNN-F (iVector appended to the first layer's input), network
     optimized, at Kaldi's decode request: the plan fires and the output still
     matches Kaldi's."""
-    folder = REF / "realistic" / "tdnnf_chain"
-    nnet = pynnet3.read_nnet(folder / "model.txt")
-    nnet.set_test_mode(True)
+    nnet, req, inputs, outputs = realistic_decode("tdnnf_chain")
     opt = pynnet3.optimize_network(nnet)
-    req = pynnet3.ComputationRequest.from_json_text(
-        (folder / "decode" / "request.json").read_text())
     c = pynnet3.compile(opt, req)
     assert C._row_block_plans(c)
-    with np.load(folder / "decode" / "arrays.npz") as z:
-        inputs = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("input:")}
-        want = z["output:output"]
+    want = outputs["output"]
     out = NnetComputer(opt, c, cache_program=True).run(inputs).outputs["output"]
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
 

@@ -12,7 +12,7 @@ import pytest
 import pynnet3
 from pynnet3.runtime import computer as C
 from pynnet3.runtime.computer import NnetComputer
-from tests.reference import REF, needs_reference
+from tests.reference import needs_reference, realistic_decode
 
 _CFG = """input-node name=input dim=4
 component name=a type=AffineComponent input-dim=4 output-dim=5
@@ -75,17 +75,11 @@ def test_a_pooling_subclass_runs_its_own_math():
 
 @needs_reference
 def test_xvector_decode_matches_kaldi_and_the_plain_run():
-    folder = REF / "realistic" / "xvector"
-    nnet = pynnet3.read_nnet(folder / "model.txt")
-    nnet.set_test_mode(True)
+    nnet, req, inputs, outputs = realistic_decode("xvector")
     nnet = pynnet3.optimize_network(nnet)
-    req = pynnet3.ComputationRequest.from_json_text(
-        (folder / "decode" / "request.json").read_text())
     c = pynnet3.CachingCompiler(nnet).compile(req)
     assert C._stats_plans(c)
-    with np.load(folder / "decode" / "arrays.npz") as z:
-        inputs = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("input:")}
-        want = z["output:output"]
+    want = outputs["output"]
     fast = NnetComputer(nnet, c, cache_program=True).run(dict(inputs)).outputs["output"]
     plain = NnetComputer(nnet, c).run(dict(inputs)).outputs["output"]
     np.testing.assert_array_equal(fast, plain)

@@ -11,7 +11,7 @@ import pytest
 import pynnet3
 from pynnet3.runtime import computer as C
 from pynnet3.runtime.computer import NnetComputer
-from tests.reference import REF, needs_reference
+from tests.reference import needs_reference, realistic_decode
 
 _CFG = """
 input-node name=input dim=5
@@ -81,16 +81,10 @@ def test_a_component_without_overwrite_keeps_its_zeroing():
 
 @needs_reference
 def test_xvector_decode_matches_kaldi():
-    folder = REF / "realistic" / "xvector"
-    nnet = pynnet3.read_nnet(folder / "model.txt")
-    nnet.set_test_mode(True)
-    req = pynnet3.ComputationRequest.from_json_text(
-        (folder / "decode" / "request.json").read_text())
+    nnet, req, inputs, outputs = realistic_decode("xvector")
     c = pynnet3.CachingCompiler(nnet).compile(req)
     assert C._zeroing_skips(c)
-    with np.load(folder / "decode" / "arrays.npz") as z:
-        inputs = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("input:")}
-        want = z["output:output"]
+    want = outputs["output"]
     out = NnetComputer(nnet, c, cache_program=True).run(inputs).outputs["output"]
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
 
