@@ -809,6 +809,7 @@ def _stats_plans(c: NnetComputation) -> dict[int, tuple[int, tuple]]:
     reads, whole, before ``E`` is freed: the pooling may then take its sums from the
     extraction's input itself (``propagate_extracted``), ``E`` never written. The
     input's deallocation, if it comes between, waits for the pooling."""
+    # (imported here: the statistics family loads on demand)
     from ..components.statistics import RangeIndexes
 
     cmds, subs = c.commands, c.submatrices
@@ -843,6 +844,8 @@ def _prepare_stats(c: NnetComputation, zeroing: Command | None, extract: Command
     """The op of a pooling planned by :func:`_stats_plans`: the pooling component's
     ``propagate_extracted`` on the extraction's input where both are the standard
     classes and it applies, else the zeroing, the extraction and the pooling."""
+    from ..components.statistics import StatisticsExtractionComponent as Extraction
+
     fallbacks = [_prepare(c, cmd) for cmd in (zeroing, extract, pool) if cmd is not None]
     (xm, xk), (om, ok) = _view_of(c, extract.in_value), _view_of(c, pool.out_value)
     ext_pre, pool_pre = c.precomputed[extract.precomputed], c.precomputed[pool.precomputed]
@@ -852,8 +855,8 @@ def _prepare_stats(c: NnetComputation, zeroing: Command | None, extract: Command
         comps = x._components
         ext, pooling = comps[ext_node], comps[pool_node]
         fn = getattr(pooling, "propagate_extracted", None)
-        if (fn is None or ext.type_name != "StatisticsExtractionComponent"
-                or type(ext).propagate.__qualname__ != "StatisticsExtractionComponent.propagate"
+        if (fn is None or not isinstance(ext, Extraction)
+                or type(ext).propagate is not Extraction.propagate  # (a subclass's math)
                 or not fn(pool_pre, ext, ext_pre, _get(M, xm, xk), _get(M, om, ok))):
             for op in fallbacks:
                 if op is not None:
