@@ -8,7 +8,7 @@
   ``indexes_multi`` ((k, 2) arrays of (submatrix, row), (-1, -1) = none),
   ``indexes_ranges`` ((k, 2) arrays of [begin, end) row ranges), ``indexes_blocks``
   (int64 arrays of submatrix ids: the column blocks a propagate or backprop reads as
-  its input value).
+  its input value, or those a backprop adds its input derivative's column blocks to).
 * ``precomputed``: per-propagate objects from components (index 0 = None).
 * ``commands``: a flat list of :class:`Command`. Commands before the first
   ``NO_OPERATION_MARKER`` are the forward pass; the rest the backward pass.
@@ -44,7 +44,11 @@ class CommandType(enum.Enum):
     # (in column order, each with out_value's rows, widths summing to the input dim),
     # passed to the component's ``propagate_blocks`` (optimize/splice.py)
     BACKPROP = "kBackprop"  # with model update (gradient accumulation); in_value == 0
-    # and table >= 0: the input value as blocks, as for PROPAGATE (``backprop_blocks``)
+    # and table >= 0: the input value as blocks, as for PROPAGATE (``backprop_blocks``);
+    # in_deriv == 0 and deriv_table >= 0 (beyond Kaldi): column block j of the input
+    # derivative is *added* to submatrix indexes_blocks[deriv_table][j] (blocks in
+    # column order, each with out_deriv's rows; they may overlap one another, the
+    # additions then run in block order), for components with ``deriv_blocks``
     BACKPROP_NO_MODEL_UPDATE = "kBackpropNoModelUpdate"
     MATRIX_COPY = "kMatrixCopy"  # dst = alpha * src
     MATRIX_ADD = "kMatrixAdd"  # dst += alpha * src
@@ -78,7 +82,8 @@ class Command:
     ``in_value``, ``out_value``, ``out_deriv``, ``in_deriv`` (submatrix ids, 0 = none)
     and ``memo`` (0 = none). A propagate/backprop whose ``in_value`` is 0 and whose
     ``table`` is an id into ``indexes_blocks`` reads its input value as those
-    column blocks.
+    column blocks; a backprop whose ``in_deriv`` is 0 and whose ``deriv_table`` is
+    such an id adds its input derivative's column blocks to those submatrices.
     """
 
     type: CommandType
@@ -95,6 +100,7 @@ class Command:
     out_deriv: int = 0
     in_deriv: int = 0
     memo: int = 0
+    deriv_table: int = -1  # backprops: input-derivative blocks (see above)
     is_deriv: bool = False  # accept-input / provide-output of a derivative
     label: int = -1  # GOTO_LABEL: index of its NO_OPERATION_LABEL
     compress_kind: int = 0  # COMPRESS/DECOMPRESS_MATRIX: Kaldi's CuCompressedMatrixType
@@ -117,8 +123,11 @@ def command_submatrices(c: NnetComputation, cmd: Command) -> list[int]:
     if cmd.type in _MULTI_TYPES:
         subs = c.indexes_multi[cmd.table][:, 0]
         out += unique_keys(subs[subs > 0]).tolist()
-    elif cmd.type in _BLOCK_TYPES and cmd.table >= 0:
-        out += c.indexes_blocks[cmd.table].tolist()
+    elif cmd.type in _BLOCK_TYPES:
+        if cmd.table >= 0:
+            out += c.indexes_blocks[cmd.table].tolist()
+        if cmd.deriv_table >= 0:
+            out += c.indexes_blocks[cmd.deriv_table].tolist()
     return out
 
 

@@ -59,9 +59,10 @@ def reference_renumber(c) -> None:
         elif x.type in (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE):
             if x.precomputed:
                 pre.add(x.precomputed)
-            if x.table >= 0:  # input value as column blocks
-                tables["blocks"].add(x.table)
-                used_sub |= {int(s) for s in c.indexes_blocks[x.table]}
+            for k in (x.table, x.deriv_table):  # input value / derivative as blocks
+                if k >= 0:
+                    tables["blocks"].add(k)
+                    used_sub |= {int(s) for s in c.indexes_blocks[k]}
     sub_map, kept, first = {}, [], {}
     for s in sorted(used_sub):
         sm = c.submatrices[s]
@@ -112,6 +113,8 @@ def reference_renumber(c) -> None:
             x.table = maps["ranges"][x.table]
         elif x.table >= 0:
             x.table = maps["blocks"][x.table]
+        if x.deriv_table >= 0:
+            x.deriv_table = maps["blocks"][x.deriv_table]
         if x.precomputed:
             x.precomputed = pre_map[x.precomputed]
 

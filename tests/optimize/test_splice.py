@@ -5,6 +5,7 @@ arrays); sizes from the same pipeline with the option off."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -127,6 +128,7 @@ def test_backprop_without_block_math_keeps_the_spliced_input(monkeypatch):
     monkeypatch.setattr(splice, "supports_blocks",
                         lambda comp, method="propagate": method == "propagate"
                         and real(comp, method))
+    monkeypatch.setattr(splice, "_deriv_plan", lambda c, a, b: None)  # (tested below)
     nnet, req = _tdnn(model=True)
     on = pynnet3.compile(nnet, req, optimize=True, check=True)
     off = pynnet3.compile(nnet, req, optimize=OFF)
@@ -134,6 +136,136 @@ def test_backprop_without_block_math_keeps_the_spliced_input(monkeypatch):
                 and cmd.type in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)]
     assert not _block_propagates(on)
     assert on.stats() == off.stats()
+
+
+# -- the derivative side: a backprop adds its input derivative to the blocks' places --
+
+
+def _deriv_backprops(c) -> list:
+    return [cmd for cmd in c.commands if cmd.deriv_table >= 0]
+
+
+def _without_deriv_blocks(monkeypatch, fn):
+    from pynnet3.optimize import splice
+
+    with monkeypatch.context() as m:
+        m.setattr(splice, "_deriv_plan", lambda c, a, b: None)
+        return fn()
+
+
+@pytest.mark.parametrize("config", [nets.TDNN, LINEAR], ids=["affine", "linear"])
+def test_training_backprop_adds_its_input_derivative_in_place(config, monkeypatch):
+    """No spliced derivative matrix: the backprop adds each column block of its input
+    derivative where the copies used to put it. Bit-identical results (each block
+    is the same product, added once into the same place), fewer commands, no more
+    memory."""
+    nnet, req = _tdnn(config, model=True)
+    report = OptimizeReport()
+    on = pynnet3.compile(nnet, req, optimize=True, check=True, report=report)
+    fired = next(p.changed for p in report.passes if p.name == "splice_free_affine")
+    assert "input derivative(s) added in place by their backprop" in fired
+    back = _deriv_backprops(on)
+    assert back and all(cmd.in_deriv == 0 and cmd.type in (CT.BACKPROP,
+                                                            CT.BACKPROP_NO_MODEL_UPDATE)
+                        for cmd in back)
+    assert "+=blocks[" in str(on)
+    before = _without_deriv_blocks(monkeypatch, lambda: pynnet3.compile(
+        nnet, req, optimize=True, check=True))
+    assert not _deriv_backprops(before)
+    assert on.stats()["num_commands"] < before.stats()["num_commands"]
+    assert on.peak_memory_floats() <= before.peak_memory_floats()
+    inputs, derivs = _data(nnet, req, np.float32)
+    mc_assert_exact(run(nnet, on, inputs, derivs), run(nnet, before, inputs, derivs))
+    plain = pynnet3.compile(nnet, req, optimize=False)
+    inputs, derivs = _data(nnet, req, np.float64)
+    assert_same_results(run(nnet, on, inputs, derivs, np.float64),
+                        run(nnet, plain, inputs, derivs, np.float64), value_rtol=1e-12,
+                        grad_rtol=1e-12)
+
+
+def mc_assert_exact(a, b) -> None:
+    for name, v in b.outputs.items():
+        np.testing.assert_array_equal(a.outputs[name], v)
+    for name, v in b.input_derivs.items():
+        np.testing.assert_array_equal(a.input_derivs[name], v)
+    for comp, grads in b.gradients.items():
+        for p, g in grads.items():
+            np.testing.assert_array_equal(a.gradients[comp][p], g)
+
+
+def _deriv_case():
+    """An unoptimized training computation, its first backprop whose input derivative
+    goes to a spliced derivative matrix, and the destination matrix of its blocks."""
+    nnet, req = _tdnn(model=True)
+    c = pynnet3.compile(nnet, req, optimize=False)
+    b = next(i for i, cmd in enumerate(c.commands) if cmd.type is CT.BACKPROP
+             and cmd.node == "affine1")
+    d = c.submatrices[c.commands[b].in_deriv].matrix
+    transfers = [j for j, cmd in enumerate(c.commands) if j > b and cmd.type in (
+        CT.MATRIX_COPY, CT.MATRIX_ADD) and c.submatrices[cmd.src].matrix == d]
+    assert len(transfers) > 1
+    p = c.submatrices[c.commands[transfers[0]].dst].matrix
+    return nnet, req, c, b, transfers, p
+
+
+def _rewrites_like_the_original(nnet, req, c, expect: bool) -> None:
+    want = copy.deepcopy(c)
+    changed = apply_pass(splice_free_affine, nnet, c)
+    assert bool(_deriv_backprops(c)) == expect, changed
+    check_computation(c, nnet)
+    inputs, derivs = _data(nnet, req, np.float64)
+    assert_same_results(run(nnet, c, inputs, derivs, np.float64),
+                        run(nnet, want, inputs, derivs, np.float64), value_rtol=1e-12,
+                        grad_rtol=1e-12)
+
+
+def test_derivative_blocks_on_an_unoptimized_computation():
+    nnet, req, c, *_ = _deriv_case()
+    _rewrites_like_the_original(nnet, req, c, expect=True)
+
+
+def test_destination_touched_between_backprop_and_transfers_is_left_alone():
+    """A command that reads the destination between the backprop and the transfers
+    would see the derivative early if the backprop added it there: no rewrite."""
+    nnet, req, c, b, transfers, p = _deriv_case()
+    c.commands.insert(transfers[0], Command(CT.SET_CONST, dst=c.whole(p), alpha=0.5))
+    _rewrites_like_the_original(nnet, req, c, expect=False)
+
+
+def test_copy_into_a_destination_not_known_zero_is_left_alone():
+    """The transfers' first copy overwrites its destination: adding instead is the
+    same only where the destination was zero."""
+    for value, expect in ((0.25, False), (0.0, True)):
+        nnet, req, c, b, transfers, p = _deriv_case()
+        # (the first transfer as a copy, as convert_addition makes it)
+        j = transfers[0]
+        c.commands[j] = dataclasses.replace(c.commands[j], type=CT.MATRIX_COPY)
+        zero = max(j for j, cmd in enumerate(c.commands[:b]) if cmd.type is CT.SET_CONST
+                   and c.submatrices[cmd.dst].matrix == p)
+        c.commands[zero] = dataclasses.replace(c.commands[zero], alpha=value)
+        _rewrites_like_the_original(nnet, req, c, expect=expect)
+
+
+def test_derivative_read_elsewhere_is_left_alone():
+    nnet, req, c, b, transfers, p = _deriv_case()
+    d = c.submatrices[c.commands[b].in_deriv]
+    spare = c.new_matrix(d.num_rows, d.num_cols)  # (an extra reader of D)
+    c.commands.insert(transfers[-1] + 1, Command(CT.MATRIX_COPY, dst=c.whole(spare),
+                                                 src=c.commands[b].in_deriv))
+    c.commands.insert(0, Command(CT.ALLOC_MATRIX, matrix=spare))
+    c.commands.append(Command(CT.DEALLOC_MATRIX, matrix=spare))
+    _rewrites_like_the_original(nnet, req, c, expect=False)
+
+
+def test_component_with_its_own_backprop_keeps_the_spliced_derivative():
+    """FixedAffineComponent's backprop has math of its own: no derivative blocks."""
+    config = nets.TDNN.replace("type=AffineComponent", "type=FixedAffineComponent")
+    nnet, req = _tdnn(config, model=True)
+    assert not nnet.components["affine1"].deriv_blocks
+    c = pynnet3.compile(nnet, req, optimize=True, check=True)
+    fixed = {n.name for n in nnet.nodes if n.kind == "component-node"
+             and type(nnet.components[n.component]).__name__ == "FixedAffineComponent"}
+    assert not [cmd for cmd in _deriv_backprops(c) if cmd.node in fixed]
 
 
 def test_source_overwritten_before_propagate_is_left_alone():
@@ -151,7 +283,7 @@ def test_source_overwritten_before_propagate_is_left_alone():
     src_matrix = c.submatrices[copies[1].src].matrix
     c.commands.insert(p, Command(CT.SET_CONST, dst=c.whole(src_matrix), alpha=0.25))
     want = copy.deepcopy(c)
-    assert apply_pass(splice_free_affine, nnet, c) == ""
+    assert "read in place" not in apply_pass(splice_free_affine, nnet, c)
     assert not _block_propagates(c)
     inputs, derivs = _data(nnet, req, np.float64)
     assert_same_results(run(nnet, c, inputs, derivs, np.float64),
@@ -181,9 +313,14 @@ def test_only_components_with_block_math():
     np.testing.assert_array_equal(got, want)
 
 
-def _checked_block_computation(model=True):
+def _checked_block_computation(model=True, deriv_blocks=True):
+    from pynnet3.optimize import splice
+
     nnet, req = _tdnn(model=True)
-    c = pynnet3.compile(nnet, req, optimize=True)
+    with pytest.MonkeyPatch.context() as m:
+        if not deriv_blocks:
+            m.setattr(splice, "_deriv_plan", lambda c, a, b: None)
+        c = pynnet3.compile(nnet, req, optimize=True)
     i = next(i for i, cmd in enumerate(c.commands) if cmd.type is CT.PROPAGATE
              and cmd.table >= 0)
     check_computation(c, nnet)
@@ -193,7 +330,7 @@ def _checked_block_computation(model=True):
 @pytest.mark.parametrize("fault", ["table", "width", "rows", "in_value", "overlap", "stats",
                                    "backprop_width", "backprop_in_deriv"])
 def test_checker_rejects_bad_block_tables(fault):
-    nnet, c, i = _checked_block_computation()
+    nnet, c, i = _checked_block_computation(deriv_blocks=not fault.startswith("backprop"))
     if fault.startswith("backprop"):
         i = next(k for k, cmd in enumerate(c.commands) if cmd.table >= 0
                  and cmd.type in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE) and cmd.in_deriv)
@@ -229,6 +366,61 @@ def test_checker_rejects_bad_block_tables(fault):
         check_computation(c, nnet)
 
 
+@pytest.mark.parametrize("fault", ["table", "width", "rows", "overlap", "in_deriv",
+                                   "propagate", "component"])
+def test_checker_rejects_bad_derivative_block_tables(fault):
+    nnet, c, _ = _checked_block_computation()
+    i = next(k for k, cmd in enumerate(c.commands) if cmd.deriv_table >= 0)
+    cmd = c.commands[i]
+    tab = c.indexes_blocks[cmd.deriv_table]
+    sm = c.submatrices[int(tab[0])]
+    if fault == "table":
+        cmd.deriv_table = len(c.indexes_blocks)
+    elif fault == "width":
+        c.indexes_blocks[cmd.deriv_table] = tab[:-1]
+    elif fault == "rows":
+        c.indexes_blocks[cmd.deriv_table] = tab.copy()
+        c.indexes_blocks[cmd.deriv_table][0] = c.new_submatrix(
+            sm.matrix, sm.row_offset, sm.num_rows - 1, sm.col_offset, sm.num_cols)
+    elif fault == "overlap":  # a block where the backprop reads its output derivative
+        od = c.submatrices[cmd.out_deriv]
+        c.indexes_blocks[cmd.deriv_table] = tab.copy()
+        c.indexes_blocks[cmd.deriv_table][0] = c.new_submatrix(
+            od.matrix, od.row_offset, od.num_rows, od.col_offset, min(sm.num_cols,
+                                                                      od.num_cols))
+    elif fault == "in_deriv":
+        cmd.in_deriv = int(tab[0])
+    elif fault == "propagate":
+        p = next(k for k, x in enumerate(c.commands) if x.type is CT.PROPAGATE
+                 and x.node == cmd.node)
+        c.commands[p].deriv_table = cmd.deriv_table
+    else:  # a component whose backprop has math of its own
+        comp = nnet.components[nnet.node_map[cmd.node].component]
+
+        class OwnBackprop(type(comp)):
+            def backprop(self, *args):
+                return super().backprop(*args)
+
+        comp.__class__ = OwnBackprop
+        assert not comp.deriv_blocks
+    with pytest.raises(CheckError):
+        check_computation(c, nnet)
+
+
+def test_add_input_deriv_into_overlapping_blocks():
+    from pynnet3.components.affine import add_input_deriv
+
+    rng = np.random.default_rng(5)
+    d, w = rng.standard_normal((6, 4)), rng.standard_normal((4, 9))
+    got = rng.standard_normal((9, 3))
+    want = got.copy()
+    # three row windows of one matrix, as a spliced input's offsets -2, 0, +1 give
+    add_input_deriv([got[0:6], got[2:8], got[3:9]], d, w)
+    for k, r in enumerate((0, 2, 3)):
+        want[r:r + 6] += d @ w[:, 3 * k:3 * k + 3]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
 def test_shortcut_expansion_equals_full_compile():
     nnet = pynnet3.Nnet.from_config(nets.TDNN, seed=3)
     nets.to_float64(nnet)
@@ -240,6 +432,7 @@ def test_shortcut_expansion_equals_full_compile():
     assert cc.info()["shortcut"] == 1 and cc.info()["shortcut_fallbacks"] == 0
     full = pynnet3.compile(nnet, req, optimize=True)
     assert _block_propagates(sc) and len(_block_propagates(sc)) == len(_block_propagates(full))
+    assert _deriv_backprops(sc) and len(_deriv_backprops(sc)) == len(_deriv_backprops(full))
     assert sc.stats()["peak_memory_floats"] == full.stats()["peak_memory_floats"]
     inputs, derivs = random_data(nnet, req)
     want = run_on_copy(nnet, pynnet3.compile(nnet, req, optimize=False), inputs, derivs)

@@ -116,6 +116,8 @@ def command_accesses(c: NnetComputation, nnet, cmd: Command) -> list[tuple[int, 
             out += [(s, R) for s in block_submatrices(c, cmd.table)]
         if cmd.in_deriv:
             out.append((cmd.in_deriv, RW if props & Flags.BACKPROP_ADDS else W))
+        elif cmd.deriv_table >= 0:  # input derivative added to column blocks
+            out += [(s, RW) for s in block_submatrices(c, cmd.deriv_table)]
     elif t is CT.MATRIX_COPY:
         out += [(cmd.src, R), (cmd.dst, W)]
     elif t is CT.MATRIX_ADD:
@@ -146,7 +148,8 @@ def command_accesses(c: NnetComputation, nnet, cmd: Command) -> list[tuple[int, 
 
 def block_submatrices(c: NnetComputation, table: int) -> list[int]:
     """The distinct submatrices of block table ``table`` (of a propagate or
-    backprop whose input value is read as column blocks), in first-use order."""
+    backprop whose input value is read as column blocks, or of a backprop adding
+    its input derivative to column blocks), in first-use order."""
     return list(dict.fromkeys(c.indexes_blocks[table].tolist()))
 
 
@@ -305,6 +308,9 @@ def _build_access_table(c: NnetComputation, nnet, props: PropertyCache) -> Acces
                 if p is None:
                     p = props(cmd.node)
                 put((i, cmd.in_deriv, RW if p & BA else W))
+            elif cmd.deriv_table >= 0:  # input derivative added to column blocks
+                for s in block_submatrices(c, cmd.deriv_table):
+                    put((i, s, RW))
             if t is _BACKPROP:
                 side_l.append(i)  # model update
             comp_cmds.append(i)

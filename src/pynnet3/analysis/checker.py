@@ -169,6 +169,8 @@ class _Checker:
         if cmd.memo and not props & Flags.USES_MEMO:
             self.fail("memo given to a component that uses none", i)
         if cmd.type is CT.PROPAGATE:
+            if cmd.deriv_table != -1:
+                self.fail("a propagate with an input-derivative block table", i)
             ov = self.sub_ok(cmd.out_value, i, "out_value")
             if cmd.table != -1:  # input read as column blocks
                 if ov.num_cols != comp.output_dim:
@@ -211,6 +213,39 @@ class _Checker:
                 sm = c.submatrices[s]
                 if sm.matrix == idr.matrix and _overlap(sm, idr):
                     self.fail(f"input block {s} overlaps in_deriv", i)
+        if cmd.deriv_table != -1:
+            self.check_deriv_blocks(i, cmd, comp, od)
+
+    def check_deriv_blocks(self, i: int, cmd, comp, od):
+        """A backprop adding its input derivative's column blocks to the submatrices
+        ``indexes_blocks[deriv_table]``: each has out_deriv's rows, their widths sum
+        to the input dim, and none overlaps what the backprop reads."""
+        c = self.c
+        if cmd.in_deriv:
+            self.fail("a backprop with both in_deriv and an input-derivative block table", i)
+        if not (0 <= cmd.deriv_table < len(c.indexes_blocks)):
+            self.fail(f"block table {cmd.deriv_table} out of range", i)
+        if not getattr(comp, "deriv_blocks", False):
+            self.fail("the component cannot add its input derivative to blocks", i)
+        tab = c.indexes_blocks[cmd.deriv_table]
+        if tab.ndim != 1 or not len(tab):
+            self.fail(f"block table {cmd.deriv_table} is empty or not a list", i)
+        reads = [c.submatrices[x] for x in (cmd.in_value, cmd.out_value, cmd.out_deriv) if x]
+        if cmd.table != -1:
+            reads += [c.submatrices[x] for x in c.indexes_blocks[cmd.table].tolist()]
+        width = 0
+        for s in tab.tolist():
+            sm = self.sub_ok(s, i, "input-derivative block")
+            if sm.num_rows != od.num_rows:
+                self.fail(f"input-derivative block {s} has {sm.num_rows} rows, out_deriv "
+                          f"{od.num_rows}", i)
+            if any(r.matrix == sm.matrix and _overlap(r, sm) for r in reads):
+                self.fail(f"input-derivative block {s} overlaps a matrix the backprop "
+                          f"reads", i)
+            width += sm.num_cols
+        if width != comp.input_dim:
+            self.fail(f"input-derivative blocks have {width} columns, the component's "
+                      f"input dim is {comp.input_dim}", i)
 
     def check_blocks(self, i: int, cmd, comp, ov):
         """A propagate or backprop reading its input value as column blocks

@@ -569,6 +569,11 @@ class ExpansionPlan:
                     left += blocks
                     right += [some_out] * len(blocks)
                     owner += [k] * len(blocks)
+                if cmd.deriv_table >= 0:  # input derivative added to column blocks: the same
+                    blocks = c.indexes_blocks[cmd.deriv_table].tolist()
+                    left += blocks
+                    right += [deriv_out] * len(blocks)
+                    owner += [k] * len(blocks)
             elif t is CT.GOTO_LABEL:
                 raise ExpansionError("looped computations are not expanded")
             elif t in _TABLED:

@@ -47,7 +47,7 @@ from ..errors import FormatError
 from . import plain
 
 FORMAT = "pynnet3-compile-cache"
-VERSION = 4
+VERSION = 5  # 5: Command.deriv_table (input-derivative blocks)
 _HEAD = f"{FORMAT} ".encode()  # then the version and a newline
 _DIGEST = 32  # bytes of SHA-256
 _ENTRY_FIELDS = ("nnet", "options", "pynnet3", "key", "arrays", "shift", "value")

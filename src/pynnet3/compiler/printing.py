@@ -51,6 +51,14 @@ def _input(c: NnetComputation, cmd) -> str:
     return sub_name(c, cmd.in_value)
 
 
+def _in_deriv(c: NnetComputation, cmd) -> str:
+    """A backprop's input derivative: a submatrix, or the column blocks it adds to."""
+    if cmd.in_deriv == 0 and 0 <= cmd.deriv_table < len(c.indexes_blocks):
+        blocks = ", ".join(sub_name(c, s) for s in c.indexes_blocks[cmd.deriv_table].tolist())
+        return f"+=blocks[{blocks}]"
+    return f"&{sub_name(c, cmd.in_deriv)}"
+
+
 def command_text(c: NnetComputation, cmd) -> str:
     t = cmd.type
     a = "" if cmd.alpha == 1.0 else f"{cmd.alpha:g} * "
@@ -73,7 +81,7 @@ def command_text(c: NnetComputation, cmd) -> str:
         upd = "" if t is CT.BACKPROP else " [no model update]"
         return (f"{cmd.node}.Backprop(pre{cmd.precomputed}, {_input(c, cmd)}, "
                 f"{sub_name(c, cmd.out_value)}, {sub_name(c, cmd.out_deriv)}, "
-                f"&{sub_name(c, cmd.in_deriv)}){upd}")
+                f"{_in_deriv(c, cmd)}){upd}")
     if t is CT.MATRIX_COPY:
         return f"{d} = {a}{s}"
     if t is CT.MATRIX_ADD:

@@ -332,6 +332,21 @@ def add_weight_grad(g: np.ndarray, out_deriv: np.ndarray, in_value) -> None:
         xp.gemm_acc(g, out_deriv.T, in_value)
 
 
+def add_input_deriv(in_deriv, out_deriv, w) -> None:
+    """``in_deriv += out_deriv @ w`` in one BLAS call per target: ``in_deriv`` may
+    be a list of column blocks (a backprop with ``deriv_blocks``: block j gets the
+    product with ``w``'s columns of block j, added; blocks may overlap, e.g. row
+    windows of one derivative matrix, and are then added to in order)."""
+    xp = namespace(out_deriv)
+    if isinstance(in_deriv, list):
+        col = 0
+        for blk in in_deriv:
+            xp.gemm_acc(blk, out_deriv, w[:, col:col + blk.shape[1]])
+            col += blk.shape[1]
+    else:
+        xp.gemm_acc(in_deriv, out_deriv, w)
+
+
 class BlockInputMixin:
     """``propagate_blocks`` / ``backprop_blocks``: :meth:`propagate` /
     :meth:`backprop` with the input value given as its column blocks, in order.
@@ -345,6 +360,12 @@ class BlockInputMixin:
                         in_deriv) -> None:
         self.backprop(indexes, blocks[0] if len(blocks) == 1 else list(blocks), out_value,
                       out_deriv, memo, grad, in_deriv)
+
+    @property
+    def deriv_blocks(self) -> bool:
+        """Whether :meth:`backprop` takes ``in_deriv`` as a list of column blocks to
+        add to (:func:`add_input_deriv`; a subclass's own backprop may not)."""
+        return type(self).backprop in _DERIV_BLOCK_BACKPROPS
 
 
 # -- AffineComponent and NaturalGradientAffineComponent ------------------------------
@@ -484,7 +505,7 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
         """``in_value`` may be a list of column blocks (:class:`BlockInputMixin`)."""
         xp = namespace(out_deriv)
         if in_deriv is not None:
-            xp.gemm_acc(in_deriv, out_deriv, xp.param(self.linear_params, out_deriv))
+            add_input_deriv(in_deriv, out_deriv, xp.param(self.linear_params, out_deriv))
         # (a trainer's grad may carry natural-gradient preconditioners: then Kaldi's
         # preconditioned update is added instead; see components/preconditioning.py)
         if grad is not None and not precondition_product(grad, "linear_params", "bias_params",
@@ -661,11 +682,15 @@ class LinearComponent(BlockInputMixin, UpdatableComponent):
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         """``in_value`` may be a list of column blocks (:class:`BlockInputMixin`)."""
         if in_deriv is not None:
-            xp = namespace(out_deriv)
-            xp.gemm_acc(in_deriv, out_deriv, xp.param(self.params_, out_deriv))
+            add_input_deriv(in_deriv, out_deriv, namespace(out_deriv).param(self.params_,
+                                                                              out_deriv))
         if grad is not None and "params" in grad and not precondition_product(
                 grad, "params", None, in_value, out_deriv):  # (natural gradient: trainer)
             add_weight_grad(grad["params"], out_deriv, in_value)
+
+
+#: the backprops that take their input derivative as column blocks
+_DERIV_BLOCK_BACKPROPS = (AffineComponent.backprop, LinearComponent.backprop)
 
 
 # -- FixedAffineComponent -------------------------------------------------------------

@@ -301,6 +301,11 @@ class BlockAffineReluComponent(AffineReluComponent):
     propagate_blocks = propagate_blocks
     backprop_blocks = backprop_blocks
 
+    @property
+    def deriv_blocks(self) -> bool:
+        """The input derivative goes to the linear part's backprop unchanged."""
+        return bool(getattr(self.linear, "deriv_blocks", False))
+
 
 def fused_affine_relu(linear: Component, floor: np.ndarray, parts: list[UnfusedPart],
                       map_scale: np.ndarray | None = None) -> AffineReluComponent:

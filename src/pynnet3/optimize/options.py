@@ -44,8 +44,9 @@ class OptimizeOptions:
     #: recurrence fed by derivative-free inputs), and backprops left with nothing to do
     remove_dead_input_derivatives: bool = True
     #: an affine-like propagate (and backprop) reads the column blocks of its spliced
-    #: input where they are, instead of from a matrix they are first copied into
-    #: (bit-identical results; optimize/splice.py)
+    #: input where they are, instead of from a matrix they are first copied into, and
+    #: its backprop adds its input derivative's blocks where they belong instead of
+    #: into a spliced derivative matrix (bit-identical results; optimize/splice.py)
     splice_free_affine: bool = True
     #: training: free cheap forward values (BatchNorm, NoOp, fixed scales... outputs
     #: whose input stays alive) between the passes and recompute them, bit for bit,
@@ -112,8 +113,9 @@ OPTION_HELP = {
     "free_provided_outputs": "free an output matrix as soon as it is handed over (beyond Kaldi)",
     "remove_dead_input_derivatives": "drop input-derivative matrices nothing reads "
                                      "(beyond Kaldi)",
-    "splice_free_affine": "let affine components read their spliced input in place instead "
-                          "of from a copy (beyond Kaldi)",
+    "splice_free_affine": "let affine components read their spliced input, and add their "
+                          "input derivative, in place instead of through a spliced copy "
+                          "(beyond Kaldi)",
     "recompute_cheap_values": "training: free cheap forward values (BatchNorm, NoOp, "
                               "scales) between the passes and recompute them exactly in "
                               "the backward pass, where that lowers the peak memory "

@@ -58,7 +58,8 @@ def free_provided_outputs(c: NnetComputation, nnet, options=None) -> str:
         t = cmd.type
         # Most commands access only submatrices their fields name: skip those that
         # name none of a candidate (the others are asked in full).
-        if t not in _SUBMATRICES_ELSEWHERE and not (cmd.table >= 0 and t in _BLOCK_READERS):
+        if t not in _SUBMATRICES_ELSEWHERE and not (t in _BLOCK_READERS and (
+                cmd.table >= 0 or cmd.deriv_table >= 0)):
             for sub in _FIELDS(cmd):
                 if sub and subs[sub].matrix in todo:
                     break

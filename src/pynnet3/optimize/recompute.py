@@ -230,10 +230,14 @@ def _remapped(t: NnetComputation, cmd: Command, sub) -> Command:
             tab[:, 0] = mapped
             t.indexes_multi.append(tab)
             new.table = len(t.indexes_multi) - 1
-    elif cmd.type in _BLOCKS and cmd.table >= 0:
-        blocks = t.indexes_blocks[cmd.table]
-        mapped = np.array([sub(int(s)) for s in blocks.tolist()], dtype=blocks.dtype)
-        if (mapped != blocks).any():
-            t.indexes_blocks.append(mapped)
-            new.table = len(t.indexes_blocks) - 1
+    elif cmd.type in _BLOCKS:
+        for field in ("table", "deriv_table"):
+            k = getattr(cmd, field)
+            if k < 0:
+                continue
+            blocks = t.indexes_blocks[k]
+            mapped = np.array([sub(int(s)) for s in blocks.tolist()], dtype=blocks.dtype)
+            if (mapped != blocks).any():
+                t.indexes_blocks.append(mapped)
+                setattr(new, field, len(t.indexes_blocks) - 1)
     return new

@@ -30,13 +30,15 @@ from ..computation import SUBMATRIX_FIELDS, Command, NnetComputation, make_subma
 from ..computation import CommandType as CT
 
 #: the id fields, in the columns of the id array renumbering reads them into
-_ID_FIELDS = (*SUBMATRIX_FIELDS, "matrix", "src_matrix", "table", "precomputed")
+_ID_FIELDS = (*SUBMATRIX_FIELDS, "matrix", "src_matrix", "table", "precomputed",
+              "deriv_table")
 _COL = {f: j for j, f in enumerate(_ID_FIELDS)}
-_TABLE, _PRECOMPUTED = _COL["table"], _COL["precomputed"]
+_TABLE, _PRECOMPUTED, _DERIV_TABLE = _COL["table"], _COL["precomputed"], _COL["deriv_table"]
 # what a command's ``table`` names: nothing, or an index into one of these lists
 _NO_TABLE, _ROWS, _MULTI, _RANGES, _BLOCKS = range(5)
 _TABLE_LISTS = ("indexes", "indexes_multi", "indexes_ranges", "indexes_blocks")
-_COMPONENT = ("in_value", "out_value", "out_deriv", "in_deriv", "table", "precomputed")
+_COMPONENT = ("in_value", "out_value", "out_deriv", "in_deriv", "table", "precomputed",
+              "deriv_table")  # (deriv_table: a block table too)
 #: command types by the id fields they use and the table kind their ``table`` names.
 #: Command's contract: a field a type does not use stays at its default, so only
 #: these are read (tests/optimize/test_renumber.py checks real pipelines).
@@ -81,7 +83,7 @@ def _first_occurrences(arr: np.ndarray) -> np.ndarray:
 
 
 def _read_ids(c: NnetComputation) -> tuple[list[Command], np.ndarray, np.ndarray]:
-    """Drop the NO_OPERATION commands; return the rest, their ``(n, 10)`` id array
+    """Drop the NO_OPERATION commands; return the rest, their ``(n, 11)`` id array
     (columns as ``_ID_FIELDS``; a field the type does not use at its default) and
     each one's table kind. One C-level pass reads the types; then each group of
     types has only the fields it uses read."""
@@ -95,6 +97,7 @@ def _read_ids(c: NnetComputation) -> tuple[list[Command], np.ndarray, np.ndarray
     n = len(cmds)
     ids = np.zeros((n, len(_ID_FIELDS)), dtype=np.int64)
     ids[:, _TABLE] = -1
+    ids[:, _DERIV_TABLE] = -1
     order = np.argsort(group, kind="stable")
     ends = np.cumsum(np.bincount(group, minlength=len(_GROUPS))).tolist()
     at = cmds.__getitem__
@@ -133,6 +136,9 @@ def renumber(c: NnetComputation) -> None:
     used: tuple[set[int], ...] = tuple(set() for _ in range(len(_TABLE_LISTS) + 1))
     for k, t in zip(kind[at].tolist(), table[at].tolist(), strict=True):
         used[k].add(t)
+    deriv_table = ids[:, _DERIV_TABLE]
+    deriv_at = np.flatnonzero(deriv_table != -1)
+    used[_BLOCKS].update(deriv_table[deriv_at].tolist())
     named_table = [np.array(sorted(u), dtype=np.int64) for u in used]  # [k]: of kind k
     used_pre = np.array(sorted(set(pre[pre != 0].tolist())), dtype=np.int64)
 
@@ -207,6 +213,10 @@ def renumber(c: NnetComputation) -> None:
             setattr(c, attr, list(map(tables.__getitem__, named.tolist())))
             at = (kind == k) & (table != -1)
             new_table[at] = np.searchsorted(named, table[at])
+            if k == _BLOCKS and len(deriv_at):
+                new_deriv = deriv_table.copy()
+                new_deriv[deriv_at] = np.searchsorted(named, deriv_table[deriv_at])
+                deriv_table = new_deriv
     if len(kept) < ns:
         c.indexes_blocks = [sub_map[tab] for tab in c.indexes_blocks]
         c.indexes_multi = list(c.indexes_multi)
@@ -225,7 +235,7 @@ def renumber(c: NnetComputation) -> None:
     # write back the ids that changed (command by command, for memory locality;
     # setattr mapped over them, without a Python-level loop body)
     new_ids = np.concatenate([sub_map[fields], mat_map[mats_named], new_table[:, None],
-                              new_pre[:, None]], axis=1)
+                              new_pre[:, None], deriv_table[:, None]], axis=1)
     rows_, cols_ = np.nonzero(new_ids != ids)
     deque(map(setattr, map(cmds.__getitem__, rows_.tolist()),
               map(_ID_FIELDS.__getitem__, cols_.tolist()), new_ids[rows_, cols_].tolist()),

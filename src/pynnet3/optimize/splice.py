@@ -36,7 +36,19 @@ exactly, each a whole column block of ``S``'s rows; each source lies outside
 ``S``'s matrix and its data is not overwritten or freed between its copy and the
 last command that reads ``S``. In a training computation the sources then stay
 alive until the backprop instead of ``S``: usually they are kept anyway, and they
-are narrower than ``S``. (A spliced *derivative* is still materialized.)
+are narrower than ``S``.
+
+The derivative side (training): the backprop writes its input derivative into a
+matrix ``D`` as wide as the splice, which MATRIX_COPY / MATRIX_ADD commands then
+add, column block by column block, to the derivatives of the spliced sources
+(shifted row windows of one matrix, for a TDNN layer). Such a backprop is given
+the destinations as a block table (``Command.deriv_table``) instead: it adds block
+``j`` of its input derivative straight into destination ``j`` (one GEMM with
+beta = 1 each, ``components.affine.add_input_deriv``), and ``D``'s allocation,
+zeroing, transfers and deallocation drop. The floats are the same: each block is
+the same product, added once into the same place (:func:`_deriv_plan` lists when
+this holds). Components opt in with ``deriv_blocks`` (the affine family whose
+backprop is the standard one).
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ import numpy as np
 
 from ..analysis.accesses import AccessType, command_types
 from ..analysis.analyzer import Analyzer
+from ..components.base import Flags
 from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
 from .options import OptimizeOptions
@@ -74,11 +87,11 @@ def splice_free_affine(c: NnetComputation, nnet, options: OptimizeOptions | None
         # forward only: a multi-block splice is never worth it (see the module doc)
         # and a single copy is what variable merging removes anyway
         return ""
-    if CT.MATRIX_COPY not in types:
+    if CT.MATRIX_COPY not in types and CT.MATRIX_ADD not in types:
         return ""
     if CT.SWAP_MATRIX in types or CT.GOTO_LABEL in types:
         return ""  # straight-line computations before allocate-from-other only
-    comps, backprop_ok = {}, set()
+    comps, backprop_ok, deriv_ok = {}, set(), set()
     for n in nnet.nodes:
         if n.kind == "component-node":
             comp = nnet.components[n.component]
@@ -86,13 +99,22 @@ def splice_free_affine(c: NnetComputation, nnet, options: OptimizeOptions | None
                 comps[n.name] = comp
                 if supports_blocks(comp, "backprop"):
                     backprop_ok.add(n.name)
+            if getattr(comp, "deriv_blocks", False):
+                deriv_ok.add(n.name)
     propagates = compress(range(len(types)), map(is_, types, repeat(CT.PROPAGATE)))
     candidates = [i for i in propagates
                   if (cmd := cmds[i]).in_value and cmd.node in comps
                   and cmd.table == -1 and cmd.alpha != 2.0 and not cmd.memo]
-    if not candidates:
+    deriv_candidates = [i for i, t in enumerate(types) if t in _BACKPROPS
+                        and (cmd := cmds[i]).in_deriv and cmd.deriv_table == -1
+                        and cmd.node in deriv_ok]
+    if not candidates and not deriv_candidates:
         return ""
     a = _Accesses(c, nnet)
+    # (the derivative plans first, on the same analysis: they touch derivative
+    # matrices only, the value plans value matrices only)
+    deriv_plans = [plan for b in deriv_candidates
+                   if (plan := _deriv_plan(c, a, b)) is not None]
     done = backprops = 0
     for p in candidates:
         plan = _plan(c, a, p, backprop_ok)
@@ -116,10 +138,25 @@ def splice_free_affine(c: NnetComputation, nnet, options: OptimizeOptions | None
             cmds[j] = Command(CT.NO_OPERATION)
         done += 1
         backprops += len(readers) - 1
-    if not done:
-        return ""
-    return (f"{done} spliced input(s) read in place by their propagate"
-            + (f" ({backprops} also by a backprop)" if backprops else ""))
+    touched: set[int] = set()
+    derivs = 0
+    for b, blocks, drop, mats in deriv_plans:
+        if touched & mats:
+            continue  # two plans on one matrix: the first one's analysis only holds
+        touched |= mats
+        c.indexes_blocks.append(np.array(blocks, dtype=np.int64))
+        cmds[b].in_deriv = 0
+        cmds[b].deriv_table = len(c.indexes_blocks) - 1
+        for j in drop:
+            cmds[j] = Command(CT.NO_OPERATION)
+        derivs += 1
+    out = []
+    if done:
+        out.append(f"{done} spliced input(s) read in place by their propagate"
+                   + (f" ({backprops} also by a backprop)" if backprops else ""))
+    if derivs:
+        out.append(f"{derivs} spliced input derivative(s) added in place by their backprop")
+    return "; ".join(out)
 
 
 class _Accesses(Analyzer):
@@ -243,3 +280,120 @@ def _plan(c: NnetComputation, a: Analyzer, p: int, backprop_ok: set[str]
     if cost > c.matrices[m].rows * c.matrices[m].cols:
         return None
     return blocks, readers, zeroings + copies + [alloc, dealloc]
+
+
+def _deriv_plan(c: NnetComputation, a: Analyzer, b: int
+                ) -> tuple[int, list[int], list[int], set[int]] | None:
+    """For backprop ``b`` whose input derivative goes to a matrix ``D`` that is then
+    copied or added, column block by column block, elsewhere: ``(b, the blocks'
+    destinations in column order, commands to drop, matrices involved)``, or None
+    (the derivative-side rewrite of the module doc).
+
+    Applies when ``D`` (a derivative matrix, the whole of it ``b``'s in_deriv, no
+    user input or output) is allocated and freed by plain sizing commands, zeroed
+    before ``b`` (or ``b`` overwrites it), and otherwise only read after ``b`` by
+    MATRIX_COPY / MATRIX_ADD commands with ``alpha == 1``, each of a whole column
+    block of ``D`` into a derivative matrix ``P`` other than ``D`` and ``b``'s
+    out_deriv, together reading every column of ``D`` once. Adding block ``j`` into
+    its destination at ``b`` is then the same as the transfers, provided that each
+    ``P`` is allocated before ``b``, no command between ``b`` and the last transfer
+    touches ``P`` except the transfers, and a transfer that *copies* finds its
+    destination zero: ``P``'s last write before ``b`` zeroed all of ``P``, and no
+    earlier transfer writes where it does (what convert_addition made of the first
+    of several additions into a zeroed matrix)."""
+    cmds, subs, t = c.commands, c.submatrices, a.table
+    cmd = cmds[b]
+    sd = subs[cmd.in_deriv]
+    m = sd.matrix
+    mat = c.matrices[m]
+    if t.is_input[m] or t.is_output[m] or not mat.is_deriv:
+        return None
+    if sd.row_offset or sd.col_offset or sd.num_rows != mat.rows or sd.num_cols != mat.cols:
+        return None
+    alloc, dealloc = int(t.alloc_only[m]), int(t.dealloc_only[m])
+    if alloc < 0 or dealloc < 0 or t.alloc[m] != alloc or t.dealloc[m] != dealloc:
+        return None
+    od = subs[cmd.out_deriv].matrix if cmd.out_deriv else 0
+    if od == m:
+        return None
+    ma = a.matrix_arrays
+    lo, hi = int(ma.ptr[m]), int(ma.ptr[m + 1])
+    zeroings: list[int] = []
+    pieces: list[tuple[int, int, int]] = []
+    for j in ma.command[lo:hi].tolist():
+        if j == b:
+            continue
+        x = cmds[j]
+        if j < b and t.zeroing[j] and x.type is CT.SET_CONST and subs[x.dst] == sd:
+            zeroings.append(j)
+        elif j > b and x.type in (CT.MATRIX_COPY, CT.MATRIX_ADD) and x.alpha == 1.0 \
+                and subs[x.src].matrix == m and subs[x.dst].matrix != m:
+            src = subs[x.src]
+            if src.row_offset or src.num_rows != mat.rows:
+                return None
+            pieces.append((src.col_offset, src.num_cols, j))
+        else:
+            return None  # another reader or writer of D
+    if not pieces:
+        return None
+    if not zeroings and _component_adds(a, cmd):
+        return None  # D's undefined contents would be added to
+    pieces.sort()
+    col = 0
+    for c0, w, _ in pieces:
+        if c0 != col:
+            return None  # a column read twice, or not at all
+        col += w
+    if col != mat.cols:
+        return None
+    transfers = sorted(j for _, _, j in pieces)
+    last = transfers[-1]
+    group = set(transfers)
+    mats = {m}
+    for j in transfers:
+        d = subs[cmds[j].dst]
+        p = d.matrix
+        if p in mats:
+            continue
+        mats.add(p)
+        if p == od or not c.matrices[p].is_deriv or t.alloc[p] < 0 or t.alloc[p] > b:
+            return None
+        plo, phi = int(ma.ptr[p]), int(ma.ptr[p + 1])
+        accs = list(zip(ma.command[plo:phi].tolist(), ma.access[plo:phi].tolist(),
+                        strict=True))
+        if any(b <= k <= last and k not in group for k, _ in accs):
+            return None  # P is touched between b and the transfers (or by b itself)
+        copies = [k for k in transfers if cmds[k].type is CT.MATRIX_COPY
+                  and subs[cmds[k].dst].matrix == p]
+        if copies:
+            writes = [k for k, acc in accs if k < b and acc & _W]
+            if not writes or not (t.zeroing[writes[-1]] and cmds[writes[-1]].type
+                                  is CT.SET_CONST and _covers(subs[cmds[writes[-1]].dst],
+                                                              c.matrices[p])):
+                return None  # the copy's destination is not known to be zero
+            for k in copies:
+                dk = subs[cmds[k].dst]
+                for i in transfers:
+                    if i >= k:
+                        break
+                    di = subs[cmds[i].dst]
+                    if di.matrix == p and _overlap(di, dk):
+                        return None  # the copy overwrites an earlier transfer's sum
+    blocks = [cmds[j].dst for _, _, j in pieces]
+    return b, blocks, zeroings + transfers + [alloc, dealloc], mats
+
+
+def _component_adds(a: Analyzer, cmd: Command) -> bool:
+    return bool(a.nnet.components[a.nnet.node_map[cmd.node].component].properties()
+                & Flags.BACKPROP_ADDS)
+
+
+def _covers(sm, mat) -> bool:
+    return not sm.row_offset and not sm.col_offset and sm.num_rows == mat.rows \
+        and sm.num_cols == mat.cols
+
+
+def _overlap(x, y) -> bool:
+    return (x.row_offset < y.row_offset + y.num_rows and y.row_offset < x.row_offset
+            + x.num_rows and x.col_offset < y.col_offset + y.num_cols
+            and y.col_offset < x.col_offset + x.num_cols)

@@ -306,7 +306,8 @@ class NnetComputer:
             args = (self.c.precomputed[cmd.precomputed], self._sub(cmd.in_value),
                     self._sub(cmd.out_value), self._sub(cmd.out_deriv),
                     self.memos.pop(cmd.memo, None) if cmd.memo else None, grad,
-                    self._sub(cmd.in_deriv))
+                    self._sub(cmd.in_deriv) if cmd.deriv_table < 0 else
+                    [self._sub(s) for s in self.c.indexes_blocks[cmd.deriv_table].tolist()])
             if cmd.in_value == 0 and cmd.table >= 0:  # input value read as column blocks
                 blocks = [self._sub(s) for s in self.c.indexes_blocks[cmd.table].tolist()]
                 comp.backprop_blocks(args[0], blocks, *args[2:])
