@@ -246,6 +246,16 @@ def test_copy_into_a_destination_not_known_zero_is_left_alone():
         _rewrites_like_the_original(nnet, req, c, expect=expect)
 
 
+def test_transfers_out_of_column_order_are_left_alone():
+    """The backprop adds the blocks in column order; transfers that add them in
+    another order give other float32 sums where destinations overlap: no rewrite."""
+    nnet, req, c, b, transfers, p = _deriv_case()
+    i, j = transfers[-2], transfers[-1]
+    assert all(c.commands[k].type is CT.MATRIX_ADD for k in (i, j))
+    c.commands[i], c.commands[j] = c.commands[j], c.commands[i]
+    _rewrites_like_the_original(nnet, req, c, expect=False)
+
+
 def test_derivative_read_elsewhere_is_left_alone():
     nnet, req, c, b, transfers, p = _deriv_case()
     d = c.submatrices[c.commands[b].in_deriv]

@@ -294,8 +294,9 @@ def _deriv_plan(c: NnetComputation, a: Analyzer, b: int
     before ``b`` (or ``b`` overwrites it), and otherwise only read after ``b`` by
     MATRIX_COPY / MATRIX_ADD commands with ``alpha == 1``, each of a whole column
     block of ``D`` into a derivative matrix ``P`` other than ``D`` and ``b``'s
-    out_deriv, together reading every column of ``D`` once. Adding block ``j`` into
-    its destination at ``b`` is then the same as the transfers, provided that each
+    out_deriv, together reading every column of ``D`` once, in column order.
+    Adding block ``j`` into its destination at ``b`` is then the same as the
+    transfers (the same floats, added in the same order), provided that each
     ``P`` is allocated before ``b``, no command between ``b`` and the last transfer
     touches ``P`` except the transfers, and a transfer that *copies* finds its
     destination zero: ``P``'s last write before ``b`` zeroed all of ``P``, and no
@@ -346,7 +347,9 @@ def _deriv_plan(c: NnetComputation, a: Analyzer, b: int
         col += w
     if col != mat.cols:
         return None
-    transfers = sorted(j for _, _, j in pieces)
+    transfers = [j for _, _, j in pieces]
+    if transfers != sorted(transfers):
+        return None  # (blocks are added in column order: the floats of another order)
     last = transfers[-1]
     group = set(transfers)
     mats = {m}
