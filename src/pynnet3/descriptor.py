@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import ClassVar
 
 import numpy as np
 
@@ -96,21 +97,29 @@ class SwitchOf:
 
 
 @dataclass(frozen=True)
-class SumOf:
+class _TwoTerms:
+    """A descriptor function of two sum expressions ``a`` and ``b``, printed as
+    ``function(a, b)``; each subclass is its own type (instances of two of them
+    never compare equal)."""
+
     a: object
     b: object
+    function: ClassVar[str]
 
     def __str__(self) -> str:
-        return f"Sum({self.a}, {self.b})"
+        return f"{self.function}({self.a}, {self.b})"
 
 
-@dataclass(frozen=True)
-class FailoverOf:
-    a: object
-    b: object
+class SumOf(_TwoTerms):
+    """``Sum(a, b)``: computable where both sides are."""
 
-    def __str__(self) -> str:
-        return f"Failover({self.a}, {self.b})"
+    function = "Sum"
+
+
+class FailoverOf(_TwoTerms):
+    """``Failover(a, b)``: ``a`` where it is computable, else ``b``."""
+
+    function = "Failover"
 
 
 @dataclass(frozen=True)
@@ -153,10 +162,9 @@ class Descriptor:
         # (a descriptor is immutable; the node graph asks for these several
         # times per compile)
         seen: list[str] = []
-        for p in self.parts:
-            for name in _nodes_of(p):
-                if name not in seen:
-                    seen.append(name)
+        for name, _, _ in self.time_terms():
+            if name not in seen:
+                seen.append(name)
         return tuple(seen)
 
     def dim(self, node_dim: Callable[[str], int]) -> int:
@@ -177,7 +185,8 @@ class Descriptor:
         return out
 
     def map_nodes(self, fn: Callable[[str], str]) -> Descriptor:
-        return Descriptor(tuple(_map_nodes(p, fn) for p in self.parts))
+        return Descriptor(tuple(map_refs(p, lambda r: NodeRef(fn(r.node), r.scale))
+                                for p in self.parts))
 
     def dependencies(self, indexes: np.ndarray) -> list[Dep]:
         """Everything a batch of indexes may read: one :class:`Dep` per source term."""
@@ -223,37 +232,24 @@ def _time_terms(e, off: int | None, optional: bool, out: list) -> None:
         _time_terms(e.a, off, True, out)
 
 
-def _nodes_of(e) -> list[str]:
+def map_refs(e, fn: Callable[[NodeRef], object]):
+    """Part ``e`` rebuilt with every node reference ``r`` replaced by ``fn(r)``; the
+    functions around the references (and any Const) stay as they are. Not
+    normalized: ``fn`` may return any expression."""
     if isinstance(e, NodeRef):
-        return [e.node]
-    if isinstance(e, (OffsetOf, RoundOf, ReplaceIndexOf)):
-        return _nodes_of(e.src)
-    if isinstance(e, SwitchOf):
-        return [n for s in e.srcs for n in _nodes_of(s)]
-    if isinstance(e, (SumOf, FailoverOf)):
-        return _nodes_of(e.a) + _nodes_of(e.b)
-    if isinstance(e, IfDefinedOf):
-        return _nodes_of(e.a)
-    return []
-
-
-def _map_nodes(e, fn):
-    if isinstance(e, NodeRef):
-        return NodeRef(fn(e.node), e.scale)
+        return fn(e)
     if isinstance(e, OffsetOf):
-        return OffsetOf(_map_nodes(e.src, fn), e.t_offset, e.x_offset)
+        return OffsetOf(map_refs(e.src, fn), e.t_offset, e.x_offset)
     if isinstance(e, RoundOf):
-        return RoundOf(_map_nodes(e.src, fn), e.t_modulus)
+        return RoundOf(map_refs(e.src, fn), e.t_modulus)
     if isinstance(e, ReplaceIndexOf):
-        return ReplaceIndexOf(_map_nodes(e.src, fn), e.variable, e.value)
+        return ReplaceIndexOf(map_refs(e.src, fn), e.variable, e.value)
     if isinstance(e, SwitchOf):
-        return SwitchOf(tuple(_map_nodes(s, fn) for s in e.srcs))
-    if isinstance(e, SumOf):
-        return SumOf(_map_nodes(e.a, fn), _map_nodes(e.b, fn))
-    if isinstance(e, FailoverOf):
-        return FailoverOf(_map_nodes(e.a, fn), _map_nodes(e.b, fn))
+        return SwitchOf(tuple(map_refs(s, fn) for s in e.srcs))
+    if isinstance(e, _TwoTerms):
+        return type(e)(map_refs(e.a, fn), map_refs(e.b, fn))
     if isinstance(e, IfDefinedOf):
-        return IfDefinedOf(_map_nodes(e.a, fn))
+        return IfDefinedOf(map_refs(e.a, fn))
     return e
 
 
@@ -270,8 +266,7 @@ def part_dim(e, node_dim: Callable[[str], int]) -> int:
     if isinstance(e, (SumOf, FailoverOf)):
         da, db = part_dim(e.a, node_dim), part_dim(e.b, node_dim)
         if da != db:
-            kind = "Sum" if isinstance(e, SumOf) else "Failover"
-            raise _error(f"{kind}() of inputs with different dims {da} and {db}: {e}")
+            raise _error(f"{e.function}() of inputs with different dims {da} and {db}: {e}")
         return da
     if isinstance(e, IfDefinedOf):
         return part_dim(e.a, node_dim)
@@ -493,9 +488,10 @@ class _Parser:
         self.i += 1
         return tk
 
-    def int_arg(self, what: str, limit: int | str) -> int:
+    def int_arg(self, what: str, limit: int | str, positive: bool = False) -> int:
         """An integer argument: ``what`` (for messages) must lie within ``limit``,
-        a number or the name of a pynnet3.limits limit (magnitude)."""
+        a number or the name of a pynnet3.limits limit (magnitude), and be > 0
+        when ``positive``."""
         kind, tok, _ = self.peek()
         try:
             value = int(tok) if kind == "num" else None
@@ -508,6 +504,8 @@ class _Parser:
         else:
             problem = f"{what} = {value} is outside [{-limit}, {limit}]" if abs(value) > limit \
                 else None
+        if not problem and positive and value <= 0:
+            problem = f"{what} must be positive"
         if problem:
             raise self.error(problem)
         self.i += 1
@@ -598,11 +596,7 @@ class _Parser:
     def f_Round(self):
         a = self.expr()
         self.comma()
-        m = self.int_arg("Round() modulus", "max_modulus")
-        if m <= 0:
-            self.i -= 1
-            raise self.error("Round() modulus must be positive")
-        return ("round", a, m)
+        return ("round", a, self.int_arg("Round() modulus", "max_modulus", positive=True))
 
     def f_ReplaceIndex(self):
         a = self.expr()
@@ -622,11 +616,7 @@ class _Parser:
     def f_Const(self):
         v = self.float_arg()
         self.comma()
-        d = self.int_arg("Const() dimension", "max_dim")
-        if d <= 0:
-            self.i -= 1
-            raise self.error("Const() dimension must be positive")
-        return ("const", v, d)
+        return ("const", v, self.int_arg("Const() dimension", "max_dim", positive=True))
 
     def f_Scale(self):
         s = self.float_arg()
@@ -686,10 +676,8 @@ def _normalize(g, text: str) -> list:
 def _push(e, op):
     """Apply a forwarding operation (or scale) to a normal-form part, pushing it
     below Sum / Failover / IfDefined as Kaldi's normalization does."""
-    if isinstance(e, SumOf):
-        return SumOf(_push(e.a, op), _push(e.b, op))
-    if isinstance(e, FailoverOf):
-        return FailoverOf(_push(e.a, op), _push(e.b, op))
+    if isinstance(e, _TwoTerms):
+        return type(e)(_push(e.a, op), _push(e.b, op))
     if isinstance(e, IfDefinedOf):
         return IfDefinedOf(_push(e.a, op))
     if isinstance(e, ConstOf):
@@ -714,17 +702,10 @@ def _push(e, op):
 
 
 def _scale_leaves(e, s: float):
-    if isinstance(e, NodeRef):
-        return NodeRef(e.node, float(np.float32(e.scale * s)))
-    if isinstance(e, OffsetOf):
-        return OffsetOf(_scale_leaves(e.src, s), e.t_offset, e.x_offset)
-    if isinstance(e, RoundOf):
-        return RoundOf(_scale_leaves(e.src, s), e.t_modulus)
-    if isinstance(e, ReplaceIndexOf):
-        return ReplaceIndexOf(_scale_leaves(e.src, s), e.variable, e.value)
-    if isinstance(e, SwitchOf):
-        return SwitchOf(tuple(_scale_leaves(x, s) for x in e.srcs))
-    raise TypeError(e)
+    """Forwarding chain ``e`` with every leaf's scale multiplied by ``s`` (in float32)."""
+    if not isinstance(e, _FORWARDING):
+        raise TypeError(e)
+    return map_refs(e, lambda r: NodeRef(r.node, float(np.float32(r.scale * s))))
 
 
 def parse_descriptor(text: str, node_names: set[str] | None = None) -> Descriptor:

@@ -32,6 +32,7 @@ from ..descriptor import (
     RoundOf,
     SumOf,
     SwitchOf,
+    map_refs,
     parse_descriptor,
 )
 from ..errors import DescriptorError
@@ -59,10 +60,8 @@ def _text(e) -> str:
         return f"ReplaceIndex({_text(e.src)}, {e.variable}, {e.value})"
     if isinstance(e, SwitchOf):
         return "Switch(" + ", ".join(_text(s) for s in e.srcs) + ")"
-    if isinstance(e, SumOf):
-        return f"Sum({_text(e.a)}, {_text(e.b)})"
-    if isinstance(e, FailoverOf):
-        return f"Failover({_text(e.a)}, {_text(e.b)})"
+    if isinstance(e, (SumOf, FailoverOf)):
+        return f"{e.function}({_text(e.a)}, {_text(e.b)})"
     if isinstance(e, IfDefinedOf):
         return f"IfDefined({_text(e.a)})"
     if isinstance(e, ConstOf):
@@ -87,26 +86,13 @@ class _Scaled:
 def _replace(e, node: str, replacement: Descriptor):
     """``e`` with every reference to ``node`` replaced by ``replacement`` (scaled
     by the reference's scale); not normalized."""
-    if isinstance(e, NodeRef):
-        if e.node != node:
-            return e
+    def swap(ref: NodeRef):
+        if ref.node != node:
+            return ref
         inner = replacement if len(replacement.parts) > 1 else replacement.parts[0]
-        return inner if e.scale == 1.0 else _Scaled(e.scale, inner)
-    if isinstance(e, OffsetOf):
-        return OffsetOf(_replace(e.src, node, replacement), e.t_offset, e.x_offset)
-    if isinstance(e, RoundOf):
-        return RoundOf(_replace(e.src, node, replacement), e.t_modulus)
-    if isinstance(e, ReplaceIndexOf):
-        return ReplaceIndexOf(_replace(e.src, node, replacement), e.variable, e.value)
-    if isinstance(e, SwitchOf):
-        return SwitchOf(tuple(_replace(s, node, replacement) for s in e.srcs))
-    if isinstance(e, SumOf):
-        return SumOf(_replace(e.a, node, replacement), _replace(e.b, node, replacement))
-    if isinstance(e, FailoverOf):
-        return FailoverOf(_replace(e.a, node, replacement), _replace(e.b, node, replacement))
-    if isinstance(e, IfDefinedOf):
-        return IfDefinedOf(_replace(e.a, node, replacement))
-    return e
+        return inner if ref.scale == 1.0 else _Scaled(ref.scale, inner)
+
+    return map_refs(e, swap)
 
 
 def substitute(desc: Descriptor, node: str, replacement: Descriptor) -> Descriptor:
@@ -215,12 +201,9 @@ def _refs(e, part: int, t: int, x: int, wrappers: tuple, out: list) -> None:
     elif isinstance(e, SwitchOf):
         for s in e.srcs:
             _refs(s, part, t, x, wrappers + ("Switch",), out)
-    elif isinstance(e, SumOf):
-        _refs(e.a, part, t, x, wrappers + ("Sum",), out)
-        _refs(e.b, part, t, x, wrappers + ("Sum",), out)
-    elif isinstance(e, FailoverOf):
-        _refs(e.a, part, t, x, wrappers + ("Failover",), out)
-        _refs(e.b, part, t, x, wrappers + ("Failover",), out)
+    elif isinstance(e, (SumOf, FailoverOf)):
+        _refs(e.a, part, t, x, wrappers + (e.function,), out)
+        _refs(e.b, part, t, x, wrappers + (e.function,), out)
     elif isinstance(e, IfDefinedOf):
         _refs(e.a, part, t, x, wrappers + ("IfDefined",), out)
 
@@ -334,14 +317,6 @@ def _flatten_sum(e, out: list) -> None:
 
 def _with_scale(chain, s: float):
     """A forwarding chain with every leaf's scale set to ``s``."""
-    if isinstance(chain, NodeRef):
-        return NodeRef(chain.node, s)
-    if isinstance(chain, OffsetOf):
-        return OffsetOf(_with_scale(chain.src, s), chain.t_offset, chain.x_offset)
-    if isinstance(chain, RoundOf):
-        return RoundOf(_with_scale(chain.src, s), chain.t_modulus)
-    if isinstance(chain, ReplaceIndexOf):
-        return ReplaceIndexOf(_with_scale(chain.src, s), chain.variable, chain.value)
-    if isinstance(chain, SwitchOf):
-        return SwitchOf(tuple(_with_scale(x, s) for x in chain.srcs))
-    raise TypeError(chain)
+    if not is_forwarding(chain):
+        raise TypeError(chain)
+    return map_refs(chain, lambda ref: NodeRef(ref.node, s))
