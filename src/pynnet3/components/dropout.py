@@ -434,8 +434,47 @@ def _copy_rows(gather, src: np.ndarray, dst: np.ndarray, forward: bool) -> None:
         dst[xp.index(gather, src)] = tmp
 
 
+class _RowMaskComponent(RandomComponent, SameDimComponent):
+    """A random component that multiplies each row by a mask row drawn in training
+    (GeneralDropout, SpecAugmentTimeMask); its precomputed indexes carry ``gather``
+    (see :class:`RowMaskIndexes`). The propagate returns the mask as the memo, and
+    the backprop multiplies by that memo (None: the step was an identity copy).
+
+    A subclass says when it is an identity (:meth:`_is_identity`) and draws the
+    mask, in output-row order (:meth:`_row_mask`)."""
+
+    def _is_identity(self) -> bool:
+        raise NotImplementedError
+
+    def _row_mask(self, indexes, dtype) -> np.ndarray:
+        raise NotImplementedError
+
+    def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray):
+        gather = None if indexes is None else indexes.gather
+        if self._is_identity():
+            _copy_rows(gather, in_value, out_value, forward=True)
+            return None
+        if indexes is None:
+            raise ValueError(f"{self.type_name} needs precomputed indexes in training mode")
+        xp = namespace(in_value)
+        # (drawn on the host from the component's generator: every backend draws the
+        # same numbers)
+        mask = xp.asarray(self._row_mask(indexes, xp.scalar_type(in_value)), like=in_value)
+        _apply_row_mask(gather, in_value, mask, out_value, forward=True)
+        return mask
+
+    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
+        if in_deriv is None:
+            return
+        gather = None if indexes is None else indexes.gather
+        if memo is None:
+            _copy_rows(gather, out_deriv, in_deriv, forward=False)
+            return
+        _apply_row_mask(gather, out_deriv, memo, in_deriv, forward=False)
+
+
 @register
-class GeneralDropoutComponent(RandomComponent, SameDimComponent):
+class GeneralDropoutComponent(_RowMaskComponent):
     """Dropout with masks shared along time and across blocks of the feature dim.
 
     The mask has ``block_dim`` columns and one row per distinct ``(n, t //
@@ -577,33 +616,9 @@ class GeneralDropoutComponent(RandomComponent, SameDimComponent):
         reps = self.dim // self.block_dim
         return np.tile(per_row, (1, reps)) if reps > 1 else per_row
 
-    # -- math ------------------------------------------------------------------------
-    def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray):
-        gather = None if indexes is None else indexes.gather
-        if self._is_identity():
-            _copy_rows(gather, in_value, out_value, forward=True)
-            return None
-        if indexes is None:
-            raise ValueError(f"{self.type_name} needs precomputed indexes in training mode")
-        xp = namespace(in_value)
-        # (drawn on the host from the component's generator: every backend draws the
-        # same numbers)
-        mask = xp.asarray(self._row_mask(indexes, xp.scalar_type(in_value)), like=in_value)
-        _apply_row_mask(gather, in_value, mask, out_value, forward=True)
-        return mask
-
-    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
-        if in_deriv is None:
-            return
-        gather = None if indexes is None else indexes.gather
-        if memo is None:
-            _copy_rows(gather, out_deriv, in_deriv, forward=False)
-            return
-        _apply_row_mask(gather, out_deriv, memo, in_deriv, forward=False)
-
 
 @register
-class SpecAugmentTimeMaskComponent(RandomComponent, SameDimComponent):
+class SpecAugmentTimeMaskComponent(_RowMaskComponent):
     """The time-masking part of SpecAugment: zeroes whole frames in segments.
 
     In training, each sequence (rows with the same n, in t order) is cut into
@@ -656,7 +671,10 @@ class SpecAugmentTimeMaskComponent(RandomComponent, SameDimComponent):
         out = np.asarray(output_indexes, dtype=np.int64).reshape(-1, 3)
         return TimeMaskIndexes(_row_gather(input_indexes, out), out)
 
-    def _make_mask(self, indexes: TimeMaskIndexes, dtype) -> np.ndarray:
+    def _is_identity(self) -> bool:
+        return self.test_mode or self.zeroed_proportion == 0.0
+
+    def _row_mask(self, indexes: TimeMaskIndexes, dtype) -> np.ndarray:
         """Per-row 0/1 mask (Kaldi's GetMemo), in output-row order."""
         z = np.float32(self.zeroed_proportion)
         max_zeroed = self.time_mask_max_frames
@@ -678,28 +696,6 @@ class SpecAugmentTimeMaskComponent(RandomComponent, SameDimComponent):
                 mask[rows[t:t + zeroed]] = 0.0
                 t += zeroed
         return mask[:, None]
-
-    def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray):
-        gather = None if indexes is None else indexes.gather
-        if self.test_mode or self.zeroed_proportion == 0.0:
-            _copy_rows(gather, in_value, out_value, forward=True)
-            return None
-        if indexes is None:
-            raise ValueError(f"{self.type_name} needs precomputed indexes in training mode")
-        xp = namespace(in_value)
-        # (drawn on the host from the component's generator, as GeneralDropout's)
-        mask = xp.asarray(self._make_mask(indexes, xp.scalar_type(in_value)), like=in_value)
-        _apply_row_mask(gather, in_value, mask, out_value, forward=True)
-        return mask
-
-    def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
-        if in_deriv is None:
-            return
-        gather = None if indexes is None else indexes.gather
-        if memo is None:
-            _copy_rows(gather, out_deriv, in_deriv, forward=False)
-            return
-        _apply_row_mask(gather, out_deriv, memo, in_deriv, forward=False)
 
 
 __all__ = ["RandomComponent", "DropoutComponent", "DropoutMaskComponent",
