@@ -12,6 +12,8 @@ columns; we express that by viewing a row as ``dim/block-dim`` blocks.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from .affine import (
@@ -69,18 +71,16 @@ def _blocks_agree(tag: str, offsets: np.ndarray, comp) -> str | None:
 # -- fixed (non-trainable) scale and bias ---------------------------------------------
 
 
-@register
-class FixedScaleComponent(Component):
-    """y = x * scales (per column), fixed."""
+class _FixedVectorComponent(Component):
+    """A simple component applying one fixed (not trained) per-column vector, held
+    in the attribute named ``vector_name``; that is also the config option that
+    reads it from a file. Its length is the input and output dim."""
 
-    type_name = "FixedScaleComponent"
-
-    def __init__(self, scales: np.ndarray):
-        self.scales = np.asarray(scales, np.float32)
+    vector_name: ClassVar[str]
 
     @property
     def input_dim(self) -> int:
-        return self.scales.shape[0]
+        return getattr(self, self.vector_name).shape[0]
 
     output_dim = input_dim
 
@@ -88,28 +88,47 @@ class FixedScaleComponent(Component):
         return Flags.SIMPLE | Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_IN_PLACE
 
     @classmethod
-    def from_config(cls, cfg, rng: np.random.Generator) -> FixedScaleComponent:
-        if cfg.has("scales"):
-            vec = load_kaldi_object(cfg, "scales", "vector")
-            require(vec.size > 0, cfg, "scales= is empty")
+    def from_config(cls, cfg, rng: np.random.Generator) -> _FixedVectorComponent:
+        if cfg.has(cls.vector_name):
+            vec = load_kaldi_object(cfg, cls.vector_name, "vector")
+            require(vec.size > 0, cfg, f"{cls.vector_name}= is empty")
         else:
             dim = cfg.get_int("dim", required=True)
             require(dim > 0, cfg, "dim must be > 0")
-            if cfg.has("scale"):
-                vec = np.full(dim, cfg.get_float("scale"), np.float32)
-            else:
-                vec = randn(rng, dim)
+            vec = cls._vector_for_dim(cfg, rng, dim)
         cfg.check_all_used()
         return cls(vec)
+
+    @classmethod
+    def _vector_for_dim(cls, cfg, rng: np.random.Generator, dim: int) -> np.ndarray:
+        """The vector when the config gives only ``dim=``: random, N(0, 1)."""
+        return randn(rng, dim)
+
+    @classmethod
+    def empty_for_read(cls) -> _FixedVectorComponent:
+        return cls(np.zeros(0, np.float32))
+
+
+@register
+class FixedScaleComponent(_FixedVectorComponent):
+    """y = x * scales (per column), fixed."""
+
+    type_name = "FixedScaleComponent"
+    vector_name = "scales"
+
+    def __init__(self, scales: np.ndarray):
+        self.scales = np.asarray(scales, np.float32)
+
+    @classmethod
+    def _vector_for_dim(cls, cfg, rng: np.random.Generator, dim: int) -> np.ndarray:
+        if cfg.has("scale"):  # (one value for every column)
+            return np.full(dim, cfg.get_float("scale"), np.float32)
+        return randn(rng, dim)
 
     kaldi_fields = (
         REPEATED_OPENING,
         Field("<Scales>", "scales", "vector", finite="scales", check=non_empty),
     )
-
-    @classmethod
-    def empty_for_read(cls) -> FixedScaleComponent:
-        return cls(np.zeros(0, np.float32))
 
     def propagate(self, indexes, in_value, out_value):
         xp = namespace(in_value)
@@ -123,43 +142,19 @@ class FixedScaleComponent(Component):
 
 
 @register
-class FixedBiasComponent(Component):
+class FixedBiasComponent(_FixedVectorComponent):
     """y = x + bias, fixed."""
 
     type_name = "FixedBiasComponent"
+    vector_name = "bias"
 
     def __init__(self, bias: np.ndarray):
         self.bias = np.asarray(bias, np.float32)
-
-    @property
-    def input_dim(self) -> int:
-        return self.bias.shape[0]
-
-    output_dim = input_dim
-
-    def properties(self) -> Flags:
-        return Flags.SIMPLE | Flags.PROPAGATE_IN_PLACE | Flags.BACKPROP_IN_PLACE
-
-    @classmethod
-    def from_config(cls, cfg, rng: np.random.Generator) -> FixedBiasComponent:
-        if cfg.has("bias"):
-            vec = load_kaldi_object(cfg, "bias", "vector")
-            require(vec.size > 0, cfg, "bias= is empty")
-        else:
-            dim = cfg.get_int("dim", required=True)
-            require(dim > 0, cfg, "dim must be > 0")
-            vec = randn(rng, dim)
-        cfg.check_all_used()
-        return cls(vec)
 
     kaldi_fields = (
         REPEATED_OPENING,
         Field("<Bias>", "bias", "vector", finite="bias", check=non_empty),
     )
-
-    @classmethod
-    def empty_for_read(cls) -> FixedBiasComponent:
-        return cls(np.zeros(0, np.float32))
 
     def propagate(self, indexes, in_value, out_value):
         xp = namespace(in_value)
