@@ -350,16 +350,55 @@ class LstmNonlinearityComponent(UpdatableComponent):
 
 # ---------------------------------------------------------------------------------
 class _GruStatsMixin:
-    """The file layout shared by the two GRU components: the dims before ``<w_h>``
-    (``<CellDim>``, and ``<RecurrentDim>`` where ``has_recurrent_dim``) and the
-    statistics and self-repair fields after it (``<ValueAvg> <DerivAvg>
-    <SelfRepairTotal> <Count> <SelfRepairThreshold> <SelfRepairScale> <Alpha>``)."""
+    """What the two GRU components share: the parameter ``w_h`` (its first dim is
+    the cell dim; the output is ``(h_t, c_t)``, 2 cell dims), the flags, the
+    output ``c_t = (1 - z_t) * h_t + z_t * c_{t-1}`` and its derivative, and the
+    file layout: the dims before ``<w_h>`` (``<CellDim>``, and ``<RecurrentDim>``
+    where ``has_recurrent_dim``) and the statistics and self-repair fields after
+    it (``<ValueAvg> <DerivAvg> <SelfRepairTotal> <Count> <SelfRepairThreshold>
+    <SelfRepairScale> <Alpha>``)."""
 
     def _init_stats(self, cell_dim: int) -> None:
+        """Zero statistics and the default self-repair options."""
         self.value_avg = np.zeros(cell_dim, dtype=np.float32)
         self.deriv_avg = np.zeros(cell_dim, dtype=np.float32)
         self.self_repair_total = 0.0
         self.count = 0.0
+        self.self_repair_threshold = 0.2
+        self.self_repair_scale = 1.0e-05
+        self.alpha = 4.0
+
+    @property
+    def cell_dim(self) -> int:
+        return self.w_h.shape[0]
+
+    @property
+    def output_dim(self) -> int:
+        return 2 * self.cell_dim
+
+    def properties(self) -> Flags:
+        return (Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_NEEDS_INPUT
+                | Flags.BACKPROP_NEEDS_OUTPUT | Flags.BACKPROP_ADDS)
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"w_h": self.w_h}
+
+    def export_gradient(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"params_vectorized": grad["w_h"].reshape(-1)}  # (the backend's array)
+
+    @staticmethod
+    def _write_h_c(out_value, c: int, h_t, z_t, c_t1) -> None:
+        """The output ``(h_t, c_t)``, ``c_t = h_t - z_t * h_t + z_t * c_{t-1}``."""
+        out_value[:, :c] = h_t
+        out_value[:, c:] = h_t - z_t * h_t + z_t * c_t1
+
+    @staticmethod
+    def _output_derivs(out_value, out_deriv, c: int, z_t):
+        """``(h_t, dc_t, dh_t)``: h_t (read from the output), c_t's output derivative
+        and h_t's total derivative: its own output derivative (normally zero;
+        included anyway) plus ``(1 - z_t) * dc_t``."""
+        c_t_deriv = out_deriv[:, c:]
+        return out_value[:, :c], c_t_deriv, out_deriv[:, :c] + c_t_deriv - c_t_deriv * z_t
 
     _STATS_FIELDS = (
         _param("<ValueAvg>", "value_avg", "vector", _shape("have cell-dim values", _cell_dim)),
@@ -407,10 +446,6 @@ class _GruStatsMixin:
         self.count = 0.0
 
 
-_GRU_FLAGS = (Flags.SIMPLE | Flags.UPDATABLE | Flags.BACKPROP_NEEDS_INPUT
-              | Flags.BACKPROP_NEEDS_OUTPUT | Flags.BACKPROP_ADDS)
-
-
 @register
 class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
     """The nonlinear part of a (projected) GRU step.
@@ -429,16 +464,9 @@ class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         r = cell_dim if recurrent_dim is None else recurrent_dim
         self.w_h = np.zeros((cell_dim, r), dtype=np.float32)
         self._init_stats(cell_dim)
-        self.self_repair_threshold = 0.2
-        self.self_repair_scale = 1.0e-05
-        self.alpha = 4.0
         self.rank_in = 20
         self.rank_out = 80
         self.update_period = 4
-
-    @property
-    def cell_dim(self) -> int:
-        return self.w_h.shape[0]
 
     @property
     def recurrent_dim(self) -> int:
@@ -448,13 +476,6 @@ class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
     def input_dim(self) -> int:
         c, r = self.cell_dim, self.recurrent_dim
         return 4 * c if r == c else 3 * c + 2 * r
-
-    @property
-    def output_dim(self) -> int:
-        return 2 * self.cell_dim
-
-    def properties(self) -> Flags:
-        return _GRU_FLAGS
 
     def info(self) -> str:
         return (super().info() + self.updatable_info()
@@ -498,12 +519,6 @@ class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         Field("<UpdatePeriod>", "update_period", "int"),
     )
 
-    def params(self) -> dict[str, np.ndarray]:
-        return {"w_h": self.w_h}
-
-    def export_gradient(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {"params_vectorized": grad["w_h"].reshape(-1)}  # (the backend's array)
-
     def _split(self, x: np.ndarray):
         c, r = self.cell_dim, self.recurrent_dim
         z_t = x[:, :c]
@@ -518,9 +533,7 @@ class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         xp = namespace(in_value)
         w_h = xp.param(self.w_h, like=in_value)
         z_t, r_t, hpart_t, c_t1, s_t1 = self._split(in_value)
-        h_t = xp.tanh(hpart_t + (r_t * s_t1) @ w_h.T)
-        out_value[:, :c] = h_t
-        out_value[:, c:] = h_t - z_t * h_t + z_t * c_t1
+        self._write_h_c(out_value, c, xp.tanh(hpart_t + (r_t * s_t1) @ w_h.T), z_t, c_t1)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
@@ -528,10 +541,7 @@ class GruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         xp = namespace(in_value)
         w_h = xp.param(self.w_h, like=in_value)
         z_t, r_t, hpart_t, c_t1, s_t1 = self._split(in_value)
-        h_t = out_value[:, :c]
-        c_t_deriv = out_deriv[:, c:]
-        # h_t's own output derivative is normally zero; include it anyway.
-        h_t_deriv = out_deriv[:, :c] + c_t_deriv - c_t_deriv * z_t
+        h_t, c_t_deriv, h_t_deriv = self._output_derivs(out_value, out_deriv, c, z_t)
         if in_deriv is not None:
             z_d, r_d, hpart_d, c_t1_d, s_t1_d = self._split(in_deriv)
             z_d += c_t_deriv * c_t1 - c_t_deriv * h_t
@@ -563,26 +573,12 @@ class OutputGruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         super().__init__()
         self.w_h = np.zeros(cell_dim, dtype=np.float32)
         self._init_stats(cell_dim)
-        self.self_repair_threshold = 0.2
-        self.self_repair_scale = 1.0e-05
-        self.alpha = 4.0
         self.rank = 8
         self.update_period = 10
 
     @property
-    def cell_dim(self) -> int:
-        return self.w_h.shape[0]
-
-    @property
     def input_dim(self) -> int:
         return 3 * self.cell_dim
-
-    @property
-    def output_dim(self) -> int:
-        return 2 * self.cell_dim
-
-    def properties(self) -> Flags:
-        return _GRU_FLAGS
 
     def info(self) -> str:
         return super().info() + self.updatable_info() + f", cell-dim={self.cell_dim}"
@@ -618,20 +614,12 @@ class OutputGruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         Field("<UpdatePeriod>", "update_period", "int"),
     )
 
-    def params(self) -> dict[str, np.ndarray]:
-        return {"w_h": self.w_h}
-
-    def export_gradient(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {"params_vectorized": grad["w_h"].reshape(-1)}  # (the backend's array)
-
     def propagate(self, indexes, in_value, out_value):
         c = self.cell_dim
         xp = namespace(in_value)
         w_h = xp.param(self.w_h, like=in_value)
         z_t, hpart_t, c_t1 = in_value[:, :c], in_value[:, c:2 * c], in_value[:, 2 * c:]
-        h_t = xp.tanh(c_t1 * w_h + hpart_t)
-        out_value[:, :c] = h_t
-        out_value[:, c:] = h_t - z_t * h_t + z_t * c_t1
+        self._write_h_c(out_value, c, xp.tanh(c_t1 * w_h + hpart_t), z_t, c_t1)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
@@ -639,9 +627,7 @@ class OutputGruNonlinearityComponent(_GruStatsMixin, UpdatableComponent):
         xp = namespace(in_value)
         w_h = xp.param(self.w_h, like=in_value)
         z_t, c_t1 = in_value[:, :c], in_value[:, 2 * c:]
-        h_t = out_value[:, :c]
-        c_t_deriv = out_deriv[:, c:]
-        h_t_deriv = out_deriv[:, :c] + c_t_deriv - c_t_deriv * z_t
+        h_t, c_t_deriv, h_t_deriv = self._output_derivs(out_value, out_deriv, c, z_t)
         if in_deriv is not None:
             in_deriv[:, :c] += c_t_deriv * c_t1 - c_t_deriv * h_t
             in_deriv[:, 2 * c:] += c_t_deriv * z_t
