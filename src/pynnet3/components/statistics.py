@@ -478,8 +478,39 @@ def sort_nxt(input_indexes, output_indexes) -> tuple[np.ndarray, np.ndarray]:
     return nxt(input_indexes), nxt(output_indexes)
 
 
+class _CheckedStatistics(Component):
+    """What the two statistics components share: the input dim (``_input_dim``) and
+    Kaldi's Check(), :meth:`_problem` (None when the configuration is valid), run
+    on a config line (:meth:`_checked`) and once a file's body is read."""
+
+    def _problem(self) -> str | None:
+        raise NotImplementedError
+
+    @property
+    def input_dim(self) -> int:
+        return self._input_dim
+
+    @classmethod
+    def _checked(cls, comp: _CheckedStatistics, cfg) -> _CheckedStatistics:
+        """``comp`` made from ``cfg``, once every option was used and it passes Check()."""
+        cfg.check_all_used()
+        problem = comp._problem()
+        require(problem is None, cfg, f"{cls.type_name}: {problem}")
+        return comp
+
+    @classmethod
+    def empty_for_read(cls) -> _CheckedStatistics:
+        return cls(0)
+
+    def read_end(self, r) -> None:
+        super().read_end(r)
+        problem = self._problem()  # Kaldi's Check(), once the whole body is read
+        if problem is not None:
+            raise r.error(f"invalid {self.type_name}: {problem}")
+
+
 @register
-class StatisticsExtractionComponent(Component):
+class StatisticsExtractionComponent(_CheckedStatistics):
     """Per-period statistics of the input: ``[count, sum x, (sum x^2)]``.
 
     The output at time t covers the period window
@@ -497,22 +528,18 @@ class StatisticsExtractionComponent(Component):
         self.output_period = int(output_period)
         self.include_variance = bool(include_variance)
 
-    @staticmethod
-    def _problem(input_dim, input_period, output_period) -> str | None:
-        if input_dim <= 0:
-            return f"input-dim must be > 0, got {input_dim}"
-        if input_period <= 0 or output_period <= 0:
+    def _problem(self) -> str | None:
+        """Kaldi's Check()."""
+        if self._input_dim <= 0:
+            return f"input-dim must be > 0, got {self._input_dim}"
+        if self.input_period <= 0 or self.output_period <= 0:
             return "input-period and output-period must be > 0"
-        if output_period % input_period:
-            return (f"output-period={output_period} must be a multiple of "
-                    f"input-period={input_period}")
+        if self.output_period % self.input_period:
+            return (f"output-period={self.output_period} must be a multiple of "
+                    f"input-period={self.input_period}")
         return None
 
     # -- structure ------------------------------------------------------------------
-    @property
-    def input_dim(self) -> int:
-        return self._input_dim
-
     @property
     def output_dim(self) -> int:
         return 1 + self._input_dim * (2 if self.include_variance else 1)
@@ -536,10 +563,7 @@ class StatisticsExtractionComponent(Component):
         input_period = cfg.get_int("input-period", 1)
         output_period = cfg.get_int("output-period", 1)
         include_variance = cfg.get_bool("include-variance", True)
-        cfg.check_all_used()
-        problem = cls._problem(input_dim, input_period, output_period)
-        require(problem is None, cfg, f"{cls.type_name}: {problem}")
-        return cls(input_dim, input_period, output_period, include_variance)
+        return cls._checked(cls(input_dim, input_period, output_period, include_variance), cfg)
 
     kaldi_fields = (
         Field("<InputDim>", "_input_dim", "int"),
@@ -547,16 +571,6 @@ class StatisticsExtractionComponent(Component):
         Field("<OutputPeriod>", "output_period", "int"),
         Field("<IncludeVarinance>", "include_variance", "bool"),  # sic, Kaldi's spelling
     )
-
-    @classmethod
-    def empty_for_read(cls) -> StatisticsExtractionComponent:
-        return cls(0)
-
-    def read_end(self, r) -> None:
-        super().read_end(r)
-        problem = self._problem(self._input_dim, self.input_period, self.output_period)
-        if problem is not None:
-            raise r.error(f"invalid {self.type_name}: {problem}")
 
     # -- indexes ---------------------------------------------------------------------
     def _window_start(self, t: np.ndarray) -> np.ndarray:
@@ -641,7 +655,7 @@ class StatisticsExtractionComponent(Component):
 
 
 @register
-class StatisticsPoolingComponent(Component):
+class StatisticsPoolingComponent(_CheckedStatistics):
     """Pools extraction stats over ``[t - left_context, t + right_context]`` and
     outputs ``[log-count x num_log_count_features, mean, (stddev)]``.
 
@@ -686,10 +700,6 @@ class StatisticsPoolingComponent(Component):
 
     # -- structure ------------------------------------------------------------------
     @property
-    def input_dim(self) -> int:
-        return self._input_dim
-
-    @property
     def output_dim(self) -> int:
         return self._input_dim + self.num_log_count_features - 1
 
@@ -726,10 +736,7 @@ class StatisticsPoolingComponent(Component):
             output_stddevs=cfg.get_bool("output-stddevs", False),
             variance_floor=cfg.get_float("variance-floor", 1.0e-10),
         )
-        cfg.check_all_used()
-        problem = comp._problem()
-        require(problem is None, cfg, f"{cls.type_name}: {problem}")
-        return comp
+        return cls._checked(comp, cfg)
 
     kaldi_fields = (
         Field("<InputDim>", "_input_dim", "int"),
@@ -740,16 +747,6 @@ class StatisticsPoolingComponent(Component):
         Field("<OutputStddevs>", "output_stddevs", "bool"),
         Field("<VarianceFloor>", "variance_floor", "float"),
     )
-
-    @classmethod
-    def empty_for_read(cls) -> StatisticsPoolingComponent:
-        return cls(0)
-
-    def read_end(self, r) -> None:
-        super().read_end(r)
-        problem = self._problem()  # Kaldi's Check(), once the whole body is read
-        if problem is not None:
-            raise r.error(f"invalid {self.type_name}: {problem}")
 
     # -- indexes ---------------------------------------------------------------------
     def input_indexes(self, output_indexes: np.ndarray) -> InputDeps:
