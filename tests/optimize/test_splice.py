@@ -417,18 +417,28 @@ def test_checker_rejects_bad_derivative_block_tables(fault):
         check_computation(c, nnet)
 
 
-def test_add_input_deriv_into_overlapping_blocks():
+@pytest.mark.parametrize("rows, inner, width", [(6, 4, 3), (700, 64, 48), (40, 3, 1)],
+                         ids=["small", "gemm-per-block", "one-column"])
+def test_add_input_deriv_into_overlapping_blocks(rows, inner, width):
+    """Block j gets columns j of ``out_deriv @ w`` added, in order, with the floats of
+    the whole product (what the spliced derivative held) added block by block: per
+    block GEMMs for large blocks, the whole product for small ones."""
     from pynnet3.components.affine import add_input_deriv
+    from pynnet3.components.blas import gemm_acc
 
     rng = np.random.default_rng(5)
-    d, w = rng.standard_normal((6, 4)), rng.standard_normal((4, 9))
-    got = rng.standard_normal((9, 3))
-    want = got.copy()
-    # three row windows of one matrix, as a spliced input's offsets -2, 0, +1 give
-    add_input_deriv([got[0:6], got[2:8], got[3:9]], d, w)
-    for k, r in enumerate((0, 2, 3)):
-        want[r:r + 6] += d @ w[:, 3 * k:3 * k + 3]
-    np.testing.assert_allclose(got, want, rtol=1e-12)
+    for dtype in (np.float32, np.float64):
+        d = rng.standard_normal((rows, inner)).astype(dtype)
+        w = rng.standard_normal((inner, 3 * width)).astype(dtype)
+        got = rng.standard_normal((rows + 3, width)).astype(dtype)
+        want = got.copy()
+        # three row windows of one matrix, as a spliced input's offsets -2, 0, +1 give
+        add_input_deriv([got[0:rows], got[2:rows + 2], got[3:rows + 3]], d, w)
+        spliced = np.zeros((rows, 3 * width), dtype)
+        gemm_acc(spliced, d, w)
+        for k, r in enumerate((0, 2, 3)):
+            want[r:r + rows] += spliced[:, k * width:(k + 1) * width]
+        np.testing.assert_array_equal(got, want)
 
 
 def test_shortcut_expansion_equals_full_compile():

@@ -43,12 +43,13 @@ matrix ``D`` as wide as the splice, which MATRIX_COPY / MATRIX_ADD commands then
 add, column block by column block, to the derivatives of the spliced sources
 (shifted row windows of one matrix, for a TDNN layer). Such a backprop is given
 the destinations as a block table (``Command.deriv_table``) instead: it adds block
-``j`` of its input derivative straight into destination ``j`` (one GEMM with
-beta = 1 each, ``components.affine.add_input_deriv``), and ``D``'s allocation,
-zeroing, transfers and deallocation drop. The floats are the same: each block is
-the same product, added once into the same place (:func:`_deriv_plan` lists when
-this holds). Components opt in with ``deriv_blocks`` (the affine family whose
-backprop is the standard one).
+``j`` of its input derivative straight into destination ``j`` (large blocks: one
+GEMM with beta = 1 each, ``components.affine.add_input_deriv``), and ``D``'s
+allocation, zeroing, transfers and deallocation drop. The floats are the same:
+``D``'s entries added in the same order into the same places (:func:`_deriv_plan`
+lists when that holds, ``add_input_deriv`` how the entries stay ``D``'s).
+Components opt in with ``deriv_blocks`` (the affine family whose backprop is the
+standard one).
 """
 
 from __future__ import annotations
