@@ -8,10 +8,9 @@ prints end the run on stderr.
 
 from __future__ import annotations
 
-import signal
 import sys
 
-from .jobs import Terminated, on_sigterm
+from .jobs import sigterm_stops, stopped
 
 
 def _log(message: str) -> None:
@@ -27,27 +26,21 @@ def _cmd_merge_egs(args) -> int:
             print(f"WARNING (pynnet3 merge-egs) the --{flag.replace('_', '-')} option is "
                   "deprecated and will be ignored (as in Kaldi).", file=sys.stderr)
     merger = ExampleMerger(args.minibatch_size, compress=args.compress)
-    try:
-        old = signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # (not the main thread)
-        old = None
     num_read = 0
-    try:
-        with ExampleWriter(args.egs_wspecifier) as writer:
-            for _, eg in read_examples(args.egs_rspecifier):
-                num_read += 1
-                for key, merged in merger.accept(eg):
+    with sigterm_stops():
+        try:
+            with ExampleWriter(args.egs_wspecifier) as writer:
+                for _, eg in read_examples(args.egs_rspecifier):
+                    num_read += 1
+                    for key, merged in merger.accept(eg):
+                        writer.write(key, merged)
+                for key, merged in merger.finish():
                     writer.write(key, merged)
-            for key, merged in merger.finish():
-                writer.write(key, merged)
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the writer removed its output
-        how = "terminated" if isinstance(e, Terminated) else "interrupted"
-        print(f"ERROR (pynnet3 merge-egs) {how} after {num_read} examples; no output "
-              "written", file=sys.stderr)
-        return 143 if isinstance(e, Terminated) else 130
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the writer removed its output
+            how, status = stopped(e)
+            print(f"ERROR (pynnet3 merge-egs) {how} after {num_read} examples; no output "
+                  "written", file=sys.stderr)
+            return status
     for line in merger.stats_lines():
         _log(line)
     return 0 if merger.num_written else 1

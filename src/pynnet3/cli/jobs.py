@@ -7,7 +7,8 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -109,6 +110,29 @@ def on_sigterm(signum, frame):
     raise Terminated
 
 
+@contextmanager
+def sigterm_stops() -> Iterator[None]:
+    """While inside, SIGTERM raises :class:`Terminated` (a KeyboardInterrupt), so a
+    run's ``except KeyboardInterrupt`` cleans up on it as on Ctrl-C; the previous
+    handler is put back on leaving. Outside the main thread, where handlers cannot
+    be set, nothing changes."""
+    try:
+        old = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # (not the main thread)
+        old = None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+def stopped(e: KeyboardInterrupt) -> tuple[str, int]:
+    """How a run was stopped, and the exit status that says so: SIGTERM
+    (:class:`Terminated`) is ("terminated", 143), Ctrl-C ("interrupted", 130)."""
+    return ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
+
+
 def say(command: str, kind: str, message: str) -> None:
     """One line on stderr: ``pynnet3 COMMAND: KIND: message``."""
     if sys.stderr is None:  # (fd 2 closed at start: print(file=None) would write to
@@ -167,11 +191,6 @@ def run_table_job(command: str, features: str, output: str,
     done = failed = frames = 0
     broken = False
     start = time.perf_counter()
-    old_handler = None
-    try:
-        old_handler = signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # (not the main thread)
-        pass
     progress = Progress(None)
 
     def write_out(writer, final: bool = False) -> None:
@@ -186,40 +205,39 @@ def run_table_job(command: str, features: str, output: str,
             frames += num_frames
             progress.update(key)
 
-    try:
-        with TableWriter(output) as writer:
-            entries = read_table(features)
-            while True:
-                try:
-                    key, feats = next(entries)
-                except StopIteration:
-                    break
-                except PynnetError as e:
-                    say(command, "error", f"reading the features stopped: {e}")
-                    broken = True
-                    break
-                try:
-                    if isinstance(feats, TableEntryError):
-                        raise PynnetError(feats.message)
-                    batcher.add(key, feats)
-                except PynnetError as e:
-                    say(command, "warning", f"utterance {key}: {e}")
-                    failed += 1
-                    continue
-                if batcher.full():
-                    write_out(writer)
-            write_out(writer, final=True)
-            if not done:  # nothing succeeded: leave no output that looks like a result
-                writer.abort()
-    except KeyboardInterrupt as e:
-        progress.close()
-        how = "terminated" if isinstance(e, Terminated) else "interrupted"
-        say(command, "error", f"{how} after {done} utterances; no output written")
-        return 143 if isinstance(e, Terminated) else 130
-    finally:
-        progress.close()
-        if old_handler is not None:
-            signal.signal(signal.SIGTERM, old_handler)
+    with sigterm_stops():
+        try:
+            with TableWriter(output) as writer:
+                entries = read_table(features)
+                while True:
+                    try:
+                        key, feats = next(entries)
+                    except StopIteration:
+                        break
+                    except PynnetError as e:
+                        say(command, "error", f"reading the features stopped: {e}")
+                        broken = True
+                        break
+                    try:
+                        if isinstance(feats, TableEntryError):
+                            raise PynnetError(feats.message)
+                        batcher.add(key, feats)
+                    except PynnetError as e:
+                        say(command, "warning", f"utterance {key}: {e}")
+                        failed += 1
+                        continue
+                    if batcher.full():
+                        write_out(writer)
+                write_out(writer, final=True)
+                if not done:  # nothing succeeded: leave no output that looks like a result
+                    writer.abort()
+        except KeyboardInterrupt as e:
+            progress.close()
+            how, status = stopped(e)
+            say(command, "error", f"{how} after {done} utterances; no output written")
+            return status
+        finally:
+            progress.close()
     seconds = time.perf_counter() - start
     if stats is not None:
         stats.update(done=done, failed=failed, frames=frames, seconds=seconds, broken=broken)

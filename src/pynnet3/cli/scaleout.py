@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from ..errors import DependencyError, FormatError, PynnetError
-from .jobs import Terminated, on_sigterm, say
+from .jobs import Terminated, say, sigterm_stops, stopped
 
 # the workers decode on one thread each, like Kaldi's jobs (queue.pl/run.pl with nj)
 _ONE_THREAD = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
@@ -265,51 +265,46 @@ def run_scaled(args) -> int:
     base = ark_target if ark_target != "-" else "compute-output.ark"
     scp_base = out.targets[1] if out.kind == "ark,scp" else str(Path(base).with_suffix(".scp"))
     start = time.perf_counter()
-    try:
-        old_handler = signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # (not the main thread)
-        old_handler = None
     state = {"owns": False}
     results: dict[int, object] = {}
-    try:
-        jobs = args.jobs
-        if jobs <= 1:  # (--ray-address alone: one job per CPU of the cluster)
-            _connect(ray, args, state)
-            jobs = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        pieces = split_scp(lines, jobs)
-        shards, todo = [], []
-        for k, piece in enumerate(pieces, 1):
-            ark, scp = _shard_name(base, k), _shard_name(scp_base, k)
-            marker, fp = ark + ".done", _fingerprint(options, piece, k, jobs)
-            shards.append((ark, scp, marker))
-            info = _marker_matches(marker, fp, ark, scp) if args.resume else None
-            if info is not None:
-                results[k] = info
-            else:
-                todo.append((k, (options, os.getcwd(), piece, scp_options, ark, scp,
-                                 marker, fp)))
-        resumed = len(pieces) - len(todo)
-        if todo:  # (nothing left to do: no cluster started)
-            _connect(ray, args, state)
-            task = ray.remote(num_cpus=1)(run_shard)
-            if not state.get("local"):
-                task = task.options(runtime_env={"env_vars": _ONE_THREAD})
-            refs = {k: task.remote(*task_args) for k, task_args in todo}
-            for k, ref in refs.items():
-                try:
-                    results[k] = ray.get(ref)
-                except Exception as e:  # (a worker that crashed or was killed)
-                    results[k] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
-    except KeyboardInterrupt as e:
-        how = "terminated" if isinstance(e, Terminated) else "interrupted"
-        say("compute", "error", f"{how}; no final output written (finished shards are "
-                                "kept for --resume=true)")
-        return 143 if isinstance(e, Terminated) else 130
-    finally:
-        if state["owns"] and ray.is_initialized():
-            ray.shutdown()
-        if old_handler is not None:
-            signal.signal(signal.SIGTERM, old_handler)
+    with sigterm_stops():
+        try:
+            jobs = args.jobs
+            if jobs <= 1:  # (--ray-address alone: one job per CPU of the cluster)
+                _connect(ray, args, state)
+                jobs = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            pieces = split_scp(lines, jobs)
+            shards, todo = [], []
+            for k, piece in enumerate(pieces, 1):
+                ark, scp = _shard_name(base, k), _shard_name(scp_base, k)
+                marker, fp = ark + ".done", _fingerprint(options, piece, k, jobs)
+                shards.append((ark, scp, marker))
+                info = _marker_matches(marker, fp, ark, scp) if args.resume else None
+                if info is not None:
+                    results[k] = info
+                else:
+                    todo.append((k, (options, os.getcwd(), piece, scp_options, ark, scp,
+                                     marker, fp)))
+            resumed = len(pieces) - len(todo)
+            if todo:  # (nothing left to do: no cluster started)
+                _connect(ray, args, state)
+                task = ray.remote(num_cpus=1)(run_shard)
+                if not state.get("local"):
+                    task = task.options(runtime_env={"env_vars": _ONE_THREAD})
+                refs = {k: task.remote(*task_args) for k, task_args in todo}
+                for k, ref in refs.items():
+                    try:
+                        results[k] = ray.get(ref)
+                    except Exception as e:  # (a worker that crashed or was killed)
+                        results[k] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        except KeyboardInterrupt as e:
+            how, status = stopped(e)
+            say("compute", "error", f"{how}; no final output written (finished shards are "
+                                    "kept for --resume=true)")
+            return status
+        finally:
+            if state["owns"] and ray.is_initialized():
+                ray.shutdown()
     results = dict(sorted(results.items()))
     errors = [(k, r["error"]) for k, r in results.items() if "error" in r]
     for k, message in errors:

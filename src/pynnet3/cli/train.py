@@ -11,13 +11,12 @@ objective), and writes the model atomically. Flags are nnet3-train's.
 
 from __future__ import annotations
 
-import signal
 import sys
 
 import numpy as np
 
 from ..errors import PynnetError
-from .jobs import BACKEND_CHOICES, USE_GPU_CHOICES, Terminated, cuda_available, on_sigterm
+from .jobs import BACKEND_CHOICES, USE_GPU_CHOICES, cuda_available, sigterm_stops, stopped
 
 # nnet3-train flags that go to TrainerOptions (as given on the command line).
 _TRAINER_FLAGS = ("momentum", "max-param-change", "l2-regularize-factor",
@@ -95,55 +94,50 @@ def _cmd_train(args) -> int:
     trainer.compiler = compiler
     speaks = group is None or group.rank == 0  # (one log and one model for all ranks)
     progress = _Progress() if speaks else None
-    try:
-        old = signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # (not the main thread)
-        old = None
     total_weight = 0.0
-    try:
-        for key, eg in examples if group is None else group.in_step(examples):
-            try:
-                mb = example_minibatch(nnet, eg, need_model_derivative=True,
-                                       store_component_stats=options.store_component_stats)
-                stats = trainer.train_step(mb.request, inputs=mb.inputs,
-                                           supervision=mb.supervision)
-            except PynnetError as e:  # (say which example: archives hold thousands)
-                e.args = (f"example {key!r}: {e}",)
-                raise
-            total_weight += stats.weight
-            if not speaks:
-                continue
-            progress.clear()
-            # Kaldi's order: the previous phase's objective (printed while this
-            # minibatch's outputs are processed), then this update's max-change lines.
-            phase = [x for x in stats.log_lines if x.startswith("Average objective")]
-            for line in phase:
-                _log(line)
-            if args.verbose >= 2:
-                for line in max_change_lines(nnet, stats, options):
-                    _log(line, "VLOG[2]")
-            for line in stats.log_lines:
-                if line not in phase:
+    with sigterm_stops():
+        try:
+            for key, eg in examples if group is None else group.in_step(examples):
+                try:
+                    mb = example_minibatch(nnet, eg, need_model_derivative=True,
+                                           store_component_stats=options.store_component_stats)
+                    stats = trainer.train_step(mb.request, inputs=mb.inputs,
+                                               supervision=mb.supervision)
+                except PynnetError as e:  # (say which example: archives hold thousands)
+                    e.args = (f"example {key!r}: {e}",)
+                    raise
+                total_weight += stats.weight
+                if not speaks:
+                    continue
+                progress.clear()
+                # Kaldi's order: the previous phase's objective (printed while this
+                # minibatch's outputs are processed), then this update's max-change lines.
+                phase = [x for x in stats.log_lines if x.startswith("Average objective")]
+                for line in phase:
                     _log(line)
-            if args.verbose >= 1:
-                _log(f"minibatch {trainer.num_minibatches_processed - 1} ({key}): objective "
-                     f"{stats.objective_per_frame:.6g} over {stats.weight:.6g} frames",
-                     "VLOG[1]")
-            progress.update(key, stats.objective_per_frame)
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: no model that looks trained
-        if progress is not None:
-            progress.clear()
-        how = "terminated" if isinstance(e, Terminated) else "interrupted"
-        _log(f"{how} after {trainer.num_minibatches_processed} minibatches; no model "
-             "written", "ERROR")
-        return 143 if isinstance(e, Terminated) else 130
-    finally:
-        if progress is not None:
-            progress.clear()
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
-        if group is not None:
-            group.finish()
+                if args.verbose >= 2:
+                    for line in max_change_lines(nnet, stats, options):
+                        _log(line, "VLOG[2]")
+                for line in stats.log_lines:
+                    if line not in phase:
+                        _log(line)
+                if args.verbose >= 1:
+                    _log(f"minibatch {trainer.num_minibatches_processed - 1} ({key}): objective "
+                         f"{stats.objective_per_frame:.6g} over {stats.weight:.6g} frames",
+                         "VLOG[1]")
+                progress.update(key, stats.objective_per_frame)
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: no model that looks trained
+            if progress is not None:
+                progress.clear()
+            how, status = stopped(e)
+            _log(f"{how} after {trainer.num_minibatches_processed} minibatches; no model "
+                 "written", "ERROR")
+            return status
+        finally:
+            if progress is not None:
+                progress.clear()
+            if group is not None:
+                group.finish()
     if speaks:
         for line in trainer.total_stats_lines():
             _log(line)
