@@ -382,3 +382,31 @@ def test_precondition_product_matches_explicit_preconditioning(amplitude):
                                    f_ref[0].T @ (f_ref[1][:, None] * f_ref[0]),
                                    rtol=1e-4, atol=1e-4 * f_ref[1].max())
         assert f_got[2] == pytest.approx(f_ref[2], rel=1e-4)
+
+
+
+def test_implicit_preconditioning_forms_x_hat_after_a_call_that_stays_implicit(monkeypatch):
+    """A call that does not update its estimate and finds X mostly in the estimated
+    subspace (the previous call's did not) forms X_hat from H after the fact: still
+    the paper's ``X_hat * scale``. (Strong directions learned over the first 11 calls,
+    X_hat formed at once; two calls of isotropic noise; the strong ones again on call
+    13, which does not update. The tolerance for W W^T's off-diagonal part raised so
+    that call 13 takes the column-weighted H of a call that does not update.)"""
+    import pynnet3.train.natural_gradient as ng_mod
+
+    monkeypatch.setattr(ng_mod, "_DIAGONAL_TOLERANCE", 1.0)
+    rng = np.random.default_rng(11)
+    ours = OnlineNaturalGradient(6, update_period=4)
+    ref = PaperNaturalGradient(6, 21, update_period=4)
+    kinds = []
+    for step in range(16):
+        (x,) = _blocks_data(rng, 50, (20,), 0.0 if step in (11, 12) else 30.0)
+        x_hat, w, scale = ours.precondition_implicit([x.copy()], True)
+        x1 = np.concatenate([x, np.ones((50, 1), np.float32)], axis=1).astype(np.float64)
+        expected = ref.precondition(x1)
+        if x_hat is None:
+            x_hat = x1 - (x1 @ w.T) @ w
+        kinds.append("implicit" if w is not None else "formed")
+        err = np.linalg.norm(scale * x_hat - expected) / np.linalg.norm(expected)
+        assert err < 2e-4, f"call {step}: relative difference {err:.2e}"
+    assert kinds[12] == "implicit" and kinds[13] == "formed", kinds

@@ -89,7 +89,7 @@ class OnlineNaturalGradient:
         self.W: np.ndarray | None = None  # (R, D) float32
         self.rho = -1.0e10
         self.d: np.ndarray | None = None  # (R,) float64
-        self._gram = None  # (W, W W^T, ...) for precondition_implicit
+        self._gram = None  # _Gram of W for precondition_implicit
         self._last_ratio = 1.0  # precondition_implicit's last ||X||^2 / ||X_hat||^2
 
     # -- public -----------------------------------------------------------------------
@@ -153,32 +153,15 @@ class OnlineNaturalGradient:
         if type(self.W) is not np.ndarray:
             self.W = _NumpyOps.like(self.W, blocks[0])
         w = self.W
-        m64 = self._w_gram()
-        h = np.empty((n, w.shape[0]), np.float32)     # H_t = X_t W_t^T   (N x R)
-        col = 0
-        for blk in blocks:
-            cb = blk.shape[1]
-            if col == 0:
-                np.matmul(blk, w[:, :cb].T, out=h)
-            else:
-                gemm_acc(h, blk, w[:, col:col + cb].T)
-            col += cb
-        if bias:
-            h += w[:, col]
-        initial = sum(_NumpyOps.sumsq(b) for b in blocks) + float(n * bias)
+        gram = self._w_gram()
         updating = self._updating()
-        ell = (h.T @ h).astype(np.float64) if updating else None  # L_t = H^T H
-        if ell is None:
-            # tr(H^T H M) from H's column norms and M's diagonal where M = W W^T is
-            # diagonal enough (|sum_ij L_ij M_ij, i != j| <= ||M_off||_F tr L)
-            col_sq = np.einsum("ij,ij->j", h, h).astype(np.float64)
-            tr_ell = float(col_sq.sum())
-            final = initial - 2.0 * tr_ell + float(col_sq @ m64.diagonal())
-            if self._gram[2] * tr_ell > _DIAGONAL_TOLERANCE * final:
-                ell = (h.T @ h).astype(np.float64)
-        if ell is not None:
-            # ||X - H W||^2 = ||X||^2 - 2 tr(H^T H) + tr(H^T H W W^T)  (H^T X W^T = H^T H)
-            final = initial - 2.0 * float(np.trace(ell)) + float(np.sum(ell * m64))
+        # A call that does not update needs of H only ||X_hat||^2 = ||X||^2 -
+        # sum_j (2 - M_jj) ||H e_j||^2 (M = W W^T diagonal enough, see below): H' = X W'^T
+        # with W' = diag(s) W, s_j = sqrt(2 - M_jj), gives that sum as ||H'||^2.
+        weighted = not updating and gram.w_scaled is not None
+        h = _times_transpose(blocks, gram.w_scaled if weighted else w, bias)  # H = X W^T
+        initial = sum(_NumpyOps.sumsq(b) for b in blocks) + float(n * bias)
+        ell = None
         if updating:
             j = np.empty((w.shape[0], dim), np.float32)  # J_t = H^T X    (R x D)
             col = 0
@@ -188,11 +171,28 @@ class OnlineNaturalGradient:
                 col += cb
             if bias:
                 j[:, col] = h.sum(axis=0)
+            ell = _w_jt(gram.w64, j)                  # L_t = W J^T (= H^T H)
+        elif weighted:
+            h_sq = _NumpyOps.sumsq(h)
+            final = initial - h_sq
+            # (|sum_ij L_ij M_ij, i != j| <= ||M_off||_F tr L, tr L <= ||H'||^2 / min s_j^2)
+            if gram.off_norm * h_sq > _DIAGONAL_TOLERANCE * gram.min_s2 * final:
+                h *= gram.inv_s                       # back to H itself
+                weighted = False
+                ell = (h.T @ h).astype(np.float64)
+        else:
+            ell = (h.T @ h).astype(np.float64)        # L_t = H^T H
+        if ell is not None:
+            # ||X - H W||^2 = ||X||^2 - 2 tr(H^T H) + tr(H^T H W W^T)  (H^T X W^T = H^T H)
+            final = initial - 2.0 * float(np.trace(ell)) + float(np.sum(ell * gram.m))
+        if updating:
             self._update_estimate(n, dim, j, ell, initial, _NumpyOps, h)
         self.t += 1
         if initial > 0.0 and final * max_ratio >= initial:
             self._last_ratio = initial / final
             return None, w, math.sqrt(initial / final)
+        if weighted:
+            h *= gram.inv_s
         x_hat = _stack_columns(blocks, bias)
         _NumpyOps.sub_mm_(x_hat, h, w)                # X_hat = X - H W (with the old W)
         if initial <= 0.0:
@@ -202,16 +202,12 @@ class OnlineNaturalGradient:
         self._last_ratio = scale * scale
         return x_hat, None, scale
 
-    def _w_gram(self) -> np.ndarray:
-        """``M = W_t W_t^T`` in float64 (kept until W changes, with ``||M -
-        diag(M)||_F`` in ``_gram[2]``)."""
+    def _w_gram(self) -> _Gram:
+        """What :meth:`precondition_implicit` needs of ``W_t`` (kept until W changes)."""
         cached = self._gram
-        if cached is None or cached[0] is not self.W:
-            w64 = self.W.astype(np.float64)
-            m64 = w64 @ w64.T
-            off = m64 - np.diag(m64.diagonal())
-            cached = self._gram = (self.W, m64, float(np.sqrt(np.sum(off * off))))
-        return cached[1]
+        if cached is None or cached.w is not self.W:
+            cached = self._gram = _Gram(self.W)
+        return cached
 
     def freeze(self, frozen: bool = True) -> None:
         """Kaldi's Freeze: while frozen, calls precondition but never update the
@@ -286,7 +282,8 @@ class OnlineNaturalGradient:
         h = x @ w.T                                   # H_t = X_t W_t^T   (N x R)
         if updating:
             j = h.T @ x                               # J_t = H^T X       (R x D)
-            ell = ops.host64(h.T @ h)                 # L_t = W J^T = H^T H
+            # L_t = W J^T (Kaldi's: R x D x R) or H^T H (N x R x R), the smaller
+            ell = ops.host64(w @ j.T if x.shape[0] > x.shape[1] else h.T @ h)
             self._update_estimate(x.shape[0], x.shape[1], j, ell, tr_x_xt, ops, x)
         ops.sub_mm_(x, h, w)                          # X_hat = X - H W (with the old W)
         return x
@@ -294,7 +291,7 @@ class OnlineNaturalGradient:
     def _update_estimate(self, n: int, dim: int, j, ell: np.ndarray, tr_x_xt: float,
                          ops, like) -> None:
         """One subspace-iteration step of the Fisher estimate from ``J_t = H^T X``
-        (``ops``' device), ``L_t = H^T H`` (float64, host) and ``tr(X X^T)``."""
+        (``ops``' device), ``L_t = W J^T = H^T H`` (float64, host) and ``tr(X X^T)``."""
         r = self.rank
         w = self.W
         eta = self._eta(n)
@@ -380,6 +377,54 @@ def _reorthogonalize(w64: np.ndarray, sqrt_e1: np.ndarray,
         return (q * sqrt_e1[:, None]).astype(np.float32)
     c_inv = c_inv * np.outer(sqrt_e1, inv_sqrt_e1)    # E^{1/2} C^{-1} E^{-1/2}
     return (c_inv @ w64).astype(np.float32)
+
+
+class _Gram:
+    """What :meth:`OnlineNaturalGradient.precondition_implicit` needs of ``W``: ``w64``
+    (float64), ``M = W W^T`` (float64), ``off_norm = ||M - diag(M)||_F``, and for a call
+    that does not update: ``w_scaled = diag(s) W`` (float32) with ``s_j = sqrt(2 -
+    M_jj)``, ``inv_s = 1 / s`` (float32) and ``min_s2 = min_j s_j^2`` (``w_scaled`` None where
+    some ``M_jj >= 2``, which an estimate never has: ``M_jj = e_jj < 1``)."""
+
+    __slots__ = ("w", "w64", "m", "off_norm", "w_scaled", "inv_s", "min_s2")
+
+    def __init__(self, w: np.ndarray):
+        w64 = self.w64 = w.astype(np.float64)
+        self.w = w
+        self.m = w64 @ w64.T
+        diag = self.m.diagonal()
+        off = self.m - np.diag(diag)
+        self.off_norm = float(np.sqrt(np.sum(off * off)))
+        s2 = 2.0 - diag
+        self.w_scaled = self.inv_s = None
+        self.min_s2 = 0.0
+        if len(s2) and s2.min() > 0.0:
+            s = np.sqrt(s2)
+            self.w_scaled = (w64 * s[:, None]).astype(np.float32)
+            self.inv_s = (1.0 / s).astype(np.float32)
+            self.min_s2 = float(s2.min())
+
+
+def _w_jt(w64: np.ndarray, j) -> np.ndarray:
+    """``L_t = W_t J_t^T`` in float64 (Kaldi's order: with ``J_t = H_t^T X_t`` it is
+    ``H_t^T H_t``, an R x D x R product instead of N x R x R)."""
+    return w64 @ np.asarray(j, dtype=np.float64).T
+
+
+def _times_transpose(blocks: list, w: np.ndarray, bias: bool) -> np.ndarray:
+    """``[blocks... | ones] @ w^T`` (float32 N x R): one GEMM per block."""
+    h = np.empty((blocks[0].shape[0], w.shape[0]), np.float32)
+    col = 0
+    for blk in blocks:
+        cb = blk.shape[1]
+        if col == 0:
+            np.matmul(blk, w[:, :cb].T, out=h)
+        else:
+            gemm_acc(h, blk, w[:, col:col + cb].T)
+        col += cb
+    if bias:
+        h += w[:, col]
+    return h
 
 
 def _stack_columns(blocks: list, bias: bool) -> np.ndarray:
