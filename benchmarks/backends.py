@@ -37,23 +37,16 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import bench_setup  # noqa: F401 - first: one BLAS thread; pynnet3, benchmarks/ importable
 
-import numpy as np  # noqa: E402
+# isort: split
+import numpy as np
+from gemm import best_ms
+from realistic import NETS, reference_dir, scaling_request
 
-REPO = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("pynnet3") is None:
-    sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from gemm import best_ms  # noqa: E402
-from realistic import NETS, reference_dir, scaling_request  # noqa: E402
-
-import pynnet3  # noqa: E402
-from pynnet3.runtime.computer import NnetComputer  # noqa: E402
+import pynnet3
+from pynnet3.runtime.computer import NnetComputer
 
 
 def runners(model, comp, inputs: dict, derivs: dict) -> dict:

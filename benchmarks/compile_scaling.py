@@ -33,25 +33,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-# Kaldi's figures used one BLAS thread; an explicit setting in the environment wins.
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import bench_setup  # noqa: F401 - first: one BLAS thread; pynnet3, benchmarks/ importable
 
-import numpy as np  # noqa: E402
+# isort: split
+import numpy as np
+import realistic  # (benchmarks/realistic.py: requests, timing, tables)
+from realistic import CompileTimeout, fmt, ratio
 
-import pynnet3  # noqa: E402
-from pynnet3.cache import CachingCompiler  # noqa: E402
-from pynnet3.cache.key import request_key  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import realistic  # noqa: E402  (benchmarks/realistic.py: requests, timing, tables)
-from realistic import CompileTimeout, fmt, ratio  # noqa: E402
+import pynnet3
+from pynnet3.cache import CachingCompiler
+from pynnet3.cache.key import request_key
 
 PHASES = ("graph", "schedule", "commands", "optimize", "expand")
 

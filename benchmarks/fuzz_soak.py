@@ -23,22 +23,16 @@ cheap; --default-limits runs with the limits in force instead.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import re
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+from bench_setup import REPO  # first: one BLAS thread; pynnet3, benchmarks/ importable
 
-REPO = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("pynnet3") is None:  # a checkout without an installed package
-    sys.path.insert(0, str(REPO / "src"))
-
-from pynnet3.testing import fuzz as fz  # noqa: E402
+# isort: split
+from pynnet3.testing import fuzz as fz
 
 
 def _place(outcome: fz.Outcome) -> str:

@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import copy
 import dataclasses
-import importlib.util
 import json
 import os
 import signal
@@ -41,21 +40,15 @@ import threading
 import time
 from pathlib import Path
 
-# Kaldi's figures used one BLAS thread; on a shared machine several threads also make
-# timings erratic. An explicit setting in the environment wins.
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+from bench_setup import REPO  # first: one BLAS thread; pynnet3, benchmarks/ importable
 
-import numpy as np  # noqa: E402
+# isort: split
+import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("pynnet3") is None:  # a checkout without an installed package
-    sys.path.insert(0, str(REPO / "src"))
-
-import pynnet3  # noqa: E402
-from pynnet3.computation import CommandType  # noqa: E402
-from pynnet3.optimize import OptimizeOptions  # noqa: E402
-from pynnet3.optimize import optimize as optimize_computation  # noqa: E402
+import pynnet3
+from pynnet3.computation import CommandType
+from pynnet3.optimize import OptimizeOptions
+from pynnet3.optimize import optimize as optimize_computation
 
 NETS = ("tdnnf_chain", "tdnn_lstm", "tdnn_relu_bn", "xvector")
 SCALING_NS = (1, 8, 32, 128)

@@ -20,24 +20,20 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
 import time
-from pathlib import Path
 
-# one BLAS thread, as realistic.py (and Kaldi's figures): set before numpy loads
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import bench_setup  # noqa: F401 - first: one BLAS thread; pynnet3, benchmarks/ importable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import numpy as np  # noqa: E402
-import realistic  # noqa: E402  (requests, reference dir, tables)
-from realistic import NETS, SCALING_NS, print_table, ratio  # noqa: E402
+# isort: split
+import numpy as np
+import realistic  # (requests, reference dir, tables)
+from realistic import NETS, SCALING_NS, print_table, ratio
 
-import pynnet3  # noqa: E402
-from pynnet3.cache import CachingCompiler  # noqa: E402
-from pynnet3.computation import CommandType as CT  # noqa: E402
-from pynnet3.optimize import OptimizeOptions  # noqa: E402
+import pynnet3
+from pynnet3.cache import CachingCompiler
+from pynnet3.computation import CommandType as CT
+from pynnet3.optimize import OptimizeOptions
 
 _COPIES = (CT.SET_CONST, CT.MATRIX_COPY, CT.COPY_ROWS, CT.COPY_ROWS_MULTI)
 

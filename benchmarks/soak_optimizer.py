@@ -19,22 +19,15 @@ anything was found.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import sys
 import time
 from collections import Counter, defaultdict
-from pathlib import Path
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")  # many small matrices: threads only add noise
+import bench_setup  # noqa: F401 - first: one BLAS thread; pynnet3, benchmarks/ importable
 
-REPO = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("pynnet3") is None:  # a checkout without an installed package
-    sys.path.insert(0, str(REPO / "src"))
-
-from pynnet3.testing import LAYERS, Finding, case_for_seed, default_variants  # noqa: E402
-from pynnet3.testing.differential import checker_available, run_differential  # noqa: E402
+# isort: split
+from pynnet3.testing import LAYERS, Finding, case_for_seed, default_variants
+from pynnet3.testing.differential import checker_available, run_differential
 
 
 def _check_arg(mode: str):

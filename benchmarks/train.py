@@ -32,27 +32,17 @@ assertions.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
-import sys
 import time
-from pathlib import Path
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import bench_setup  # noqa: F401 - first: one BLAS thread; pynnet3, benchmarks/ importable
 
-import numpy as np  # noqa: E402
+# isort: split
+import numpy as np
+from realistic import NETS, print_table, reference_dir, scaling_request
 
-REPO = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("pynnet3") is None:
-    sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from realistic import NETS, print_table, reference_dir, scaling_request  # noqa: E402
-
-import pynnet3  # noqa: E402
-from pynnet3.train import OnlineNaturalGradient, Trainer, TrainerOptions  # noqa: E402
+import pynnet3
+from pynnet3.train import OnlineNaturalGradient, Trainer, TrainerOptions
 
 FLAGS = {"max-param-change": 2.0, "momentum": 0.0, "store-component-stats": False,
          "zero-component-stats": False}
