@@ -289,23 +289,30 @@ def read_table(rspecifier: str) -> Iterator[tuple[str, np.ndarray | TableEntryEr
         raise FormatError(f"cannot open {spec.targets[0]!r}: {e.strerror or e}",
                           rspecifier) from None
     with f:
-        entries = _archive_entries(f, kaldiio, rspecifier)
-        while True:
-            try:
-                key, value = next(entries)
-                arr = _as_array(key, value, rspecifier)
-            except StopIteration:
+        yield from _archive_arrays(_archive_entries(f, kaldiio, rspecifier), rspecifier,
+                                   spec.permissive)
+
+
+def _archive_arrays(entries: Iterator, source: str, permissive: bool = False
+                    ) -> Iterator[tuple[str, np.ndarray]]:
+    """``(key, array)`` of each archive entry from ``entries``. An entry that cannot
+    be read ends the archive: quietly when ``permissive`` (Kaldi's ``p``), else as a
+    :class:`FormatError` naming ``source``, after the good entries."""
+    while True:
+        try:
+            key, value = next(entries)
+            arr = _as_array(key, value, source)
+        except StopIteration:
+            return
+        except FormatError:
+            if permissive:
                 return
-            except FormatError:
-                if spec.permissive:
-                    return
-                raise
-            except Exception as e:
-                if spec.permissive:
-                    return
-                raise FormatError(f"corrupt or truncated archive: {_why(e)}",
-                                  rspecifier) from None
-            yield key, arr
+            raise
+        except Exception as e:
+            if permissive:
+                return
+            raise FormatError(f"corrupt or truncated archive: {_why(e)}", source) from None
+        yield key, arr
 
 
 def _why(e: BaseException) -> str:
@@ -590,19 +597,7 @@ class TableWriter:
 def parse_ark(data: bytes, source: str = "<bytes>") -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(key, array)`` for every entry of an archive held in ``data`` (binary or
     text entries, compressed matrices); a bad archive is a :class:`FormatError`."""
-    kaldiio = _kaldiio()
-    entries = _archive_entries(io.BytesIO(data), kaldiio, source)
-    while True:
-        try:
-            key, value = next(entries)
-            arr = _as_array(key, value, source)
-        except StopIteration:
-            return
-        except FormatError:
-            raise
-        except Exception as e:
-            raise FormatError(f"corrupt or truncated archive: {_why(e)}", source) from None
-        yield key, arr
+    yield from _archive_arrays(_archive_entries(io.BytesIO(data), _kaldiio(), source), source)
 
 
 def ark_bytes(entries: dict[str, np.ndarray], double: bool = False) -> bytes:
