@@ -497,9 +497,7 @@ class TableWriter:
 
     def write(self, key: str, array) -> None:
         """Write one entry (a matrix or vector, stored as float32 ``FM``/``FV``)."""
-        if not key or any(ch.isspace() for ch in key):
-            raise FormatError(f"archive key {key!r} is empty or has whitespace",
-                              self.spec.text)
+        self._check_key(key)
         arr = np.asarray(array)
         if arr.ndim not in (1, 2):
             raise FormatError(f"entry {key!r}: expected a matrix or vector, got shape "
@@ -519,30 +517,33 @@ class TableWriter:
         else:
             self._kaldiio.save_ark(self._ark, {key: arr}, text=self.spec.is_text,
                                    compression_method=self.compression_method)
+        self._entry_written(key, offset)
+
+    __setitem__ = write
+
+    def _check_key(self, key: str) -> None:
+        if not key or any(ch.isspace() for ch in key):
+            raise FormatError(f"archive key {key!r} is empty or has whitespace",
+                              self.spec.text)
+
+    def _entry_written(self, key: str, offset: int) -> None:
+        """Once an entry's bytes are written from archive position ``offset``: its scp
+        line (pointing past the key and its space), a flush for ``f``, the count."""
         if self._scp is not None:
             position = offset + len(key.encode("utf-8")) + 1
             self._scp.write(f"{key} {self._ark_name}:{position}\n")
         if "f" in self.spec.options:
             self._ark.flush()
         self.num_written += 1
-
-    __setitem__ = write
 
     def write_object(self, key: str, payload: bytes) -> None:
         """Write one entry whose serialization is already made (``payload``: a Kaldi
         object as its holder writes it, with the ``\\0B`` marker when binary), e.g. an
         example of :mod:`pynnet3.io.egs`; the scp line points at the payload."""
-        if not key or any(ch.isspace() for ch in key):
-            raise FormatError(f"archive key {key!r} is empty or has whitespace",
-                              self.spec.text)
+        self._check_key(key)
         offset = self._ark.tell() if self._scp is not None else 0
         self._ark.write(key.encode("utf-8") + b" " + payload)
-        if self._scp is not None:
-            position = offset + len(key.encode("utf-8")) + 1
-            self._scp.write(f"{key} {self._ark_name}:{position}\n")
-        if "f" in self.spec.options:
-            self._ark.flush()
-        self.num_written += 1
+        self._entry_written(key, offset)
 
     def commit(self) -> None:
         """Flush, sync and rename the temporaries into place (the archive before the
