@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -43,7 +42,7 @@ import bench_setup  # noqa: F401 - first: one BLAS thread; pynnet3, benchmarks/ 
 # isort: split
 import numpy as np
 from gemm import best_ms
-from realistic import NETS, reference_dir, scaling_request
+from realistic import NETS, kaldi_ms, print_head, reference_dir, scaling_request
 
 import pynnet3
 from pynnet3.runtime.computer import NnetComputer
@@ -86,17 +85,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cpu_clock = time.process_time if args.clock == "cpu" else time.perf_counter
     ref = reference_dir()
-    kaldi = {(e["network"], e["shape"], e["N"]): e["forward_ms"] if e["shape"] == "decode"
-             else e["forward_backward_ms"]
-             for e in json.loads((ref / "scaling.json").read_text())}
+    kaldi = {(net, shape, n): ms for shape in ("decode", "train")
+             for (net, n), ms in kaldi_ms(ref, shape).items()}
     rng = np.random.default_rng(0)
     cols = ("numpy", "torch", "cuda", "fx", "compiled", "onnxrt", "kaldi")
     head = (f"{'network':<13} {'shape':<6} {'N':>4} " + " ".join(f"{c:>8}" for c in cols)
             + f" {'torch/np':>8} {'torch/kaldi':>11}")
-    print(f"ms (min of {args.reps}, {args.clock} clock), one CPU thread "
-          f"(OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')})")
-    print(head)
-    print("-" * len(head))
+    print_head(f"ms (min of {args.reps}, {args.clock} clock), one CPU thread "
+               f"(OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')})", head)
     for net in args.nets.split(","):
         nnet = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")
         for shape in args.shapes.split(","):

@@ -31,7 +31,6 @@ or ``../shared/kaldi-reference``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -125,8 +124,7 @@ def main(argv=None) -> int:
         if not tune_malloc():
             print("note: --tune-malloc has no effect here (not Linux/glibc)")
     ref = realistic.reference_dir()
-    records = {(r["network"], r["shape"], r["N"]): r
-               for r in json.loads((ref / "scaling.json").read_text())}
+    records = realistic.scaling_records(ref)
     nets = [n for n in args.nets.split(",") if n]
     shapes = [s for s in args.shapes.split(",") if s]
     ns = [n for n in realistic.SCALING_NS if n <= args.max_n]

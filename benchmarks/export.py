@@ -28,7 +28,6 @@ minima over ``--reps`` runs (the host may be shared). No assertions.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -40,7 +39,7 @@ import bench_setup  # noqa: F401 - first: one BLAS thread; pynnet3, benchmarks/ 
 # isort: split
 import numpy as np
 from gemm import best_ms
-from realistic import NETS, reference_dir, scaling_request
+from realistic import NETS, kaldi_ms, print_head, reference_dir, scaling_request
 
 import pynnet3
 from pynnet3.runtime.computer import NnetComputer
@@ -146,16 +145,13 @@ def train_table(args, ref: Path) -> None:
     """Training step (forward + model gradients) at scaling.json's train shape: N
     sequences of 20 output frames, the network in test mode as read (no network
     optimizer: the gradients are the network's own parameters')."""
-    kaldi = {(e["network"], e["N"]): e["forward_backward_ms"]
-             for e in json.loads((ref / "scaling.json").read_text()) if e["shape"] == "train"}
+    kaldi = kaldi_ms(ref, "train")
     rng = np.random.default_rng(0)
     cols = ("numpy", "fx", "compiled", "kaldi")
     head = f"{'network':<13} {'N':>4} " + " ".join(f"{c:>9}" for c in cols) + \
         f" {'fx/numpy':>8}"
-    print(f"train step ms (min of {args.reps}), one CPU thread; kaldi: forward_backward_ms "
-          "(training-mode BatchNorm, another machine)")
-    print(head)
-    print("-" * len(head))
+    print_head(f"train step ms (min of {args.reps}), one CPU thread; kaldi: "
+               "forward_backward_ms (training-mode BatchNorm, another machine)", head)
     for net in args.nets.split(","):
         model = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")
         model.set_test_mode(True)
@@ -196,16 +192,13 @@ def main(argv=None) -> int:
     if args.shape == "train":
         train_table(args, ref)
         return 0
-    kaldi = {(e["network"], e["N"]): e["forward_ms"]
-             for e in json.loads((ref / "scaling.json").read_text()) if e["shape"] == "decode"}
+    kaldi = kaldi_ms(ref, "decode")
     rng = np.random.default_rng(0)
     cols = ("numpy", "fx", "compiled", "onnxrt", "kaldi")
     head = (f"{'network':<13} {'N':>4} " + " ".join(f"{c:>9}" for c in cols)
             + f" {'fx/numpy':>8} {'best/kaldi':>10}")
-    print(f"decode forward ms (min of {args.reps}), one CPU thread "
-          f"(OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')})")
-    print(head)
-    print("-" * len(head))
+    print_head(f"decode forward ms (min of {args.reps}), one CPU thread "
+               f"(OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')})", head)
     for net in args.nets.split(","):
         nnet = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")
         nnet.set_test_mode(True)

@@ -29,7 +29,6 @@ No assertions.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -38,7 +37,7 @@ import bench_setup  # noqa: F401 - first: one BLAS thread; pynnet3, benchmarks/ 
 # isort: split
 import numpy as np
 from gemm import best_ms, gemm_runner, gemm_shapes
-from realistic import NETS, reference_dir, scaling_request
+from realistic import NETS, kaldi_ms, print_head, reference_dir, scaling_request
 
 import pynnet3
 from pynnet3.runtime.computer import NnetComputer
@@ -68,16 +67,13 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args(argv)
     ref = reference_dir()
-    kaldi = {(e["network"], e["N"]): e["forward_ms"]
-             for e in json.loads((ref / "scaling.json").read_text()) if e["shape"] == "decode"}
+    kaldi = kaldi_ms(ref, "decode")
     rng = np.random.default_rng(0)
     head = (f"{'network':<13} {'N':>4} {'plain':>8} {'netopt':>8} {'gemm':>8} {'torch':>8} "
             f"{'kaldi':>8} {'opt/kaldi':>9} {'opt/gemm':>8} {'plain/opt':>9} "
             f"{'cmds':>9} {'peak MF':>11}")
-    print(f"forward ms (min of {args.reps}), decode shapes, "
-          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
-    print(head)
-    print("-" * len(head))
+    print_head(f"forward ms (min of {args.reps}), decode shapes, "
+               f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}", head)
     for net in args.nets.split(","):
         nnet = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")
         nnet.set_test_mode(True)

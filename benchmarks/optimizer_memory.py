@@ -36,8 +36,7 @@ KALDI_ONLY = OptimizeOptions(allocate_from_other_peak_aware=False, remove_needle
 
 
 def scaling_table(nets, ref: Path, max_n: int):
-    records = {(r["network"], r["shape"], r["N"]): r
-               for r in json.loads((ref / "scaling.json").read_text())}
+    records = realistic.scaling_records(ref)
     rows, cmd_r, peak_r = [], [], []
     for net in nets:
         nnet = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")

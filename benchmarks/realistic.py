@@ -62,6 +62,19 @@ def reference_dir() -> Path:
     return path
 
 
+def scaling_records(ref: Path) -> dict[tuple[str, str, int], dict]:
+    """scaling.json's records (Kaldi's figures per request shape) by (network, shape, N)."""
+    return {(r["network"], r["shape"], r["N"]): r
+            for r in json.loads((ref / "scaling.json").read_text())}
+
+
+def kaldi_ms(ref: Path, shape: str) -> dict[tuple[str, int], float]:
+    """Kaldi's run time per (network, N) at ``shape`` from scaling.json: ``forward_ms``
+    for decode, ``forward_backward_ms`` for train."""
+    field = "forward_ms" if shape == "decode" else "forward_backward_ms"
+    return {(net, n): r[field] for (net, s, n), r in scaling_records(ref).items() if s == shape}
+
+
 # -- timing helpers ---------------------------------------------------------------------
 
 class CompileTimeout(Exception):
@@ -179,6 +192,13 @@ def pair(a, b) -> str:
     return f"{fmt(a, 'd')}/{fmt(b, 'd')}"
 
 
+def print_head(title: str, head: str) -> None:
+    """The start of a table printed row by row: its title, column heads, a rule."""
+    print(title)
+    print(head)
+    print("-" * len(head))
+
+
 def print_table(title: str, header: list[str], rows: list[list[str]], notes: list[str]):
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(header)]
@@ -272,8 +292,7 @@ def table_a(nets, ref: Path, args, rng, nnets):
 # -- (b) scaling ----------------------------------------------------------------------------
 
 def table_b(nets, ref: Path, args, rng, nnets):
-    records = {(r["network"], r["shape"], r["N"]): r
-               for r in json.loads((ref / "scaling.json").read_text())}
+    records = scaling_records(ref)
     ns = [n for n in SCALING_NS if n <= args.max_n]
     rows, notes = [], []
     opts = OptimizeOptions()

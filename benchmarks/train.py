@@ -32,14 +32,13 @@ assertions.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import bench_setup  # noqa: F401 - first: one BLAS thread; pynnet3, benchmarks/ importable
 
 # isort: split
 import numpy as np
-from realistic import NETS, print_table, reference_dir, scaling_request
+from realistic import NETS, print_table, reference_dir, scaling_records, scaling_request
 
 import pynnet3
 from pynnet3.train import OnlineNaturalGradient, Trainer, TrainerOptions
@@ -137,8 +136,8 @@ def main() -> None:
                          "the natural-gradient estimate, later ones every 4th)")
     args = ap.parse_args()
     ref = reference_dir()
-    scaling = {(r["network"], r["N"]): r for r in json.loads(
-        (ref / "scaling.json").read_text()) if r["shape"] == "train"}
+    scaling = {(net, n): r for (net, shape, n), r in scaling_records(ref).items()
+               if shape == "train"}
     rows = []
     cases = [(net, int(n), b) for net in args.nets.split(",") for n in args.ns.split(",")
              for b in args.backends.split(",")]

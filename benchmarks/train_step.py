@@ -29,7 +29,6 @@ the time per command type and per component type.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -40,7 +39,7 @@ import bench_setup  # noqa: F401 - first: one BLAS thread; pynnet3, benchmarks/ 
 # isort: split
 import numpy as np
 from gemm import best_ms, gemm_runner, gemm_shapes
-from realistic import NETS, make_data, reference_dir, scaling_request
+from realistic import NETS, kaldi_ms, make_data, print_head, reference_dir, scaling_request
 
 import pynnet3
 from pynnet3.computation import CommandType
@@ -90,8 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, metavar="NET:N")
     args = ap.parse_args(argv)
     ref = reference_dir()
-    kaldi = {(e["network"], e["N"]): e["forward_backward_ms"]
-             for e in json.loads((ref / "scaling.json").read_text()) if e["shape"] == "train"}
+    kaldi = kaldi_ms(ref, "train")
     rng = np.random.default_rng(0)
     if args.profile:
         net, n = args.profile.split(":")
@@ -102,10 +100,9 @@ def main(argv=None) -> int:
         return 0
     head = (f"{'network':<13} {'N':>4} {'ours':>8} {'gemm':>8} {'kaldi':>8} "
             f"{'ours/kaldi':>10} {'ours/gemm':>9} {'gemm/kaldi':>10}")
-    print(f"train step ms (forward + backward + model gradients; min of {args.reps}), "
-          f"train shapes, OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
-    print(head)
-    print("-" * len(head))
+    print_head(f"train step ms (forward + backward + model gradients; min of {args.reps}), "
+               f"train shapes, OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}",
+               head)
     for net in args.nets.split(","):
         nnet = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")
         cc = pynnet3.CachingCompiler(nnet)
