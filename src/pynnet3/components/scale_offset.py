@@ -48,6 +48,12 @@ def _blocks(m: np.ndarray, block: int) -> np.ndarray:
     return m.reshape(-1, block)
 
 
+def _times_scales(src: np.ndarray, scales: np.ndarray, dst: np.ndarray) -> None:
+    """``dst = src * scales`` per column (``scales`` placed on ``src``'s backend)."""
+    xp = namespace(src)
+    xp.multiply(src, xp.param(scales, src), out=dst)
+
+
 def _add_grad(grad, name: str, value: np.ndarray) -> None:
     if grad is not None and name in grad:
         grad[name] += value
@@ -131,14 +137,12 @@ class FixedScaleComponent(_FixedVectorComponent):
     )
 
     def propagate(self, indexes, in_value, out_value):
-        xp = namespace(in_value)
-        xp.multiply(in_value, xp.param(self.scales, in_value), out=out_value)
+        _times_scales(in_value, self.scales, out_value)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
         if in_deriv is not None:
-            xp = namespace(out_deriv)
-            xp.multiply(out_deriv, xp.param(self.scales, out_deriv), out=in_deriv)
+            _times_scales(out_deriv, self.scales, in_deriv)
 
 
 @register
@@ -227,8 +231,7 @@ class PerElementScaleComponent(UpdatableComponent):
         return {"scales": self.scales}
 
     def propagate(self, indexes, in_value, out_value):
-        xp = namespace(in_value)
-        xp.multiply(in_value, xp.param(self.scales, in_value), out=out_value)
+        _times_scales(in_value, self.scales, out_value)
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad, in_deriv) -> None:
@@ -239,8 +242,7 @@ class PerElementScaleComponent(UpdatableComponent):
             _add_grad(grad, "scales",
                       namespace(out_deriv).einsum("ij,ij->j", out_deriv, in_value))
         if in_deriv is not None:
-            xp = namespace(out_deriv)
-            xp.multiply(out_deriv, xp.param(self.scales, out_deriv), out=in_deriv)
+            _times_scales(out_deriv, self.scales, in_deriv)
 
 
 @register
