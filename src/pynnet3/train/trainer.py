@@ -117,6 +117,7 @@ class Trainer:
         self.stored_stats = StoredStats()
         self.objective_info: dict[str, ObjectiveInfo] = {}
         self.max_change_counts = MaxChangeCounts()
+        self._comps = None  # the updatable components, while a step runs
         if self.options.learning_rate is not None:
             nnet.set_learning_rate(self.options.learning_rate)
         if self.options.zero_component_stats:
@@ -164,6 +165,7 @@ class Trainer:
         computation = self.compiler.compile(request)
         num_n = _num_sequences(request)
         stats = TrainStats()
+        self._comps = updatable_components(self.nnet)  # (this step's, looked up once)
         backstitch = (opts.backstitch_training_scale > 0.0 and
                       self.num_minibatches_processed % opts.backstitch_training_interval
                       == self.srand_seed % opts.backstitch_training_interval)
@@ -206,6 +208,7 @@ class Trainer:
         stats.objective = sum(o.objective for o in stats.outputs.values())
         stats.weight = sum(o.weight for o in stats.outputs.values())
         self.num_minibatches_processed += 1
+        self._comps = None
         return stats
 
     def total_stats_lines(self) -> list[str]:
@@ -255,7 +258,8 @@ class Trainer:
         be = computer.backend
         zeros = getattr(be, "zeros_shaped", None) or (lambda shape, dt: np.zeros(shape, dt))
         targets = {}
-        for name, comp in updatable_components(nnet):
+        comps = self._step_components()
+        for name, comp in comps:
             pre = None if skips_update(comp) else self._preconditioners_for(name, comp)
             stats = (self.delta_stats.setdefault(name, {})
                      if comp.type_name == "LstmNonlinearityComponent" else None)
@@ -292,7 +296,7 @@ class Trainer:
         while not computer.finished:
             computer.run_until_io()
         self.stored_stats.after_pass(nnet)
-        for name, comp in updatable_components(nnet):
+        for name, comp in comps:
             lrs = learning_rates(comp)
             delta = self.delta.get(name)
             if delta is None:
@@ -301,17 +305,23 @@ class Trainer:
             for key, g in targets[name].items():
                 lr = np.float32(lrs[key])
                 if lr != 0.0:
-                    delta[key] += lr * np.asarray(be.to_numpy(g), np.float32)
+                    grad = np.asarray(be.to_numpy(g), np.float32)
+                    if grad is g:  # (this step's own target: scaled in place)
+                        grad *= lr
+                        delta[key] += grad
+                    else:
+                        delta[key] += lr * grad
         return outputs
 
     def _update(self, stats: TrainStats, num_n: int, *, max_change_scale: float,
                 scale: float, l2: bool, l2_scale: float = 1.0) -> None:
         opts = self.options
+        comps = self._step_components()
         if l2:
             apply_l2_regularization(self.nnet, l2_scale * num_n * opts.l2_regularize_factor,
-                                    self.delta)
+                                    self.delta, comps)
         result = update_with_max_change(self.nnet, self.delta, opts.max_param_change,
-                                        max_change_scale, scale)
+                                        max_change_scale, scale, comps)
         stats.max_change_scales = result.scales
         stats.global_scale = result.global_scale
         if result.applied:
@@ -324,6 +334,11 @@ class Trainer:
         if result.message:
             stats.log_lines.append(result.message)
         self.max_change_counts.add(result.scales, result.global_scale)
+
+    def _step_components(self) -> list:
+        """The network's updatable components as this step's start found them."""
+        comps = self._comps
+        return comps if comps is not None else updatable_components(self.nnet)
 
     def _zero_delta(self) -> None:
         for d in self.delta.values():

@@ -45,13 +45,14 @@ def learning_rates(comp) -> dict[str, float]:
     return {key: float(comp.learning_rate) for key in comp.params()}
 
 
-def apply_l2_regularization(nnet, l2_scale: float, delta: dict) -> None:
+def apply_l2_regularization(nnet, l2_scale: float, delta: dict, comps=None) -> None:
     """Kaldi's ApplyL2Regularization: ``delta += -2 * l2_scale * lr * l2-regularize *
     params`` for each updatable component with ``l2-regularize`` set. Kaldi calls it
-    with ``l2_scale = num sequences * l2-regularize-factor``."""
+    with ``l2_scale = num sequences * l2-regularize-factor``. (``comps``: the network's
+    :func:`updatable_components`, where the caller has them.)"""
     if l2_scale == 0.0:
         return
-    for name, comp in updatable_components(nnet):
+    for name, comp in comps if comps is not None else updatable_components(nnet):
         l2 = float(getattr(comp, "l2_regularize", 0.0))
         if l2 == 0.0:
             continue
@@ -77,13 +78,16 @@ class MaxChangeResult:
 
 
 def update_with_max_change(nnet, delta: dict, max_param_change: float,
-                           max_change_scale: float = 1.0, scale: float = 1.0) -> MaxChangeResult:
+                           max_change_scale: float = 1.0, scale: float = 1.0,
+                           comps=None) -> MaxChangeResult:
     """Kaldi's UpdateNnetWithMaxChange: per updatable component, the factor
     ``min(1, max-change * max_change_scale / (||delta|| * |scale|))`` (components
     with max-change 0 are not limited); then the global factor
     ``min(1, max_param_change * max_change_scale / ||scaled delta||)``; then
-    ``params += scale * global * factor * delta``, in place."""
-    comps = updatable_components(nnet)
+    ``params += scale * global * factor * delta``, in place. (``comps``: the network's
+    :func:`updatable_components`, where the caller has them.)"""
+    if comps is None:
+        comps = updatable_components(nnet)
     result = MaxChangeResult()
     sq = {name: sum(_sumsq(a) for a in delta[name].values()) for name, _ in comps}
     param_delta_sq = 0.0
