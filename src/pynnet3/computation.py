@@ -218,8 +218,9 @@ class NnetComputation:
         deallocations (and releasing provides) subtract; between COMPRESS_MATRIX and
         DECOMPRESS_MATRIX a matrix takes ``bytes_per_element(kind)`` bytes an element
         instead of 4; a propagate/backprop reading its input as blocks counts the
-        temporary it gathers them into while it runs. The accounting lives in
-        :func:`pynnet3.analysis.memory.live_floats`."""
+        temporary it gathers them into while it runs, and a backprop adding its
+        input derivative to blocks the one it makes (``blas.column_block_temporary``).
+        The accounting lives in :func:`pynnet3.analysis.memory.live_floats`."""
         from .analysis.memory import live_floats
 
         live, _ = live_floats(self)

@@ -82,6 +82,32 @@ def test_gathered_temporary_counts_in_the_peak():
     assert c.peak_memory_floats() >= live[i]
 
 
+@pytest.mark.parametrize("config, path", [(nets.TDNN, "whole"), ("""
+input-node name=input dim=64
+component name=a1 type=AffineComponent input-dim=192 output-dim=512
+component-node name=a1 component=a1 input=Append(Offset(input, -1), input, Offset(input, 1))
+output-node name=output input=a1
+""", "panels")], ids=["whole", "panels"])
+def test_derivative_temporary_counts_in_the_peak(config, path):
+    """A backprop adding its input derivative to blocks counts, while it runs, the
+    temporary add_input_deriv makes on its path (none on the direct one)."""
+    from pynnet3.analysis.memory import memory_profile
+    from pynnet3.components.blas import column_block_path
+
+    nnet, req = _tdnn(config, t0=-3, t1=303, o1=300, model=True)
+    c = pynnet3.compile(nnet, req, optimize=True, check=True)
+    i = next(i for i, cmd in enumerate(c.commands) if cmd.deriv_table >= 0)
+    cmd = c.commands[i]
+    od = c.submatrices[cmd.out_deriv]
+    widths = [c.submatrices[s].num_cols for s in c.indexes_blocks[cmd.deriv_table].tolist()]
+    assert column_block_path(od.num_rows, od.num_cols, widths) == path
+    temp = od.num_rows * (sum(widths) if path == "whole" else max(widths))
+    gathered = c.gathered_floats(cmd) if cmd.in_value == 0 and cmd.table >= 0 else 0
+    live = memory_profile(c).live_floats
+    assert live[i] == live[i - 1] + temp + gathered
+    assert c.peak_memory_floats() >= live[i]
+
+
 @pytest.mark.parametrize("config", [nets.TDNN, LINEAR], ids=["affine", "linear"])
 def test_training_backprop_reads_the_blocks_too(config):
     nnet, req = _tdnn(config, model=True)
@@ -173,7 +199,9 @@ def test_training_backprop_adds_its_input_derivative_in_place(config, monkeypatc
         nnet, req, optimize=True, check=True))
     assert not _deriv_backprops(before)
     assert on.stats()["num_commands"] < before.stats()["num_commands"]
-    assert on.peak_memory_floats() <= before.peak_memory_floats()
+    # (the peak: in test_production_sized_layers_keep_the_floats and test_realistic;
+    # blocks this small go through a temporary as large as the spliced derivative,
+    # and the destination lives from the backprop on)
     inputs, derivs = _data(nnet, req, np.float32)
     mc_assert_exact(run(nnet, on, inputs, derivs), run(nnet, before, inputs, derivs))
     plain = pynnet3.compile(nnet, req, optimize=False)
@@ -254,6 +282,31 @@ def test_transfers_out_of_column_order_are_left_alone():
     assert all(c.commands[k].type is CT.MATRIX_ADD for k in (i, j))
     c.commands[i], c.commands[j] = c.commands[j], c.commands[i]
     _rewrites_like_the_original(nnet, req, c, expect=False)
+
+
+def test_row_ops_see_the_backprop_writing_its_derivative_blocks():
+    """snip_row_ops asks which commands write a matrix before a row copy's -1 rows
+    (which zero those rows): a backprop adding into derivative blocks is one."""
+    from pynnet3.optimize.row_ops import snip_row_ops
+
+    nnet, req, c, *_ = _deriv_case()
+    assert apply_pass(splice_free_affine, nnet, c)
+    b = next(i for i, x in enumerate(c.commands) if x.deriv_table >= 0)
+    p = c.submatrices[int(c.indexes_blocks[c.commands[b].deriv_table][0])].matrix
+    rows, cols = c.matrices[p].rows, c.matrices[p].cols
+    s = c.new_matrix(rows, cols, is_deriv=True)
+    c.indexes.append(np.array([-1, -1, *range(2, rows)], dtype=np.int64))
+    c.commands[b + 1:b + 1] = [
+        Command(CT.ALLOC_MATRIX, matrix=s), Command(CT.SET_CONST, dst=c.whole(s), alpha=1.0),
+        Command(CT.COPY_ROWS, dst=c.whole(p), src=c.whole(s), table=len(c.indexes) - 1),
+        Command(CT.DEALLOC_MATRIX, matrix=s)]
+    check_computation(c, nnet)
+    want = copy.deepcopy(c)
+    apply_pass(snip_row_ops, nnet, c)
+    inputs, derivs = _data(nnet, req, np.float64)
+    assert_same_results(run(nnet, c, inputs, derivs, np.float64),
+                        run(nnet, want, inputs, derivs, np.float64), value_rtol=0.0,
+                        grad_rtol=0.0)
 
 
 def test_derivative_read_elsewhere_is_left_alone():
@@ -417,14 +470,20 @@ def test_checker_rejects_bad_derivative_block_tables(fault):
         check_computation(c, nnet)
 
 
-@pytest.mark.parametrize("rows, inner, width", [(6, 4, 3), (700, 64, 48), (40, 3, 1)],
-                         ids=["small", "gemm-per-block", "one-column"])
-def test_add_input_deriv_into_overlapping_blocks(rows, inner, width):
+@pytest.mark.parametrize("rows, inner, width, path", [
+    (6, 4, 3, "whole"), (700, 64, 48, "direct"), (40, 3, 1, "whole"),
+    (400, 512, 48, "panels"), (400, 1024, 48, "panels")],
+    ids=["small", "gemm-per-block", "one-column", "inner-512", "inner-1024"])
+def test_add_input_deriv_into_overlapping_blocks(rows, inner, width, path):
     """Block j gets columns j of ``out_deriv @ w`` added, in order, with the floats of
-    the whole product (what the spliced derivative held) added block by block: per
-    block GEMMs for large blocks, the whole product for small ones."""
+    the whole product (what the spliced derivative held) added block by block: the
+    whole product for small blocks, a GEMM per block into place for large ones, and
+    into a temporary where the inner dimension is summed in several panels (BLAS with
+    beta = 1 would add each panel's sum to the destination on its own)."""
     from pynnet3.components.affine import add_input_deriv
-    from pynnet3.components.blas import gemm_acc
+    from pynnet3.components.blas import column_block_path, gemm_acc
+
+    assert column_block_path(rows, inner, [width] * 3) == path
 
     rng = np.random.default_rng(5)
     for dtype in (np.float32, np.float64):
@@ -439,6 +498,42 @@ def test_add_input_deriv_into_overlapping_blocks(rows, inner, width):
         for k, r in enumerate((0, 2, 3)):
             want[r:r + rows] += spliced[:, k * width:(k + 1) * width]
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dim", [160, 512], ids=["one-panel", "wide"])
+def test_production_sized_layers_keep_the_floats(dim, monkeypatch):
+    """Layers as wide as real ones (Kaldi's 512-1536): the rewrite changes no float,
+    in float32 and float64, on every path add_input_deriv takes."""
+    config = f"""
+input-node name=input dim=64
+component name=a1 type=NaturalGradientAffineComponent input-dim=192 output-dim={dim}
+component-node name=a1 component=a1 input=Append(Offset(input, -1), input, Offset(input, 1))
+component name=r1 type=RectifiedLinearComponent dim={dim}
+component-node name=r1 component=r1 input=a1
+component name=a2 type=AffineComponent input-dim={dim} output-dim=8
+component-node name=a2 component=a2 input=r1
+output-node name=output input=a2
+"""
+    nnet, req = _tdnn(config, t0=-3, t1=303, o1=300, model=True)
+    on = pynnet3.compile(nnet, req, optimize=True, check=True)
+    assert [cmd.node for cmd in _deriv_backprops(on)] == ["a1"]
+    off = _without_deriv_blocks(monkeypatch, lambda: pynnet3.compile(
+        nnet, req, optimize=True, check=True))
+    # no spliced derivative (a temporary one block wide where the inner dimension
+    # is summed in panels): less memory while a1's backprop runs, no higher peak
+    from pynnet3.analysis.memory import memory_profile
+
+    def live_at_a1_backprop(c):
+        i = next(i for i, cmd in enumerate(c.commands) if cmd.node == "a1"
+                 and cmd.type in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE))
+        return memory_profile(c).live_floats[i]
+
+    assert live_at_a1_backprop(on) < live_at_a1_backprop(off)
+    assert on.peak_memory_floats() <= off.peak_memory_floats()
+    for dtype in (np.float32, np.float64):
+        inputs, derivs = _data(nnet, req, dtype)
+        mc_assert_exact(run(nnet, on, inputs, derivs, dtype),
+                        run(nnet, off, inputs, derivs, dtype))
 
 
 def test_shortcut_expansion_equals_full_compile():

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..components.blas import column_block_temporary
 from ..computation import CommandType as CT
 from ..computation import NnetComputation
 from ..runtime.compression import bytes_per_element
@@ -35,9 +36,18 @@ class MemoryProfile:
 _BLOCK_READERS = (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
 
 
+def _deriv_block_floats(c: NnetComputation, cmd) -> int:
+    """The temporary a backprop adding its input derivative to column blocks makes
+    (``components.affine.add_input_deriv``), from the shapes alone."""
+    od = c.submatrices[cmd.out_deriv]
+    widths = [c.submatrices[s].num_cols for s in c.indexes_blocks[cmd.deriv_table].tolist()]
+    return column_block_temporary(od.num_rows, od.num_cols, widths)
+
+
 def live_floats(c: NnetComputation, upto: int | None = None) -> tuple[np.ndarray, dict]:
     """Live floats after each command (the accounting of :func:`memory_profile`; a
-    command gathering block inputs counts its temporary at its own position), and
+    command gathering block inputs, or adding its input derivative to blocks, counts
+    its temporary at its own position), and
     the matrices live (matrix -> floats) after command ``upto`` (after the last one
     when None)."""
     live: dict[int, float] = {}
@@ -78,6 +88,8 @@ def live_floats(c: NnetComputation, upto: int | None = None) -> tuple[np.ndarray
         if (t is PROPAGATE or t is BACKPROP or t is NO_UPDATE) and cmd.in_value == 0 \
                 and cmd.table >= 0:
             out[i] += c.gathered_floats(cmd)  # the temporary it gathers into
+        if (t is BACKPROP or t is NO_UPDATE) and cmd.deriv_table >= 0:
+            out[i] += _deriv_block_floats(c, cmd)  # the temporary it makes, if any
         if i == stop:
             snap = dict(live)
     if upto is None:

@@ -23,8 +23,8 @@ import numpy as np
 
 from ..io.kaldi_stream import make_reader
 from .base import Flags, UpdatableComponent, overwrite_by_zeroing, register, require
-from .blas import MIN_DIRECT_ENTRIES
 from .blas import available as blas_direct
+from .blas import column_block_path
 from .fields import REPEATED_OPENING, UPDATABLE_HEADER, Custom, Field, pair, positive, skip_optional
 from .preconditioning import precondition_matrix, precondition_product, preconditioners
 from .xp import namespace
@@ -337,38 +337,39 @@ def add_input_deriv(in_deriv, out_deriv, w) -> None:
     """``in_deriv += out_deriv @ w``. ``in_deriv`` may be a list of column blocks (a
     backprop with ``deriv_blocks``): block j gets the product's columns of block j
     added; blocks may overlap (row windows of one derivative matrix) and are then
-    added to in order.
-
-    The floats are those of the whole product added block by block. Large blocks
-    take their own GEMM straight into place (beta = 1: no product matrix): BLAS
-    sums each entry's dot product over the same inner dimension in the same order
-    whatever the number of columns, and adds it to the destination once. Small
-    ones go through the whole product, as one matrix: there BLAS may choose other
-    kernels for a narrower product (OpenBLAS's small-matrix kernels, gemv for one
-    column), whose sums round differently."""
+    added to in order, with the floats of the whole product (a spliced derivative
+    matrix) added block by block (the three ways: ``blas.column_block_path``)."""
     xp = namespace(out_deriv)
     if not isinstance(in_deriv, list):
         xp.gemm_acc(in_deriv, out_deriv, w)
         return
     rows, inner = out_deriv.shape
-    narrowest = min(blk.shape[1] for blk in in_deriv)
-    if narrowest * rows >= MIN_DIRECT_ENTRIES and narrowest * rows * inner >= _BLOCK_GEMM_MIN:
-        col = 0
+    widths = [blk.shape[1] for blk in in_deriv]
+    path = column_block_path(rows, inner, widths)
+    col = 0
+    if path == "whole":
+        prod = xp.zeros((rows, w.shape[1]), like=out_deriv)  # (the spliced derivative's
+        xp.gemm_acc(prod, out_deriv, w)  # floats: the same call on the same shapes)
+        for blk in in_deriv:
+            blk += prod[:, col:col + blk.shape[1]]
+            col += blk.shape[1]
+    elif path == "direct":
         for blk in in_deriv:
             xp.gemm_acc(blk, out_deriv, w[:, col:col + blk.shape[1]])
             col += blk.shape[1]
-        return
-    prod = xp.zeros((rows, w.shape[1]), like=out_deriv)  # (the spliced derivative's
-    xp.gemm_acc(prod, out_deriv, w)  # floats: the same call on the same shapes)
-    col = 0
-    for blk in in_deriv:
-        blk += prod[:, col:col + blk.shape[1]]
-        col += blk.shape[1]
-
-
-#: multiply-adds of the smallest block product that takes its own GEMM: above
-#: OpenBLAS's small-matrix kernels (at most 100^3), whose order of summation differs
-_BLOCK_GEMM_MIN = 1 << 21
+    else:
+        on_numpy = type(out_deriv) is np.ndarray
+        for blk in in_deriv:
+            width = blk.shape[1]
+            wj = w[:, col:col + width]
+            if on_numpy:  # (beta = 0: the sums gemm_acc makes into zeros)
+                tmp = np.matmul(out_deriv, wj)
+            else:  # (torch: into zeros, as gemm_acc made the spliced matrix)
+                tmp = xp.zeros((rows, width), like=out_deriv)
+                xp.gemm_acc(tmp, out_deriv, wj)
+            blk += tmp
+            del tmp  # (one block's temporary at a time)
+            col += width
 
 
 class BlockInputMixin:

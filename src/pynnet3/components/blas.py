@@ -9,10 +9,12 @@ that NumPy itself links (its ILP64 ``scipy_cblas_*gemm64_`` symbols) with
 back to the NumPy expression where that library or layout is not available (or when
 ``PYNNET3_NO_DIRECT_BLAS`` is set in the environment at import).
 
-Numerics: BLAS adds the products into C per block of the inner dimension. With
-C = 0 beforehand, or an inner dimension within one block (all input derivatives
-here), the floats are those of ``c += a @ b``; otherwise the additions into C are
-ordered differently (Kaldi's order), a difference of float32 rounding.
+Numerics: BLAS adds the products into C per panel of the inner dimension. With
+C = 0 beforehand, or an inner dimension within one panel (OpenBLAS's GEMM_Q: a few
+hundred), the floats are those of ``c += a @ b``; otherwise the additions into C
+are ordered differently (Kaldi's order), a difference of float32 rounding.
+:func:`column_block_path` uses this to keep a product's floats when its column
+blocks go to different places.
 """
 
 from __future__ import annotations
@@ -93,6 +95,42 @@ def gemm_acc(c: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) ->
     fn(_ROW_MAJOR, _TRANS if lay_a[0] else _NO_TRANS, _TRANS if lay_b[0] else _NO_TRANS,
        m, n, k, alpha, a.ctypes.data, lay_a[1], b.ctypes.data, lay_b[1], 1.0,
        c.ctypes.data, lay_c[1])
+
+
+#: multiply-adds of the smallest block product that takes a GEMM of its own: above
+#: OpenBLAS's small-matrix kernels (at most 100^3), whose order of summation differs
+BLOCK_GEMM_MIN = 1 << 21
+#: the widest inner dimension taken as summed by BLAS in one panel (OpenBLAS's
+#: GEMM_Q; on the development host at least 448 for float32 and 384 for float64)
+ONE_PANEL_INNER = 256
+
+
+def column_block_path(rows: int, inner: int, widths: list[int]) -> str:
+    """How ``(rows x inner) @ (inner x sum(widths))`` is made column block by column
+    block with the floats of the whole product, each block added to its own place
+    (``components.affine.add_input_deriv``):
+
+    * ``"whole"``: small blocks (below :data:`BLOCK_GEMM_MIN` multiply-adds, or too
+      few entries for the direct call): the whole product, then its columns added,
+      since BLAS takes other kernels for small or one-column products (small-matrix
+      kernels, gemv) that sum in another order;
+    * ``"direct"``: an inner dimension of at most :data:`ONE_PANEL_INNER`: one
+      :func:`gemm_acc` per block straight into place (each entry's dot product is
+      summed in one panel, in the same order whatever the number of columns, and
+      added once);
+    * ``"panels"``: a wider inner dimension, which BLAS sums in panels and, with
+      beta = 1, would add to the destination panel by panel: each block's product
+      into a temporary, then added."""
+    narrowest = min(widths)
+    if narrowest * rows < MIN_DIRECT_ENTRIES or narrowest * rows * inner < BLOCK_GEMM_MIN:
+        return "whole"
+    return "direct" if inner <= ONE_PANEL_INNER else "panels"
+
+
+def column_block_temporary(rows: int, inner: int, widths: list[int]) -> int:
+    """Entries of the temporary :func:`column_block_path`'s way holds at most."""
+    path = column_block_path(rows, inner, widths)
+    return rows * (sum(widths) if path == "whole" else max(widths) if path == "panels" else 0)
 
 
 def available() -> bool:

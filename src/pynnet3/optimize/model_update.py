@@ -106,7 +106,8 @@ def consolidate_model_update(c: NnetComputation, nnet, options: OptimizeOptions)
             [update] + [Command(CT.DEALLOC_MATRIX, matrix=m) for m, _ in stacked.values()])
         for cmd in cmds:
             # Without an input derivative and without the update, nothing is left to do.
-            cmd.type = CT.BACKPROP_NO_MODEL_UPDATE if cmd.in_deriv else CT.NO_OPERATION
+            cmd.type = (CT.BACKPROP_NO_MODEL_UPDATE if cmd.in_deriv or cmd.deriv_table >= 0
+                        else CT.NO_OPERATION)
         done.append(f"{name} ({len(ks)})")
     if not done:
         return ""

@@ -68,7 +68,11 @@ def _written_subs(c: NnetComputation, cmd: Command) -> list[int] | None:
     if t is _PROPAGATE:
         return [cmd.out_value]
     if t in _BACKPROPS:
-        return [cmd.in_deriv] if cmd.in_deriv else []
+        if cmd.in_deriv:
+            return [cmd.in_deriv]
+        if cmd.deriv_table >= 0:  # input derivative added to column blocks
+            return c.indexes_blocks[cmd.deriv_table].tolist()
+        return []
     if t in _TO_MULTI:
         subs = c.indexes_multi[cmd.table][:, 0]
         return unique_keys(subs[subs > 0]).tolist()

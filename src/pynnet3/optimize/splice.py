@@ -295,7 +295,8 @@ def _deriv_plan(c: NnetComputation, a: Analyzer, b: int
     before ``b`` (or ``b`` overwrites it), and otherwise only read after ``b`` by
     MATRIX_COPY / MATRIX_ADD commands with ``alpha == 1``, each of a whole column
     block of ``D`` into a derivative matrix ``P`` other than ``D`` and ``b``'s
-    out_deriv, together reading every column of ``D`` once, in column order.
+    out_deriv, together reading every column of ``D`` once, in column order, in two
+    or more blocks (a single copy is variable merging's to remove).
     Adding block ``j`` into its destination at ``b`` is then the same as the
     transfers (the same floats, added in the same order), provided that each
     ``P`` is allocated before ``b``, no command between ``b`` and the last transfer
@@ -336,8 +337,8 @@ def _deriv_plan(c: NnetComputation, a: Analyzer, b: int
             pieces.append((src.col_offset, src.num_cols, j))
         else:
             return None  # another reader or writer of D
-    if not pieces:
-        return None
+    if len(pieces) < 2:
+        return None  # (one copy of D: variable merging lets the backprop write there)
     if not zeroings and _component_adds(a, cmd):
         return None  # D's undefined contents would be added to
     pieces.sort()
