@@ -47,7 +47,7 @@ def gemm_shapes(nnet, comp) -> list[tuple[int, int, int, bool]]:
         if cmd.type is CommandType.PROPAGATE:
             shapes += [(rows, din, dout, False)] * offsets
             continue
-        if cmd.in_deriv:
+        if cmd.in_deriv or cmd.deriv_table >= 0:  # (added to blocks: the same product)
             shapes += [(rows, dout, din, False)] * offsets
         if cmd.type is CommandType.BACKPROP:
             shapes.append((dout, rows, din * offsets, True))
