@@ -153,7 +153,7 @@ def identity_scale(comp: Component, keep_derivatives: bool) -> float | None:
     if t == "GeneralDropoutComponent":
         return 1.0 if comp._is_identity() else None
     if t == "SpecAugmentTimeMaskComponent":
-        return 1.0 if (comp.test_mode or comp.zeroed_proportion == 0.0) else None
+        return 1.0 if comp._is_identity() else None
     if t == "BackpropTruncationComponent":
         return None if keep_derivatives else float(comp.scale)
     ew = elementwise(comp, keep_derivatives)
