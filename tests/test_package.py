@@ -52,3 +52,39 @@ def test_the_command_line_does_not_load_export_training_or_drawing():
     loaded = _modules_after("import pynnet3.cli.main")
     assert not {m for m in loaded
                 if m.startswith(("pynnet3.export", "pynnet3.train", "pynnet3.viz"))}
+
+
+def test_lower_layers_do_not_load_higher_ones():
+    """DESIGN's layers import downward only: the network, the optimizer and the
+    runtime load no compile cache (``pynnet3.run`` of a request lives above both, in
+    ``cache/running.py``), and the analysis no runtime."""
+    for module, higher in (("pynnet3.nnet", ("pynnet3.cache", "pynnet3.runtime")),
+                           ("pynnet3.optimize.splice", ("pynnet3.cache", "pynnet3.runtime")),
+                           ("pynnet3.analysis.memory", ("pynnet3.cache", "pynnet3.runtime")),
+                           ("pynnet3.runtime.computer", ("pynnet3.cache",))):
+        loaded = _modules_after(f"import {module}")
+        assert not {m for m in loaded if m.startswith(higher)}, module
+
+
+def test_the_runtime_runs_computations_and_pynnet3_run_compiles_requests():
+    import numpy as np
+    import pytest
+
+    from pynnet3.errors import RuntimeInputError
+    from pynnet3.runtime.computer import run as run_computation
+
+    nnet = pynnet3.Nnet.from_config("input-node name=input dim=2\n"
+                                    "component name=a type=AffineComponent input-dim=2 "
+                                    "output-dim=3\ncomponent-node name=a component=a input=input\n"
+                                    "output-node name=output input=a\n", seed=0)
+    idx = np.stack([np.zeros(4, np.int64), np.arange(4), np.zeros(4, np.int64)], axis=1)
+    req = pynnet3.ComputationRequest(inputs=[pynnet3.IoSpecification("input", idx)],
+                                     outputs=[pynnet3.IoSpecification("output", idx)])
+    x = {"input": np.arange(8, dtype=np.float32).reshape(4, 2)}
+    with pytest.raises(RuntimeInputError, match="pynnet3.run compiles a request"):
+        run_computation(nnet, req, x)
+    want = run_computation(nnet, pynnet3.compile(nnet, req), x).outputs["output"]
+    np.testing.assert_array_equal(pynnet3.run(nnet, req, x).outputs["output"], want)
+    comp = pynnet3.compile(nnet, req)
+    with pytest.raises(RuntimeInputError, match="network_optimize"):
+        pynnet3.run(nnet, comp, x, network_optimize=True)

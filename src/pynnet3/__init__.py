@@ -26,19 +26,20 @@ _LAZY = {
     "optimize_network": ".graphopt",
     "Nnet": ".nnet", "read_nnet": ".nnet",
     "OptimizeOptions": ".optimize", "OptimizeReport": ".optimize",
-    "RunResult": ".runtime.computer", "run": ".runtime.computer",
+    "RunResult": ".runtime.computer", "run": ".cache.running",
 }
 
 if TYPE_CHECKING:  # (for type checkers and IDEs; at run time __getattr__ loads them)
     from . import export, train
     from .am import AcousticModel, read_am
     from .cache import CachingCompiler
+    from .cache.running import run
     from .compiler import ComputationRequest, IoSpecification
     from .computation import NnetComputation
     from .graphopt import NetworkOptions, NetworkReport, optimize_network
     from .nnet import Nnet, read_nnet
     from .optimize import OptimizeOptions, OptimizeReport
-    from .runtime.computer import RunResult, run
+    from .runtime.computer import RunResult
 
 
 def __getattr__(name: str):

@@ -950,38 +950,23 @@ def _prepare(c: NnetComputation, cmd: Command):
 
 
 def run(nnet, computation, inputs: dict, output_derivs: dict | None = None,
-        backend: str = "numpy", dtype=np.float32, network_optimize=None,
-        device=None) -> RunResult:
-    """Run a compiled computation; see :class:`RunResult`. ``computation`` may also
-    be a ComputationRequest: it is then compiled through the network's cache
-    (``pynnet3.cache.cache_for(nnet)``), so repeated runs of equal shapes compile once. Component
-    statistics (when the request stores them) accumulate in ``nnet``'s
-    components, in place.
+        backend: str = "numpy", dtype=np.float32, device=None, *,
+        shared: bool = False) -> RunResult:
+    """Run a compiled computation; see :class:`RunResult`. Component statistics
+    (when the computation stores them) accumulate in ``nnet``'s components, in place.
+    (``pynnet3.run`` also takes a ComputationRequest: it compiles it through the
+    network's cache, ``pynnet3.cache.running``, and then comes here.)
 
     ``backend="torch"`` runs on ``device`` (``"cpu"``, ``"cuda"``, a
     ``torch.device``; default the CPU); inputs may then be torch tensors (used where
     they are, without a copy through NumPy) and the result holds torch tensors on
     the device.
 
-    ``network_optimize`` (True or a :class:`~pynnet3.NetworkOptions`; requests
-    only): compile and run a network-optimized copy of ``nnet``, kept with the
-    network's caches (then statistics accumulate in that copy)."""
-    dtype = run_dtype(dtype)
-    compiled = not isinstance(computation, NnetComputation)  # (shared, never modified)
-    if compiled:
-        from ..cache import cache_for
-
-        if network_optimize is not None and network_optimize is not False:
-            cc = cache_for(nnet, network_optimize,
-                           derivatives=any(s.has_deriv for s in computation.outputs))
-            computation = cc.compile(computation, dtype=dtype, backend=backend,
-                                     device=device)
-            nnet = cc.compiled_nnet
-        else:
-            computation = cache_for(nnet).compile(computation, dtype=dtype, backend=backend,
-                                                  device=device)
-    elif network_optimize:
-        raise RuntimeInputError("network_optimize applies when run() compiles a request; "
-                                "a computation is run on the network it was compiled for")
-    return NnetComputer(nnet, computation, backend, dtype, device,
-                        cache_program=compiled).run(inputs, output_derivs)
+    ``shared``: the computation is one nobody modifies (a cache's): its commands are
+    prepared once and kept with it (:class:`_Program`)."""
+    if not isinstance(computation, NnetComputation):
+        raise RuntimeInputError(
+            f"runtime.computer.run takes a compiled NnetComputation, not "
+            f"{type(computation).__name__}: pynnet3.run compiles a request first")
+    return NnetComputer(nnet, computation, backend, run_dtype(dtype), device,
+                        cache_program=shared).run(inputs, output_derivs)
