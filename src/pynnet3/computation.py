@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .errors import PynnetError
 from .index import unique_keys
 
 
@@ -105,6 +106,21 @@ class Command:
     label: int = -1  # GOTO_LABEL: index of its NO_OPERATION_LABEL
     compress_kind: int = 0  # COMPRESS/DECOMPRESS_MATRIX: Kaldi's CuCompressedMatrixType
     release: bool = False  # PROVIDE_OUTPUT: the matrix is handed over (deallocated)
+
+
+#: COMPRESS_MATRIX / DECOMPRESS_MATRIX kinds (``Command.compress_kind``): Kaldi's
+#: CuCompressedMatrixType numbering (the runtime's codes: pynnet3.runtime.compression)
+INT8, UINT8, INT16, UINT16 = 1, 2, 3, 4
+_COMPRESSED_BYTES = {INT8: 1, UINT8: 1, INT16: 2, UINT16: 2}
+
+
+def bytes_per_element(kind: int) -> int:
+    """Storage of one compressed element (Kaldi's GetMaxMemoryUse accounting)."""
+    try:
+        return _COMPRESSED_BYTES[kind]
+    except KeyError:
+        raise PynnetError(f"unknown matrix compression kind {kind!r} "
+                          f"(known: {sorted(_COMPRESSED_BYTES)})") from None
 
 
 #: the Command fields that hold submatrix ids

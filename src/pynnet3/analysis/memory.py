@@ -10,8 +10,7 @@ import numpy as np
 
 from ..components.blas import column_block_temporary
 from ..computation import CommandType as CT
-from ..computation import NnetComputation
-from ..runtime.compression import bytes_per_element
+from ..computation import NnetComputation, bytes_per_element
 
 
 @dataclass

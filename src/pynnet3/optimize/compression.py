@@ -38,9 +38,8 @@ import numpy as np
 from ..analysis import AccessType, Analyzer
 from ..analysis.accesses import command_types
 from ..analysis.variables import matrix_sizes
-from ..computation import Command, NnetComputation
+from ..computation import INT16, UINT8, Command, NnetComputation
 from ..computation import CommandType as CT
-from ..runtime.compression import INT16, UINT8
 from .pipeline import KeptReferences
 
 _BACKPROPS = (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)

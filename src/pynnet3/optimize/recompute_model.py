@@ -11,7 +11,7 @@ import numpy as np
 
 from ..analysis.memory import live_floats
 from ..computation import CommandType as CT
-from ..computation import NnetComputation
+from ..computation import NnetComputation, bytes_per_element
 from .recompute_candidates import Candidate
 
 
@@ -75,8 +75,6 @@ def _compression_intervals(c: NnetComputation, t: NnetComputation
     commands) compresses: the positions of ``c`` after which it is compressed,
     ``[lo, hi)`` (the command before its decompression counted full, where the
     decompression brings it back), and the floats compression saves."""
-    from ..runtime.compression import bytes_per_element
-
     out = {}
     opened: dict[int, tuple[int, float]] = {}
     k = 0  # commands of c passed

@@ -30,15 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..components.xp import namespace
+from ..computation import INT8, INT16, UINT8, UINT16, bytes_per_element
 from ..errors import PynnetError
 
-INT8, UINT8, INT16, UINT16 = 1, 2, 3, 4
+__all__ = ["INT8", "INT16", "UINT8", "UINT16", "CompressedMatrix", "bytes_per_element",
+           "compress", "decompress"]
+
+# (the kinds and their storage are the computation's: optimize and analysis use them)
 _TYPES = {INT8: np.int8, UINT8: np.uint8, INT16: np.int16, UINT16: np.uint16}
-
-
-def bytes_per_element(kind: int) -> int:
-    """Storage of one compressed element (Kaldi's GetMaxMemoryUse accounting)."""
-    return np.dtype(_int_type(kind)).itemsize
 
 
 def _int_type(kind: int):
