@@ -337,39 +337,25 @@ def add_input_deriv(in_deriv, out_deriv, w) -> None:
     """``in_deriv += out_deriv @ w``. ``in_deriv`` may be a list of column blocks (a
     backprop with ``deriv_blocks``): block j gets the product's columns of block j
     added; blocks may overlap (row windows of one derivative matrix) and are then
-    added to in order, with the floats of the whole product (a spliced derivative
-    matrix) added block by block (the three ways: ``blas.column_block_path``)."""
+    added to in order. Small blocks go through the whole product (its floats, as a
+    spliced derivative matrix had them), large ones take a GEMM each straight into
+    place (the same to float rounding): ``blas.column_block_path``."""
     xp = namespace(out_deriv)
     if not isinstance(in_deriv, list):
         xp.gemm_acc(in_deriv, out_deriv, w)
         return
     rows, inner = out_deriv.shape
-    widths = [blk.shape[1] for blk in in_deriv]
-    path = column_block_path(rows, inner, widths)
     col = 0
-    if path == "whole":
+    if column_block_path(rows, inner, [blk.shape[1] for blk in in_deriv]) == "whole":
         prod = xp.zeros((rows, w.shape[1]), like=out_deriv)  # (the spliced derivative's
         xp.gemm_acc(prod, out_deriv, w)  # floats: the same call on the same shapes)
         for blk in in_deriv:
             blk += prod[:, col:col + blk.shape[1]]
             col += blk.shape[1]
-    elif path == "direct":
-        for blk in in_deriv:
-            xp.gemm_acc(blk, out_deriv, w[:, col:col + blk.shape[1]])
-            col += blk.shape[1]
-    else:
-        on_numpy = type(out_deriv) is np.ndarray
-        for blk in in_deriv:
-            width = blk.shape[1]
-            wj = w[:, col:col + width]
-            if on_numpy:  # (beta = 0: the sums gemm_acc makes into zeros)
-                tmp = np.matmul(out_deriv, wj)
-            else:  # (torch: into zeros, as gemm_acc made the spliced matrix)
-                tmp = xp.zeros((rows, width), like=out_deriv)
-                xp.gemm_acc(tmp, out_deriv, wj)
-            blk += tmp
-            del tmp  # (one block's temporary at a time)
-            col += width
+        return
+    for blk in in_deriv:
+        xp.gemm_acc(blk, out_deriv, w[:, col:col + blk.shape[1]])
+        col += blk.shape[1]
 
 
 class BlockInputMixin:

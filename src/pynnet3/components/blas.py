@@ -13,8 +13,8 @@ Numerics: BLAS adds the products into C per panel of the inner dimension. With
 C = 0 beforehand, or an inner dimension within one panel (OpenBLAS's GEMM_Q: a few
 hundred), the floats are those of ``c += a @ b``; otherwise the additions into C
 are ordered differently (Kaldi's order), a difference of float32 rounding.
-:func:`column_block_path` uses this to keep a product's floats when its column
-blocks go to different places.
+:func:`column_block_path` says when a product's column blocks, sent to different
+places, keep its floats.
 """
 
 from __future__ import annotations
@@ -97,40 +97,35 @@ def gemm_acc(c: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) ->
        c.ctypes.data, lay_c[1])
 
 
-#: multiply-adds of the smallest block product that takes a GEMM of its own: above
-#: OpenBLAS's small-matrix kernels (at most 100^3), whose order of summation differs
+#: multiply-adds of the smallest block product that takes a GEMM of its own
 BLOCK_GEMM_MIN = 1 << 21
-#: the widest inner dimension taken as summed by BLAS in one panel (OpenBLAS's
-#: GEMM_Q; on the development host at least 448 for float32 and 384 for float64)
-ONE_PANEL_INNER = 256
 
 
 def column_block_path(rows: int, inner: int, widths: list[int]) -> str:
     """How ``(rows x inner) @ (inner x sum(widths))`` is made column block by column
-    block with the floats of the whole product, each block added to its own place
-    (``components.affine.add_input_deriv``):
+    block, each block added to its own place (``components.affine.add_input_deriv``):
 
     * ``"whole"``: small blocks (below :data:`BLOCK_GEMM_MIN` multiply-adds, or too
-      few entries for the direct call): the whole product, then its columns added,
-      since BLAS takes other kernels for small or one-column products (small-matrix
-      kernels, gemv) that sum in another order;
-    * ``"direct"``: an inner dimension of at most :data:`ONE_PANEL_INNER`: one
-      :func:`gemm_acc` per block straight into place (each entry's dot product is
-      summed in one panel, in the same order whatever the number of columns, and
-      added once);
-    * ``"panels"``: a wider inner dimension, which BLAS sums in panels and, with
-      beta = 1, would add to the destination panel by panel: each block's product
-      into a temporary, then added."""
+      few entries for the direct call), or no direct BLAS call: the whole product,
+      then its columns added. The floats of the whole product, on any BLAS, where a
+      GEMM per block would pay its call for little work;
+    * ``"direct"``: one :func:`gemm_acc` per block straight into place (beta = 1, no
+      product matrix). Equal to the whole product added to float rounding: exactly
+      equal where BLAS sums each entry over the inner dimension in one panel and
+      whatever the column's position (OpenBLAS's SkylakeX float32 kernels, the
+      development host's, up to an inner dimension of 448), within rounding
+      elsewhere (its AVX2 kernels, float64 blocks of a width not a multiple of 8,
+      an inner dimension summed in panels)."""
     narrowest = min(widths)
-    if narrowest * rows < MIN_DIRECT_ENTRIES or narrowest * rows * inner < BLOCK_GEMM_MIN:
+    if (not available() or narrowest * rows < MIN_DIRECT_ENTRIES
+            or narrowest * rows * inner < BLOCK_GEMM_MIN):
         return "whole"
-    return "direct" if inner <= ONE_PANEL_INNER else "panels"
+    return "direct"
 
 
 def column_block_temporary(rows: int, inner: int, widths: list[int]) -> int:
     """Entries of the temporary :func:`column_block_path`'s way holds at most."""
-    path = column_block_path(rows, inner, widths)
-    return rows * (sum(widths) if path == "whole" else max(widths) if path == "panels" else 0)
+    return rows * sum(widths) if column_block_path(rows, inner, widths) == "whole" else 0
 
 
 def available() -> bool:

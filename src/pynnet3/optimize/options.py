@@ -46,7 +46,8 @@ class OptimizeOptions:
     #: an affine-like propagate (and backprop) reads the column blocks of its spliced
     #: input where they are, instead of from a matrix they are first copied into, and
     #: its backprop adds its input derivative's blocks where they belong instead of
-    #: into a spliced derivative matrix (bit-identical results; optimize/splice.py)
+    #: into a spliced derivative matrix (bit-identical forward values, derivatives to
+    #: float rounding; optimize/splice.py)
     splice_free_affine: bool = True
     #: training: free cheap forward values (BatchNorm, NoOp, fixed scales... outputs
     #: whose input stays alive) between the passes and recompute them, bit for bit,

@@ -12,9 +12,11 @@ take the blocks where they are: this pass gives it a block table
 and drops ``S``'s allocation, zeroing, copies and deallocation.
 
 The component gathers the blocks into a transient matrix for the one command
-(:func:`~pynnet3.components.affine.gather_blocks`), so results are bit-identical
-to the spliced computation (a sum of per-block products changes float32 rounding
-enough to flip near-zero ReLU inputs against Kaldi's reference). The temporary
+(:func:`~pynnet3.components.affine.gather_blocks`), so the forward values are
+bit-identical to the spliced computation's (a sum of per-block products changes
+float32 rounding enough to flip near-zero ReLU inputs against Kaldi's reference).
+The backprop's weight gradient is summed block by block (one GEMM per block into
+the gradient's columns): equal to float rounding, which no sign depends on. The temporary
 counts in the peak memory (``NnetComputation.peak_memory_floats``), so what goes
 is ``S`` living from its copies to its last reader: the pass rewrites an ``S``
 with several blocks only when a backprop also reads it (training: ``S`` no longer
@@ -45,11 +47,12 @@ add, column block by column block, to the derivatives of the spliced sources
 the destinations as a block table (``Command.deriv_table``) instead: it adds block
 ``j`` of its input derivative straight into destination ``j`` (large blocks: one
 GEMM with beta = 1 each, ``components.affine.add_input_deriv``), and ``D``'s
-allocation, zeroing, transfers and deallocation drop. The floats are the same:
-``D``'s entries added in the same order into the same places (:func:`_deriv_plan`
-lists when that holds, ``add_input_deriv`` how the entries stay ``D``'s).
-Components opt in with ``deriv_blocks`` (the affine family whose backprop is the
-standard one).
+allocation, zeroing, transfers and deallocation drop. The results are ``D``'s
+entries added in the same order into the same places (:func:`_deriv_plan` lists
+when that holds), each entry bit for bit ``D``'s for small blocks and to float
+rounding for large ones (``blas.column_block_path``: exactly on the development
+host's float32 kernels); a derivative's rounding flips no sign. Components opt in
+with ``deriv_blocks`` (the affine family whose backprop is the standard one).
 """
 
 from __future__ import annotations
@@ -298,7 +301,7 @@ def _deriv_plan(c: NnetComputation, a: Analyzer, b: int
     out_deriv, together reading every column of ``D`` once, in column order, in two
     or more blocks (a single copy is variable merging's to remove).
     Adding block ``j`` into its destination at ``b`` is then the same as the
-    transfers (the same floats, added in the same order), provided that each
+    transfers (the same products, added in the same order), provided that each
     ``P`` is allocated before ``b``, no command between ``b`` and the last transfer
     touches ``P`` except the transfers, and a transfer that *copies* finds its
     destination zero: ``P``'s last write before ``b`` zeroed all of ``P``, and no
