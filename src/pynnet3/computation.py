@@ -169,6 +169,14 @@ class SubMatrix(NamedTuple):
     num_cols: int
 
 
+def rects_overlap(a: SubMatrix, b: SubMatrix) -> bool:
+    """Whether the row/column rectangles of ``a`` and ``b`` intersect (their matrices
+    not compared: the caller knows they are one)."""
+    return (a.row_offset < b.row_offset + b.num_rows and b.row_offset < a.row_offset + a.num_rows
+            and a.col_offset < b.col_offset + b.num_cols
+            and b.col_offset < a.col_offset + a.num_cols)
+
+
 _new_tuple = tuple.__new__
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..components.base import Flags
 from ..computation import CommandType as CT
-from ..computation import NnetComputation
+from ..computation import NnetComputation, rects_overlap
 from ..errors import CheckError
 from ..index import unique_keys
 from .accesses import AccessType, has_command_type
@@ -91,7 +91,7 @@ class _Checker:
                 d, s = self.sub_ok(cmd.dst, i, "dst"), self.sub_ok(cmd.src, i, "src")
                 if (d.num_rows, d.num_cols) != (s.num_rows, s.num_cols):
                     self.fail("dst and src dims differ", i)
-                if d.matrix == s.matrix and _overlap(d, s) and cmd.dst != cmd.src:
+                if d.matrix == s.matrix and rects_overlap(d, s) and cmd.dst != cmd.src:
                     self.fail("dst and src overlap", i)
             elif t in (CT.COPY_ROWS, CT.ADD_ROWS):
                 d, s = self.sub_ok(cmd.dst, i, "dst"), self.sub_ok(cmd.src, i, "src")
@@ -103,7 +103,7 @@ class _Checker:
                               f"src {s.num_rows}x{s.num_cols}", i)
                 if len(tab) and (tab.min() < -1 or tab.max() >= s.num_rows):
                     self.fail(f"table value out of range [-1, {s.num_rows})", i)
-                if d.matrix == s.matrix and _overlap(d, s):
+                if d.matrix == s.matrix and rects_overlap(d, s):
                     self.fail("dst and src overlap", i)
             elif t in (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI,
                        CT.ADD_TO_ROWS_MULTI):
@@ -122,7 +122,7 @@ class _Checker:
                     rows = tab[tab[:, 0] == s, 1]
                     if rows.min() < 0 or rows.max() >= sm.num_rows or sm.num_cols != main.num_cols:
                         self.fail(f"multi table rows out of range for submatrix {s}", i)
-                    if sm.matrix == main.matrix and _overlap(sm, main):
+                    if sm.matrix == main.matrix and rects_overlap(sm, main):
                         self.fail("multi table submatrix overlaps the other operand", i)
             elif t is CT.ADD_ROW_RANGES:
                 d, s = self.sub_ok(cmd.dst, i, "dst"), self.sub_ok(cmd.src, i, "src")
@@ -211,7 +211,7 @@ class _Checker:
                 self.fail("simple component with different in_deriv and out_deriv rows", i)
             for s in c.indexes_blocks[cmd.table].tolist() if cmd.table != -1 else ():
                 sm = c.submatrices[s]
-                if sm.matrix == idr.matrix and _overlap(sm, idr):
+                if sm.matrix == idr.matrix and rects_overlap(sm, idr):
                     self.fail(f"input block {s} overlaps in_deriv", i)
         if cmd.deriv_table != -1:
             self.check_deriv_blocks(i, cmd, comp, od)
@@ -220,62 +220,55 @@ class _Checker:
         """A backprop adding its input derivative's column blocks to the submatrices
         ``indexes_blocks[deriv_table]``: each has out_deriv's rows, their widths sum
         to the input dim, and none overlaps what the backprop reads."""
-        c = self.c
         if cmd.in_deriv:
             self.fail("a backprop with both in_deriv and an input-derivative block table", i)
-        if not (0 <= cmd.deriv_table < len(c.indexes_blocks)):
-            self.fail(f"block table {cmd.deriv_table} out of range", i)
         if not getattr(comp, "deriv_blocks", False):
             self.fail("the component cannot add its input derivative to blocks", i)
-        tab = c.indexes_blocks[cmd.deriv_table]
-        if tab.ndim != 1 or not len(tab):
-            self.fail(f"block table {cmd.deriv_table} is empty or not a list", i)
-        reads = [c.submatrices[x] for x in (cmd.in_value, cmd.out_value, cmd.out_deriv) if x]
+        reads = [x for x in (cmd.in_value, cmd.out_value, cmd.out_deriv) if x]
         if cmd.table != -1:
-            reads += [c.submatrices[x] for x in c.indexes_blocks[cmd.table].tolist()]
+            reads += self.c.indexes_blocks[cmd.table].tolist()
+        self.check_block_table(i, cmd.deriv_table, "input-derivative block", comp, od,
+                               reads, "a matrix the backprop reads")
+
+    def check_block_table(self, i: int, table: int, label: str, comp, rows_of,
+                          avoid: list[int], avoid_what: str) -> None:
+        """Block table ``table`` of command ``i``: in range, a non-empty list of valid
+        submatrices, each with ``rows_of``'s rows and overlapping none of ``avoid``,
+        whose widths sum to the component's input dim."""
+        c = self.c
+        if not (0 <= table < len(c.indexes_blocks)):
+            self.fail(f"block table {table} out of range", i)
+        tab = c.indexes_blocks[table]
+        if tab.ndim != 1 or not len(tab):
+            self.fail(f"block table {table} is empty or not a list", i)
+        avoided = [c.submatrices[x] for x in avoid]
         width = 0
         for s in tab.tolist():
-            sm = self.sub_ok(s, i, "input-derivative block")
-            if sm.num_rows != od.num_rows:
-                self.fail(f"input-derivative block {s} has {sm.num_rows} rows, out_deriv "
-                          f"{od.num_rows}", i)
-            if any(r.matrix == sm.matrix and _overlap(r, sm) for r in reads):
-                self.fail(f"input-derivative block {s} overlaps a matrix the backprop "
-                          f"reads", i)
+            sm = self.sub_ok(s, i, label)
+            if sm.num_rows != rows_of.num_rows:
+                self.fail(f"{label} {s} has {sm.num_rows} rows, the output "
+                          f"{rows_of.num_rows}", i)
+            if any(r.matrix == sm.matrix and rects_overlap(r, sm) for r in avoided):
+                self.fail(f"{label} {s} overlaps {avoid_what}", i)
             width += sm.num_cols
         if width != comp.input_dim:
-            self.fail(f"input-derivative blocks have {width} columns, the component's "
-                      f"input dim is {comp.input_dim}", i)
+            self.fail(f"{label}s have {width} columns, the component's input dim is "
+                      f"{comp.input_dim}", i)
 
     def check_blocks(self, i: int, cmd, comp, ov):
         """A propagate or backprop reading its input value as column blocks
         (``indexes_blocks``); ``ov`` is its out_value (out_deriv for a backprop),
         whose rows the blocks must have and which they must not overlap."""
-        c = self.c
         if cmd.in_value:
             self.fail("a command with an input block table must have no in_value", i)
-        if not (0 <= cmd.table < len(c.indexes_blocks)):
-            self.fail(f"block table {cmd.table} out of range", i)
         method = "propagate_blocks" if cmd.type is CT.PROPAGATE else "backprop_blocks"
         if not hasattr(comp, method):
             self.fail(f"the component has no {method}: it cannot read its input as blocks", i)
         if cmd.type is CT.PROPAGATE and cmd.alpha == 2.0:
             self.fail("stored stats need the input as one matrix, not blocks", i)
-        tab = c.indexes_blocks[cmd.table]
-        if tab.ndim != 1 or not len(tab):
-            self.fail(f"block table {cmd.table} is empty or not a list", i)
-        width = 0
-        for s in tab.tolist():
-            sm = self.sub_ok(s, i, "input block")
-            if sm.num_rows != ov.num_rows:
-                self.fail(f"input block {s} has {sm.num_rows} rows, the output "
-                          f"{ov.num_rows}", i)
-            if sm.matrix == ov.matrix and _overlap(sm, ov):
-                self.fail(f"input block {s} overlaps the output (value or derivative)", i)
-            width += sm.num_cols
-        if width != comp.input_dim:
-            self.fail(f"input blocks have {width} columns, the component's input dim is "
-                      f"{comp.input_dim}", i)
+        out = cmd.out_value if cmd.type is CT.PROPAGATE else cmd.out_deriv
+        self.check_block_table(i, cmd.table, "input block", comp, ov, [out],
+                               "the output (value or derivative)")
 
     # -- order ---------------------------------------------------------------------------
     def check_order(self):
@@ -383,12 +376,6 @@ class _Checker:
                                   f"compressed", i)
                 if cmd.type is CT.DEALLOC_MATRIX and cmd.matrix in compressed:
                     self.fail(f"matrix m{cmd.matrix} deallocated while compressed", i)
-
-
-def _overlap(a, b) -> bool:
-    return (a.row_offset < b.row_offset + b.num_rows and b.row_offset < a.row_offset + a.num_rows
-            and a.col_offset < b.col_offset + b.num_cols
-            and b.col_offset < a.col_offset + a.num_cols)
 
 
 def check_computation(computation: NnetComputation, nnet, context: str = "",

@@ -65,7 +65,7 @@ import numpy as np
 from ..analysis.accesses import AccessType, command_types
 from ..analysis.analyzer import Analyzer
 from ..components.base import Flags
-from ..computation import Command, NnetComputation
+from ..computation import Command, NnetComputation, rects_overlap
 from ..computation import CommandType as CT
 from .options import OptimizeOptions
 
@@ -314,7 +314,7 @@ def _deriv_plan(c: NnetComputation, a: Analyzer, b: int
     mat = c.matrices[m]
     if t.is_input[m] or t.is_output[m] or not mat.is_deriv:
         return None
-    if sd.row_offset or sd.col_offset or sd.num_rows != mat.rows or sd.num_cols != mat.cols:
+    if not _covers(sd, mat):
         return None
     alloc, dealloc = int(t.alloc_only[m]), int(t.dealloc_only[m])
     if alloc < 0 or dealloc < 0 or t.alloc[m] != alloc or t.dealloc[m] != dealloc:
@@ -385,7 +385,7 @@ def _deriv_plan(c: NnetComputation, a: Analyzer, b: int
                     if i >= k:
                         break
                     di = subs[cmds[i].dst]
-                    if di.matrix == p and _overlap(di, dk):
+                    if di.matrix == p and rects_overlap(di, dk):
                         return None  # the copy overwrites an earlier transfer's sum
     blocks = [cmds[j].dst for _, _, j in pieces]
     return b, blocks, zeroings + transfers + [alloc, dealloc], mats
@@ -399,9 +399,3 @@ def _component_adds(a: Analyzer, cmd: Command) -> bool:
 def _covers(sm, mat) -> bool:
     return not sm.row_offset and not sm.col_offset and sm.num_rows == mat.rows \
         and sm.num_cols == mat.cols
-
-
-def _overlap(x, y) -> bool:
-    return (x.row_offset < y.row_offset + y.num_rows and y.row_offset < x.row_offset
-            + x.num_rows and x.col_offset < y.col_offset + y.num_cols
-            and y.col_offset < x.col_offset + x.num_cols)
