@@ -8,12 +8,20 @@
   expression is computed once (TDNN-F's NoOp bypasses), and inlining would
   compute it again per reader.
 * Full-width dim-range nodes are their source.
+* An identity-like node over an ``Append`` read only by dim-range nodes that each
+  select one part (an LSTM's BackpropTruncation over ``Append(c, r)``, read as
+  ``c_trunc`` and ``r_trunc``) is taken out: each dim-range node becomes its part.
+  Only where the parts are computable at exactly the same indexes (see
+  :func:`_computability_root`), since the Append was computable only where all of
+  them are, and a consumer's IfDefined / Failover sees that.
 * Orphan nodes and components (Kaldi's RemoveOrphanNodes / Components).
 """
 
 from __future__ import annotations
 
+from ..components.base import Flags
 from ..components.dropout import RandomComponent
+from ..descriptor import Descriptor, NodeRef
 from ..rewrite.algebra import is_forwarding, scaled
 from ..rewrite.rewriter import NetworkRewriter, RewriteRefused
 from .linear import identity_scale
@@ -57,6 +65,72 @@ def prune(rewriter: NetworkRewriter, keep_derivatives: bool = False) -> list[str
                     notes.append(f"{name} (full-width dim-range)")
                 except RewriteRefused as e:
                     notes.append(f"kept {name}: {e}")
+    _split_appends(rewriter, keep_derivatives, notes)
     if rewriter.remove_orphans():
         notes.append("orphans")
     return notes
+
+
+def _split_appends(rewriter: NetworkRewriter, keep_derivatives: bool,
+                   notes: list[str]) -> None:
+    """Identity nodes over an Append whose every consumer is a dim-range node that
+    selects exactly one part: those dim-range nodes read their parts instead (the
+    identity node is then an orphan). See the module docstring for when."""
+    nnet = rewriter.nnet
+    for name in [n.name for n in nnet.nodes]:
+        if not nnet.has_node(name) or rewriter.is_protected(name):
+            continue
+        node = nnet.node(name)
+        if node.kind != "component-node" or len(node.descriptor.parts) < 2:
+            continue
+        c = identity_scale(nnet.components[node.component], keep_derivatives)
+        parts = node.descriptor.parts
+        if c is None or not all(isinstance(p, NodeRef) for p in parts):
+            continue
+        if len({_computability_root(nnet, p.node) for p in parts}) != 1:
+            continue
+        spans, start = {}, 0
+        for p in parts:
+            dim = nnet.node_dim(p.node)
+            spans[(start, dim)] = p
+            start += dim
+        consumers = rewriter.graph[name].consumer_names
+        plan = []
+        for d in consumers:
+            dn = nnet.node(d)
+            part = spans.get((dn.dim_offset, dn.dim)) if dn.kind == "dim-range-node" \
+                else None
+            if part is None or rewriter.is_protected(d):
+                break
+            plan.append((d, part))
+        if not plan or len(plan) != len(consumers):
+            continue
+        for d, part in plan:
+            try:
+                rewriter.inline(d, scaled(Descriptor((part,)), c),
+                                f"selects {part.node} of {name}'s Append")
+                notes.append(f"{d} (reads {part.node}; {name} is the identity)")
+            except RewriteRefused as e:
+                notes.append(f"kept {d}: {e}")
+
+
+def _computability_root(nnet, name: str) -> str:
+    """The node whose computability ``name``'s equals at every index: through
+    dim-range nodes to their source, and through simple components (Kaldi's
+    kSimpleComponent: output index i needs exactly input index i) reading one plain
+    node. Two nodes with the same root are computable at the same indexes."""
+    seen = set()
+    while name not in seen:
+        seen.add(name)
+        node = nnet.node(name)
+        if node.kind == "dim-range-node":
+            name = node.source
+            continue
+        if node.kind != "component-node":
+            break
+        parts = node.descriptor.parts
+        if not (len(parts) == 1 and isinstance(parts[0], NodeRef)
+                and nnet.components[node.component].properties() & Flags.SIMPLE):
+            break
+        name = parts[0].node
+    return name
