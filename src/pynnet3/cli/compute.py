@@ -32,7 +32,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FormatError, PynnetError
-from .jobs import add_device_flags, choose_backend, run_table_job, say
+from .jobs import (
+    add_device_flags,
+    add_thread_flag,
+    apply_num_threads,
+    choose_backend,
+    run_table_job,
+    say,
+)
 
 DEFAULT_BATCH_SIZE = 32  # chunks per request (--batch-size)
 
@@ -148,6 +155,7 @@ def cmd_compute(args, stats: dict | None = None) -> int:
 
         return run_scaled(args)
     backend, device = choose_backend(args.use_gpu, args.backend, _say)
+    apply_num_threads(args.num_threads, backend, device)
     options = _options(args)
     nnet, log_priors = _load_model(args)
     if args.looped:
@@ -328,6 +336,7 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
                         "--extra-left-context-initial (-1 means 0 here); the "
                         "--acoustic-scale default stays 1.0 (default: false)")
     add_device_flags(s)
+    add_thread_flag(s)
     s.add_argument("--network-optimize", dest="network_optimize", type=kaldi_bool,
                    default=True, metavar="true|false",
                    help="run the network optimizer on the model first, as nnet3-compute "

@@ -133,7 +133,9 @@ def optimize_options_from_args(args):
 
 def _cmd_demo(args) -> int:
     from .demo import run_demo
+    from .jobs import apply_num_threads
 
+    apply_num_threads(args.num_threads)
     return run_demo(seed=args.seed)
 
 
@@ -341,6 +343,9 @@ def _add_demo(sub, command, kaldi_bool) -> None:
                 "request, and print commands, matrices, peak memory, compile and run time.")
     s.add_argument("--seed", type=int, default=0, metavar="INT",
                    help="random seed for the parameters and the features (default: 0)")
+    from .jobs import add_thread_flag
+
+    add_thread_flag(s)
     s.set_defaults(fn=_cmd_demo)
 
 

@@ -22,7 +22,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PynnetError
-from .jobs import add_device_flags, choose_backend, run_table_job, say
+from .jobs import (
+    add_device_flags,
+    add_thread_flag,
+    apply_num_threads,
+    choose_backend,
+    run_table_job,
+    say,
+)
 
 
 def _say(kind: str, message: str) -> None:
@@ -105,6 +112,7 @@ def cmd_xvector_compute(args) -> int:
     from .files import read_model
 
     backend, device = choose_backend(args.use_gpu, args.backend, _say)
+    apply_num_threads(args.num_threads, backend, device)
     if args.min_chunk_size <= 0:
         raise PynnetError(f"--min-chunk-size must be positive, got {args.min_chunk_size}")
     nnet = read_model(args.model).copy()
@@ -171,6 +179,7 @@ def add_xvector_command(sub, command, kaldi_bool) -> None:
                    help="computations kept by the compiler's cache, one per chunk "
                         "length (default: 64)")
     add_device_flags(s)
+    add_thread_flag(s)
     s.add_argument("--network-optimize", dest="network_optimize", type=kaldi_bool,
                    default=True, metavar="true|false",
                    help="run the network optimizer on the model first, as the Kaldi "

@@ -28,16 +28,26 @@ import numpy as np
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 
-def _load():
-    """{dtype: gemm function} from NumPy's bundled OpenBLAS, or {}."""
+def _library():
+    """NumPy's bundled OpenBLAS (a ctypes library), or None."""
     libdir = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
     for path in sorted(glob.glob(os.path.join(libdir, "libscipy_openblas64_*"))):
         try:
-            lib = ctypes.CDLL(path)
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+def _load():
+    """{dtype: gemm function} from NumPy's bundled OpenBLAS, or {}."""
+    lib = _library()
+    if lib is not None:
+        try:
             fns = {np.dtype(np.float32): (lib.scipy_cblas_sgemm64_, ctypes.c_float),
                    np.dtype(np.float64): (lib.scipy_cblas_dgemm64_, ctypes.c_double)}
-        except (OSError, AttributeError):
-            continue
+        except AttributeError:
+            return {}
         out = {}
         for dt, (fn, real) in fns.items():
             i64, ptr, enum = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -126,6 +136,29 @@ def column_block_path(rows: int, inner: int, widths: list[int]) -> str:
 def column_block_temporary(rows: int, inner: int, widths: list[int]) -> int:
     """Entries of the temporary :func:`column_block_path`'s way holds at most."""
     return rows * sum(widths) if column_block_path(rows, inner, widths) == "whole" else 0
+
+
+def set_num_threads(n: int) -> bool:
+    """Have NumPy's OpenBLAS use ``n`` threads from now on (what
+    ``OPENBLAS_NUM_THREADS`` says at start-up); False where that library or its
+    call is not there (another BLAS: its own variables decide)."""
+    lib = _library()
+    fn = getattr(lib, "scipy_openblas_set_num_threads64_", None) if lib is not None else None
+    if fn is None or n < 1:
+        return False
+    fn.argtypes, fn.restype = (ctypes.c_int,), None
+    fn(int(n))
+    return True
+
+
+def num_threads() -> int | None:
+    """The threads NumPy's OpenBLAS uses now, or None where it cannot be asked."""
+    lib = _library()
+    fn = getattr(lib, "scipy_openblas_get_num_threads64_", None) if lib is not None else None
+    if fn is None:
+        return None
+    fn.argtypes, fn.restype = (), ctypes.c_int
+    return int(fn())
 
 
 def available() -> bool:
