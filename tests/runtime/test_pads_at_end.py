@@ -105,3 +105,60 @@ def test_a_deep_network_is_analysed_without_recursion():
     nodes += [f"component-node name=n{i} component=c{i} input=n{i - 1}" for i in range(1, n)]
     cfg = "\n".join(lines + nodes[::-1] + [f"output-node name=output input=n{n - 1}"])
     assert pads_at_end(pynnet3.Nnet.from_config(cfg, seed=1))
+
+
+_LSTM = """input-node name=input dim=5
+component name=W_all type=NaturalGradientAffineComponent input-dim=8 output-dim=16
+component-node name=W_all component=W_all input=Append(Offset(input, 1), IfDefined(Offset(r_trunc, -2)))
+component name=nonlin type=LstmNonlinearityComponent cell-dim=4
+component-node name=nonlin component=nonlin input=Append(W_all, IfDefined(Offset(c_trunc, -2)))
+dim-range-node name=c input-node=nonlin dim-offset=0 dim=4
+dim-range-node name=m input-node=nonlin dim-offset=4 dim=4
+component name=W_rp type=NaturalGradientAffineComponent input-dim=4 output-dim=5
+component-node name=rp component=W_rp input=m
+dim-range-node name=r input-node=rp dim-offset=0 dim=3
+component name=trunc type=BackpropTruncationComponent dim=7
+component-node name=cr_trunc component=trunc input=Append(c, r)
+dim-range-node name=c_trunc input-node=cr_trunc dim-offset=0 dim=4
+dim-range-node name=r_trunc input-node=cr_trunc dim-offset=4 dim=3
+component name=out type=AffineComponent input-dim=5 output-dim=6
+component-node name=out component=out input=rp
+output-node name=output input=out
+"""
+
+
+def test_an_lstm_with_its_recurrent_product_split_is_accepted():
+    """split-recurrent-affine leaves a node with only optional inputs (the recurrent
+    product): its readers' required inputs bound it, and padding keeps the rows."""
+    nnet = pynnet3.Nnet.from_config(_LSTM, seed=2)
+    nnet.set_test_mode(True)
+    split = pynnet3.optimize_network(nnet, pynnet3.NetworkOptions(
+        enable_rules=("split-recurrent-affine",)))
+    assert "W_all.recurrent" in [n.name for n in split.nodes]
+    assert str(split.node("W_all.recurrent").descriptor).startswith("IfDefined(")
+    assert pads_at_end(nnet) and pads_at_end(split)
+    assert not _differs(split)
+    np.testing.assert_allclose(_outputs(split)[0], _outputs(nnet)[0], rtol=1e-4, atol=1e-5)
+
+
+# A node with only optional inputs whose optional input looks further ahead than its
+# reader's required inputs (y needs input(t + 5), its reader only input(t)): near the
+# end y is undefined in the short chunk and defined in the padded one.
+ONLY_OPTIONAL = _HEAD.format(y=5) + """\
+component name=ba type=AffineComponent input-dim=2 output-dim=2
+component-node name=b component=ba input=IfDefined(Offset(y, -1))
+component name=ca type=AffineComponent input-dim=5 output-dim=3
+component-node name=c component=ca input=Append(input, b)
+output-node name=output input=c
+"""
+
+
+@pytest.mark.parametrize("cfg", [
+    ONLY_OPTIONAL,
+    # ... or read optionally itself: no reader's required inputs bound it
+    ONLY_OPTIONAL.replace("input=Append(input, b)", "input=Append(input, IfDefined(b))"),
+], ids=["looks-ahead", "read-optionally"])
+def test_only_optional_inputs_beyond_the_readers_bound_are_refused(cfg):
+    nnet = pynnet3.Nnet.from_config(cfg, seed=1)
+    assert not pads_at_end(nnet)
+    assert _differs(nnet)  # (padding it would have changed outputs)

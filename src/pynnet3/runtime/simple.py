@@ -352,13 +352,47 @@ def pads_at_end(nnet) -> bool:
                    for n, o, _ in node.descriptor.time_terms()):
                 return False  # (a node at a fixed time: near the chunk's start)
     right = _right_contexts(nnet)
+    readers = _readers(nnet)
     for node in nnet.nodes:
         if node.descriptor is None:
             continue
         required, optional = _descriptor_right(node.descriptor, right)
+        if optional and required == float("-inf"):
+            required = _readers_bound(node.name, readers, right)
         if any(o > 0 or o + right[n] > required for n, o in optional):
             return False
     return True
+
+
+def _readers(nnet) -> dict[str, list]:
+    """node -> [(reader node, time offset or None, optional)] of every term reading it
+    (a dim-range node reads its source at offset 0, required)."""
+    out: dict[str, list] = {}
+    for node in nnet.nodes:
+        if node.kind == "dim-range-node":
+            out.setdefault(node.source, []).append((node, 0, False))
+        elif node.descriptor is not None:
+            for n, o, opt in node.descriptor.time_terms():
+                out.setdefault(n, []).append((node, o, opt))
+    return out
+
+
+def _readers_bound(name: str, readers: dict, right: dict) -> float:
+    """For a node with only optional terms (always computable; an LSTM's recurrent
+    product split from its input's, ``split-recurrent-affine``): the bound its optional
+    terms must keep, taken from its readers instead of its own required terms. Each
+    reader ``c`` reads it at offset ``o_c`` as a required term, so at every row of ``c``
+    that is computed, ``c``'s required inputs (future frames ``R_c``) are there in both
+    chunks, and the node's optional term ``(a, o)`` at that row is defined alike in
+    both when ``o_c + o + R(a) <= R_c``: the bound is ``min(R_c - o_c)``. -inf (refuse)
+    when a reader reads it optionally, at a fixed time, or as a dim-range node."""
+    bound = float("inf")
+    for reader, o, opt in readers.get(name, ()):
+        if opt or o is None or reader.kind == "dim-range-node":
+            return float("-inf")
+        r_c = _descriptor_right(reader.descriptor, right)[0]
+        bound = min(bound, r_c - o)
+    return bound if bound != float("inf") else float("-inf")
 
 
 def _right_contexts(nnet) -> dict[str, float]:
