@@ -346,3 +346,45 @@ def test_recurrent_last_chunk_padded_gives_the_same_rows(tmp_path, capsys):
         scale = float(np.abs(got["false"][key]).max())
         np.testing.assert_allclose(got["true"][key], got["false"][key], rtol=1e-5,
                                    atol=1e-5 * scale)
+
+
+@needs_reference
+def test_few_chunks_per_request_split_the_recurrent_product(tmp_path, capsys, monkeypatch):
+    """Up to SPLIT_RECURRENT_UP_TO chunks per request, compute splits an LSTM's input
+    product from its recurrent one (split-recurrent-affine); outputs equal the
+    unsplit batched run's to float rounding, and the padded last chunks still make
+    one computation per chunk shape."""
+    import pynnet3.graphopt as graphopt
+    from pynnet3.cli.compute import SPLIT_RECURRENT_UP_TO
+    from tests.reference import REF
+
+    model = REF / "realistic" / "tdnn_lstm" / "model.txt"
+    rng = np.random.default_rng(7)
+    feats = {f"u{k}": rng.standard_normal((n, 40)).astype(np.float32)
+             for k, n in enumerate((61, 95, 140))}
+    ivecs = {k: rng.standard_normal(100).astype(np.float32) for k in feats}
+    kaldiio.save_ark(str(tmp_path / "feats.ark"), feats)
+    kaldiio.save_ark(str(tmp_path / "iv.ark"), ivecs)
+    seen = []
+    real = graphopt.optimize_network
+
+    def spy(nnet, options=None, **kw):
+        seen.append(options.enable_rules if options is not None else ())
+        return real(nnet, options, **kw)
+
+    monkeypatch.setattr(graphopt, "optimize_network", spy)
+    got, compiled = {}, {}
+    for batch in (1, SPLIT_RECURRENT_UP_TO, 32):
+        out = tmp_path / f"{batch}.ark"
+        assert main(["compute", "--extra-left-context=20", f"--batch-size={batch}",
+                     f"--ivectors=ark:{tmp_path}/iv.ark", str(model),
+                     f"ark:{tmp_path}/feats.ark", f"ark:{out}"]) == 0
+        compiled[batch] = int(capsys.readouterr().err.split("compiled ")[1].split()[0])
+        got[batch] = read_ark(out)
+    assert seen == [("split-recurrent-affine",)] * 2 + [()]
+    assert compiled[1] == 1  # (every chunk full-size: the last ones padded)
+    for batch in (1, SPLIT_RECURRENT_UP_TO):
+        for key in feats:
+            scale = float(np.abs(got[32][key]).max())
+            np.testing.assert_allclose(got[batch][key], got[32][key], rtol=1e-5,
+                                       atol=1e-5 * scale)
