@@ -56,6 +56,29 @@ output-node name=output input=affine2
 """
 
 # A recurrence whose start is a Failover to a constant node.
+# Kaldi's fast-lstmp layer as its xconfig writes it, {x} its input and {delay} its
+# recurrence's time offset: the cell c and the projection r go through one
+# BackpropTruncation over Append(c, r), read back as c_trunc and r_trunc.
+FAST_LSTMP = """
+input-node name=input dim=5
+component name=W_all type=NaturalGradientAffineComponent input-dim=8 output-dim=16
+component-node name=W_all component=W_all input=Append({x}, IfDefined(Offset(r_trunc, {delay})))
+component name=nonlin type=LstmNonlinearityComponent cell-dim=4
+component-node name=nonlin component=nonlin input=Append(W_all, IfDefined(Offset(c_trunc, {delay})))
+dim-range-node name=c input-node=nonlin dim-offset=0 dim=4
+dim-range-node name=m input-node=nonlin dim-offset=4 dim=4
+component name=W_rp type=NaturalGradientAffineComponent input-dim=4 output-dim=5
+component-node name=rp component=W_rp input=m
+dim-range-node name=r input-node=rp dim-offset=0 dim=3
+component name=trunc type=BackpropTruncationComponent dim=7
+component-node name=cr_trunc component=trunc input=Append(c, r)
+dim-range-node name=c_trunc input-node=cr_trunc dim-offset=0 dim=4
+dim-range-node name=r_trunc input-node=cr_trunc dim-offset=4 dim=3
+component name=out type=AffineComponent input-dim=5 output-dim=6
+component-node name=out component=out input=rp
+output-node name=output input=out
+"""
+
 FAILOVER = """
 input-node name=input dim=3
 component name=const type=ConstantComponent output-dim=3

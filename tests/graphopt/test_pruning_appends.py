@@ -10,29 +10,10 @@ import numpy as np
 
 import pynnet3
 from pynnet3.compiler.request import request_for_frames
+from tests.compiler.nets import FAST_LSTMP
 from tests.graphopt.common import assert_equivalent, build, only, optimize
 
-# A projected LSTM as Kaldi's xconfig writes it (fast-lstmp, delay -1): the cell and
-# the recurrent projection go through one BackpropTruncation over Append(c, r).
-LSTM = """
-input-node name=input dim=5
-component name=W_all type=NaturalGradientAffineComponent input-dim=8 output-dim=16
-component-node name=W_all component=W_all input=Append(input, IfDefined(Offset(r_trunc, -1)))
-component name=nonlin type=LstmNonlinearityComponent cell-dim=4
-component-node name=nonlin component=nonlin input=Append(W_all, IfDefined(Offset(c_trunc, -1)))
-dim-range-node name=c input-node=nonlin dim-offset=0 dim=4
-dim-range-node name=m input-node=nonlin dim-offset=4 dim=4
-component name=W_rp type=NaturalGradientAffineComponent input-dim=4 output-dim=5
-component-node name=rp component=W_rp input=m
-dim-range-node name=r input-node=rp dim-offset=0 dim=3
-component name=trunc type=BackpropTruncationComponent dim=7 clipping-threshold=30
-component-node name=cr_trunc component=trunc input=Append(c, r)
-dim-range-node name=c_trunc input-node=cr_trunc dim-offset=0 dim=4
-dim-range-node name=r_trunc input-node=cr_trunc dim-offset=4 dim=3
-component name=out type=AffineComponent input-dim=5 output-dim=6
-component-node name=out component=out input=rp
-output-node name=output input=out
-"""
+LSTM = FAST_LSTMP.format(x="input", delay=-1)
 
 
 def _commands(nnet, request) -> int:

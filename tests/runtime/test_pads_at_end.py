@@ -13,6 +13,7 @@ import pytest
 import pynnet3
 from pynnet3.cache import CachingCompiler
 from pynnet3.runtime.simple import DecodableNnetSimple, SimpleOptions, pads_at_end
+from tests.compiler.nets import FAST_LSTMP
 
 
 def _outputs(nnet, length=23, fpc=20):
@@ -107,24 +108,7 @@ def test_a_deep_network_is_analysed_without_recursion():
     assert pads_at_end(pynnet3.Nnet.from_config(cfg, seed=1))
 
 
-_LSTM = """input-node name=input dim=5
-component name=W_all type=NaturalGradientAffineComponent input-dim=8 output-dim=16
-component-node name=W_all component=W_all input=Append(Offset(input, 1), IfDefined(Offset(r_trunc, -2)))
-component name=nonlin type=LstmNonlinearityComponent cell-dim=4
-component-node name=nonlin component=nonlin input=Append(W_all, IfDefined(Offset(c_trunc, -2)))
-dim-range-node name=c input-node=nonlin dim-offset=0 dim=4
-dim-range-node name=m input-node=nonlin dim-offset=4 dim=4
-component name=W_rp type=NaturalGradientAffineComponent input-dim=4 output-dim=5
-component-node name=rp component=W_rp input=m
-dim-range-node name=r input-node=rp dim-offset=0 dim=3
-component name=trunc type=BackpropTruncationComponent dim=7
-component-node name=cr_trunc component=trunc input=Append(c, r)
-dim-range-node name=c_trunc input-node=cr_trunc dim-offset=0 dim=4
-dim-range-node name=r_trunc input-node=cr_trunc dim-offset=4 dim=3
-component name=out type=AffineComponent input-dim=5 output-dim=6
-component-node name=out component=out input=rp
-output-node name=output input=out
-"""
+_LSTM = FAST_LSTMP.format(x="Offset(input, 1)", delay=-2)
 
 
 def test_an_lstm_with_its_recurrent_product_split_is_accepted():
