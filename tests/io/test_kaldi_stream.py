@@ -15,6 +15,7 @@ from pynnet3.io.kaldi_stream import (
     BinaryWriter,
     TextReader,
     TextWriter,
+    _decimal_numbers,
     format_float,
     make_reader,
     make_writer,
@@ -210,6 +211,40 @@ def test_text_vectors_read_as_float_then_float32(words, sep):
         return
     got = r.read_vector()
     assert got.dtype == np.float32 and got.tobytes() == want.tobytes()  # (bits: -0.0 too)
+
+
+# the words the whole-array conversion takes (the rest go word by word): a sign,
+# digits with at most one dot, an exponent of at most 4 characters after the e
+plain_words = st.tuples(
+    st.sampled_from(["", "+", "-"]), st.text("0123456789", max_size=19),
+    st.sampled_from(["", "."]), st.text("0123456789", max_size=19),
+    st.sampled_from(["", "e", "E", "e+", "e-"]), st.text("0123456789", min_size=1, max_size=3),
+).filter(lambda t: t[1] + t[3]).map(lambda t: "".join(t[:4]) + (t[4] + t[5] if t[4] else ""))
+
+
+@given(st.lists(st.one_of(plain_words, finite32.map(lambda v: "%.7g" % v)),  # noqa: UP031
+                min_size=1, max_size=40),
+       st.sampled_from([" ", "\n  ", "\t"]), st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_plain_decimal_words_take_the_whole_array_conversion(words, sep, dotted):
+    if dotted:  # (one dot in every word: the conversion's shortcut for Kaldi's text)
+        words = [w if "." in w else w.replace("e", ".e").replace("E", ".E") if "e" in w.lower()
+                 else w + "." for w in words]
+    body = sep.join(words).encode()
+    got = _decimal_numbers(b" " + body + b" ")
+    assert got is not None  # (not left to the word-by-word reading)
+    want = np.array([float(w) for w in words])
+    assert got[0].tobytes() == want.tobytes()  # (bits: -0.0 too)
+    assert [body[s - 1:].split()[0] for s in got[1]] == body.split()
+
+
+@pytest.mark.parametrize("word", ["1e", "e5", "-", "+-1", "1-2", "1.2.3", "1e5e5", "1e-",
+                                  ".", "-.e1", "1e1.5", "0x10", "--1", "1e+-5", "1E+0005",
+                                  "1.5-", "nan", "inf", "1_0", "1e5-", ".e", "1,5"])
+def test_other_words_are_left_to_the_word_by_word_reading(word):
+    assert _decimal_numbers(f"1.5 {word} 2.5".encode()) is None
+    assert _decimal_numbers(f"1.5 {word}".encode()) is None
+    assert _decimal_numbers(word.encode()) is None
 
 
 @pytest.mark.parametrize("word, value", [
