@@ -38,9 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import FormatError
-from .atomic import remove_stale_temporaries, temp_path
+from .atomic import remove_stale_temporaries, start_writeback, temp_path
 
 _FLOAT32_LE = np.dtype("<f4")
+_WRITEBACK_STEP = 1 << 18  # archive bytes between two starts of the writeback
 
 # Kaldi's table options (util/kaldi-table.h): read-side and write-side.
 _READ_OPTIONS = {"ark", "scp", "t", "b", "s", "ns", "cs", "ncs", "o", "no", "p", "np", "bg"}
@@ -521,6 +522,10 @@ class TableWriter:
             ark = self.spec.targets[0]
             self._ark = self._open(ark, "wb")
             self._ark_name = ark
+            # an archive file's bytes are handed to the kernel's writeback every
+            # _WRITEBACK_STEP bytes as they are written
+            self._ark_temp = self._files[-1][1] is not None
+            self._written_back = 0
             if self.spec.kind == "ark,scp":
                 if _is_stream(ark):
                     raise FormatError(f"bad wspecifier {wspecifier!r}: an scp needs the "
@@ -585,6 +590,13 @@ class TableWriter:
         if "f" in self.spec.options:
             self._ark.flush()
         self.num_written += 1
+        if self._ark_temp:  # (see start_writeback: commit's fsync waits for less)
+            end = self._ark.tell()
+            if end - self._written_back >= _WRITEBACK_STEP:
+                self._ark.flush()
+                start_writeback(self._ark.fileno(), self._written_back,
+                                end - self._written_back)
+                self._written_back = end
 
     def write_object(self, key: str, payload: bytes) -> None:
         """Write one entry whose serialization is already made (``payload``: a Kaldi
