@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pynnet3.errors import FormatError
 from pynnet3.io.kaldi_stream import (
+    _WHOLE_ARRAY_MIN_BYTES,
     BinaryReader,
     BinaryWriter,
     TextReader,
@@ -257,6 +258,28 @@ def test_text_numbers_at_the_edges_of_the_fast_conversion(word, value):
     got = TextReader(f"[ 1 {word} 2 ]".encode()).read_vector()
     want = np.array([1.0, value, 2.0]).astype(np.float32)
     assert got.tobytes() == want.tobytes()
+    # the whole-array conversion itself (a body this short is read word by word),
+    # and through a body long enough to take it
+    fast = _decimal_numbers(f"1 {word} 2".encode())
+    if word != "1E+0005":  # (5 characters after the e: left to the words)
+        assert fast[0].tobytes() == np.array([1.0, value, 2.0]).tobytes()
+    n = _WHOLE_ARRAY_MIN_BYTES // (len(word) + 1) + 1
+    got = TextReader(b"[ " + (f"{word} " * n).encode() + b"]").read_vector()
+    assert got.tobytes() == np.full(n, value).astype(np.float32).tobytes()
+
+
+def test_long_and_short_bodies_read_the_same_floats():
+    rng = np.random.default_rng(3)
+    words = ["%.7g" % v for v in rng.standard_normal(3000) * 0.1]  # noqa: UP031
+    text = " ".join(words).encode()
+    assert len(text) > _WHOLE_ARRAY_MIN_BYTES > len(" ".join(words[:100]))
+    want = np.array([float(w) for w in words]).astype(np.float32)
+    assert TextReader(b"[ " + text + b" ]").read_vector().tobytes() == want.tobytes()
+    rows = "\n".join(" ".join(words[i:i + 30]) for i in range(0, 3000, 30)).encode()
+    got = TextReader(b"[\n" + rows + b" ]").read_matrix()
+    assert got.shape == (100, 30) and got.tobytes() == want.tobytes()
+    assert TextReader(b"[ " + " ".join(words[:100]).encode() + b" ]").read_vector().tobytes() \
+        == want[:100].tobytes()
 
 
 @pytest.mark.parametrize("word", ["1e", "e5", "-", "+-1", "1-2", "1.2.3", "1e5e5", "1e-",
