@@ -59,8 +59,10 @@ def pause_start_up() -> None:
 def start_up_done() -> None:
     """End the start-up pause of :func:`pause_start_up`, if one is on: what start-up
     made (modules, the network) moves to the collector's permanent generation
-    (``gc.freeze``: later collections do not walk it again) and the collector is
-    turned back on. Otherwise nothing (a library caller's process is left alone)."""
+    (``gc.freeze``: later collections do not walk it again; the few hundred objects
+    of start-up's own garbage cycles, measured at a compute start, stay with it)
+    and the collector is turned back on. Otherwise nothing (a library caller's
+    process is left alone)."""
     global _start_up_paused
     if _start_up_paused:
         _start_up_paused = False
