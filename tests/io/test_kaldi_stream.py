@@ -239,6 +239,39 @@ def test_plain_decimal_words_take_the_whole_array_conversion(words, sep, dotted)
     assert [body[s - 1:].split()[0] for s in got[1]] == body.split()
 
 
+# Kaldi's own text: one digit before the dot in every word (the conversion's
+# shortcut, which takes the dots' places from the words' first digits)
+kaldi_words = st.tuples(
+    st.sampled_from(["", "-", "+"]), st.text("0123456789", min_size=1, max_size=1),
+    st.text("0123456789", max_size=17),
+    st.sampled_from(["", "e", "E", "e+", "e-"]), st.text("0123456789", min_size=1, max_size=3),
+).map(lambda t: f"{t[0]}{t[1]}.{t[2]}" + (t[3] + t[4] if t[3] else ""))
+
+
+@given(st.lists(kaldi_words, min_size=1, max_size=40),
+       st.sampled_from([None, "5", "12.5", ".5", "-3", "1e5", "0.5.", "7.e1"]),
+       st.integers(0, 40))
+@settings(max_examples=300, deadline=None)
+def test_one_digit_before_the_dot_takes_the_shortcut(words, odd, at):
+    import pynnet3.io.kaldi_stream as ks
+
+    calls = []
+    real = ks._digits_before
+    ks._digits_before = lambda *a: (calls.append(1), real(*a))[1]
+    try:
+        if odd is not None:  # (a word of another form: the dots are looked for)
+            words = words[:at] + [odd] + words[at:]
+        got = _decimal_numbers(" ".join(words).encode())
+    finally:
+        ks._digits_before = real
+    if odd == "0.5.":
+        assert got is None
+        return
+    assert got[0].tobytes() == np.array([float(w) for w in words]).tobytes()
+    # (the shortcut reads no whole part: one call, for the digits after the dots)
+    assert len(calls) == (1 if odd in (None, "7.e1") else 2)
+
+
 @pytest.mark.parametrize("word", ["1e", "e5", "-", "+-1", "1-2", "1.2.3", "1e5e5", "1e-",
                                   ".", "-.e1", "1e1.5", "0x10", "--1", "1e+-5", "1E+0005",
                                   "1.5-", "nan", "inf", "1_0", "1e5-", ".e", "1,5"])

@@ -364,9 +364,10 @@ def _decimal_numbers(body: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     first = arr[starts]
     negative = first == 45
     signed = negative | (first == 43)
-    dots = np.flatnonzero(arr == 46)
+    is_dot = arr == 46
+    num_dots = np.count_nonzero(is_dot)
     exps = np.flatnonzero((arr | np.uint8(32)) == 101)  # (e or E)
-    found = np.count_nonzero(signed) + dots.size + exps.size
+    found = np.count_nonzero(signed) + num_dots + exps.size
     if found > others:
         return None
     mantissa_start, mantissa_end = starts + signed, ends
@@ -394,21 +395,33 @@ def _decimal_numbers(body: bytes) -> tuple[np.ndarray, np.ndarray] | None:
         mantissa_end[w] = exps
     if found != others:
         return None
-    point = mantissa_end.copy()  # (a word without a dot: as if after its mantissa)
-    fraction = np.zeros(starts.size, np.int64)  # digits after the dot
-    if dots.size:
-        if dots.size == starts.size and np.all((dots >= mantissa_start)
-                                               & (dots < mantissa_end)):
-            w = slice(None)  # (a dot in every word's mantissa: the usual text)
-        else:
-            w = np.searchsorted(starts, dots, "right") - 1  # (the word of each dot)
-            if (np.any(w[1:] == w[:-1]) or np.any(dots < mantissa_start[w])
-                    or np.any(dots >= mantissa_end[w])):
-                return None
-        point[w] = dots
-        fraction[w] = mantissa_end[w] - dots - 1
+    # Kaldi's text: one digit, the dot, the other digits ("-0.0123", "1.5e-05") in
+    # every word. Then as many dots as words, each right after the word's first
+    # digit, say where all of them are; else they are looked for.
+    point = mantissa_start + 1
+    first_digit = None
+    if (num_dots == starts.size and point[-1] < n and np.all(arr[point] == 46)
+            and np.all(point < mantissa_end)):
+        first_digit = (arr[mantissa_start] - np.uint8(48)).astype(np.int64)
+        whole = np.ones(starts.size, np.int64)
+        fraction = mantissa_end - point - 1  # digits after the dot
+    else:
+        dots = np.flatnonzero(is_dot)
+        point = mantissa_end.copy()  # (a word without a dot: as if after its mantissa)
+        fraction = np.zeros(starts.size, np.int64)
+        if dots.size:
+            if dots.size == starts.size and np.all((dots >= mantissa_start)
+                                                   & (dots < mantissa_end)):
+                w = slice(None)  # (a dot in every word's mantissa)
+            else:
+                w = np.searchsorted(starts, dots, "right") - 1  # (the word of each dot)
+                if (np.any(w[1:] == w[:-1]) or np.any(dots < mantissa_start[w])
+                        or np.any(dots >= mantissa_end[w])):
+                    return None
+            point[w] = dots
+            fraction[w] = mantissa_end[w] - dots - 1
+        whole = point - mantissa_start
     power -= fraction
-    whole = point - mantissa_start
     num_digits = whole + fraction
     if num_digits.min() < 1:
         return None
@@ -417,8 +430,8 @@ def _decimal_numbers(body: bytes) -> tuple[np.ndarray, np.ndarray] | None:
         whole, fraction = np.where(exact, whole, 0), np.where(exact, fraction, 0)
     raw = bytes(16) + body + bytes(8)  # (every eight-byte window inside)
     window = np.ndarray((len(raw) - 7,), dtype="<u8", buffer=raw, strides=(1,))
-    m = (_digits_before(window, point, whole) * _POW10_INT[fraction]
-         + _digits_before(window, mantissa_end, fraction))
+    high = first_digit if first_digit is not None else _digits_before(window, point, whole)
+    m = high * _POW10_INT[fraction] + _digits_before(window, mantissa_end, fraction)
     exact &= (m < 2**53) & (np.abs(power) <= 22)
     # m / 10**-p or m * 10**p, the word's sign carried by the power of ten (-0.0 too)
     sign_at = negative.view(np.uint8) * np.uint8(23)
