@@ -31,6 +31,7 @@ from .model_file import is_am_bytes as is_am_bytes  # (its home: io/model_file.p
 
 NO_PDF = -1  # Kaldi's kNoPdf: the pdf class of a final (non-emitting) state
 
+
 @dataclass
 class HmmState:
     """One state of a topology entry: its pdf classes (``NO_PDF`` for the final,
