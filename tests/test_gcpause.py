@@ -44,3 +44,33 @@ def test_a_caller_that_disabled_the_collector_keeps_it_off():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_start_up_pause_ends_with_the_start_up_objects_frozen():
+    from pynnet3.gcpause import pause_start_up, start_up_done
+
+    assert gc.isenabled()
+    frozen = gc.get_freeze_count()
+    try:
+        pause_start_up()
+        assert not gc.isenabled()
+        pause_start_up()  # (a second call changes nothing)
+        start_up_done()
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+        start_up_done()  # (no pause on: nothing)
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
+def test_start_up_pause_leaves_a_collector_that_was_off_alone():
+    from pynnet3.gcpause import pause_start_up, start_up_done
+
+    gc.disable()
+    try:
+        pause_start_up()
+        start_up_done()
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()

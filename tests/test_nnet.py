@@ -407,3 +407,23 @@ def test_node_lookup():
     assert not nnet.has_node("nope")
     with pytest.raises(GraphError, match="nope"):
         nnet.node("nope")
+
+
+_SMALL = """input-node name=input dim=4
+component name=a type=AffineComponent input-dim=8 output-dim=3
+component-node name=a component=a input=Append(Offset(input, -1), input)
+output-node name=output input=a
+"""
+
+
+def test_a_copy_shares_only_the_immutable_descriptors():
+    nnet = Nnet.from_config(_SMALL, seed=1)
+    other = nnet.copy()
+    a, b = nnet.node("a"), other.node("a")
+    assert b is not a and b == a and b.descriptor is a.descriptor  # (frozen: shared)
+    assert copy.deepcopy(a.descriptor) is a.descriptor
+    assert other.components["a"] is not nnet.components["a"]
+    other.components["a"].linear_params[0, 0] += 1.0
+    assert other.components["a"].linear_params[0, 0] != nnet.components["a"].linear_params[0, 0]
+    b.component = "renamed"  # (nodes are copied: the original keeps its own)
+    assert a.component == "a"

@@ -149,6 +149,15 @@ class Descriptor:
     parts: tuple
 
     def __str__(self) -> str:
+        return self._text
+
+    def __deepcopy__(self, memo) -> Descriptor:
+        return self  # (immutable, as a tuple of strings: a network's copy shares it)
+
+    @cached_property
+    def _text(self) -> str:
+        # (immutable: the network optimizer's match reasons and the config lines
+        # ask for it many times)
         if len(self.parts) == 1:
             return str(self.parts[0])
         return "Append(" + ", ".join(str(p) for p in self.parts) + ")"

@@ -27,7 +27,13 @@ from .config import ConfigLine, is_valid_name, split_config_lines
 from .descriptor import Descriptor, NodeRef, RoundOf, SwitchOf, parse_descriptor
 from .errors import ConfigError, DescriptorError, DimensionError, GraphError
 from .io.atomic import atomic_write  # (also importable from here, as before)
-from .io.model_file import ModelParts, gunzip_if_compressed, parse_model_bytes, write_model_parts
+from .io.model_file import (
+    ModelParts,
+    gunzip_if_compressed,
+    is_am_bytes,
+    parse_model_bytes,
+    write_model_parts,
+)
 
 NODE_KINDS = ("input-node", "component-node", "dim-range-node", "output-node")
 
@@ -555,8 +561,6 @@ def nnet_from_bytes(data: bytes, source: str = "<bytes>") -> Nnet:
     """A network from the bytes of a Kaldi model file, text or binary, raw or an
     acoustic model (its network; :func:`pynnet3.read_am` keeps the rest); ``source``
     names it in error messages."""
-    from .io.am_file import is_am_bytes  # (imported when a model is read, not at import)
-
     data = gunzip_if_compressed(data, source)
     if is_am_bytes(data):
         from .am import AcousticModel

@@ -5,6 +5,7 @@ scp, compressed, text, pipes, stdout), atomic output and exit codes."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -115,6 +116,40 @@ def _data(seed=0, lengths=(23, 1, 7, 50)):
              for i, n in enumerate(lengths)}
     ivecs = {k: rng.standard_normal(3).astype(np.float32) for k in feats}
     return feats, ivecs
+
+
+# The console script pauses the garbage collector while the modules load and the model
+# is read and prepared (pynnet3.gcpause); compute turns it back on before decoding.
+_GC_PROBE = """
+import gc, sys
+import pynnet3.cli.files as files, pynnet3.cli.main as m
+read_model = files.read_model
+seen = []
+files.read_model = lambda path: (seen.append(gc.isenabled()), read_model(path))[1]
+m._exit_without_teardown = lambda status: None
+sys.argv = ["pynnet3", *sys.argv[1:]]
+status = m.entry_point()
+print(status, seen, gc.isenabled(), gc.get_freeze_count() > 0)
+"""
+
+
+def test_the_console_script_collects_no_garbage_while_starting(model, tmp_path, capsys):
+    feats, ivecs = _data()
+    kaldiio.save_ark(str(tmp_path / "feats.ark"), feats)
+    kaldiio.save_ark(str(tmp_path / "iv.ark"), ivecs)
+    run = lambda *argv: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", _GC_PROBE, *argv], capture_output=True, text=True,
+        timeout=120)
+    res = run("compute", "--ivectors=ark:" + str(tmp_path / "iv.ark"), str(model),
+              "ark:" + str(tmp_path / "feats.ark"), "ark:" + str(tmp_path / "out.ark"))
+    assert res.stdout.split() == ["0", "[False]", "True", "True"], res.stderr
+    # another command has the collector on once its arguments are parsed
+    res = run("info", str(model))
+    assert res.stdout.splitlines()[-1] == "0 [True] True True", res.stderr
+    # and main() called as a library leaves it alone
+    frozen = gc.get_freeze_count()
+    assert main(["info", str(model)]) == 0
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
 
 
 @pytest.mark.parametrize("flags, fsf", [

@@ -119,6 +119,52 @@ def test_scp_entries_read_as_kaldiio_reads_them(tmp_path):
     assert all(isinstance(v, TableEntryError) for v in got.values())
 
 
+def test_archive_files_read_as_kaldiio_reads_them(tmp_path):
+    # plain binary entries are read without kaldiio, up to the first other one; from
+    # there kaldiio reads the rest (text, compressed, plain again)
+    rng = np.random.default_rng(5)
+    mat = rng.standard_normal((5, 3)).astype(np.float32)
+    plain = {"fm": mat, "fv": mat[0], "dm": mat.astype(np.float64),
+             "dv": mat[1].astype(np.float64), "empty": np.zeros((0, 3), np.float32),
+             "\u00e9t\u00e9": mat[:2]}
+    kaldiio.save_ark(str(tmp_path / "p.ark"), plain)
+    kaldiio.save_ark(str(tmp_path / "c.ark"), {"cm": mat}, compression_method=2)
+    kaldiio.save_ark(str(tmp_path / "t.ark"), {"tm": mat}, text=True)
+    kaldiio.save_ark(str(tmp_path / "q.ark"), {"after": mat[3:]})
+    parts = [(tmp_path / f).read_bytes() for f in ("p.ark", "c.ark", "t.ark", "q.ark")]
+    (tmp_path / "all.ark").write_bytes(b"".join(parts))
+    for name in ("p.ark", "all.ark"):
+        want = list(kaldiio.load_ark(str(tmp_path / name)))
+        got = list(read_table(f"ark:{tmp_path}/{name}"))
+        assert [k for k, _ in got] == [k for k, _ in want]
+        for (key, value), (_, expected) in zip(got, want, strict=True):
+            expected = np.asarray(expected)
+            assert value.dtype == expected.dtype and value.shape == expected.shape, key
+            assert np.array_equal(value, expected), key
+    # a size past the end of the file: kaldiio's reading and its error, as before
+    data = parts[0]
+    (tmp_path / "cut.ark").write_bytes(data[:-8])
+    seen = []
+    with pytest.raises(FormatError, match="declares .* bytes of data"):
+        for k, _ in read_table(f"ark:{tmp_path}/cut.ark"):
+            seen.append(k)
+    assert seen == list(plain)[:-1]
+
+
+def test_a_plain_archive_file_is_read_without_kaldiio(tmp_path):
+    import subprocess
+    import sys
+
+    kaldiio.save_ark(str(tmp_path / "f.ark"), _entries(6))
+    code = ("import sys\nfrom pynnet3.io.ark import read_table\n"
+            f"print([k for k, _ in read_table('ark:{tmp_path}/f.ark')], "
+            "'kaldiio' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.stdout.split("]")[-1].strip() == "False", res.stderr
+    assert res.stdout.startswith("['a', 'b', 'c']")
+
+
 def test_text_and_compressed_entries(tmp_path):
     entries = _entries(1)
     with TableWriter(f"ark,t:{tmp_path}/o.txt") as w:
@@ -136,6 +182,39 @@ def test_text_and_compressed_entries(tmp_path):
     for k, v in read_table(f"ark:{tmp_path}/c.ark"):
         assert v.dtype == np.float32
         np.testing.assert_allclose(v, mats[k], atol=0.05)
+
+
+def test_an_archive_file_is_handed_to_writeback_as_it_is_written(tmp_path, monkeypatch):
+    import sys
+
+    import pynnet3.io.ark as ark_module
+    from pynnet3.io import atomic
+
+    calls = []
+    monkeypatch.setattr(ark_module, "start_writeback",
+                        lambda fd, offset, n: (calls.append((offset, n)),
+                                               atomic.start_writeback(fd, offset, n)))
+    rng = np.random.default_rng(7)
+    entries = {f"u{i}": rng.standard_normal((100, 300)).astype(np.float32)
+               for i in range(12)}  # (120 kB each)
+    with TableWriter(f"ark:{tmp_path}/o.ark") as w:
+        for k, v in entries.items():
+            w.write(k, v)
+    # contiguous ranges from the start, each at least the step, before the commit
+    assert len(calls) >= 2 and calls[0][0] == 0
+    assert all(a + n == b for (a, n), (b, _) in zip(calls, calls[1:], strict=False))
+    assert all(n >= ark_module._WRITEBACK_STEP for _, n in calls)
+    assert calls[-1][0] + calls[-1][1] <= (tmp_path / "o.ark").stat().st_size
+    kaldiio.save_ark(str(tmp_path / "k.ark"), entries)
+    assert (tmp_path / "o.ark").read_bytes() == (tmp_path / "k.ark").read_bytes()
+    if sys.platform.startswith("linux"):
+        assert atomic._sync_file_range  # (found in libc: the writeback really starts)
+    # an archive to stdout or a pipe is not a file of ours: nothing asked
+    calls.clear()
+    with TableWriter(f"ark:cat > {tmp_path}/p.ark |") as w:
+        for k, v in entries.items():
+            w.write(k, v)
+    assert calls == []
 
 
 def test_writer_abort_and_exceptions_leave_nothing(tmp_path):

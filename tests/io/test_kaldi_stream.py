@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 
 from pynnet3.errors import FormatError
 from pynnet3.io.kaldi_stream import (
+    _WHOLE_ARRAY_MIN_BYTES,
     BinaryReader,
     BinaryWriter,
     TextReader,
     TextWriter,
+    _decimal_numbers,
     format_float,
     make_reader,
     make_writer,
@@ -212,6 +214,73 @@ def test_text_vectors_read_as_float_then_float32(words, sep):
     assert got.dtype == np.float32 and got.tobytes() == want.tobytes()  # (bits: -0.0 too)
 
 
+# the words the whole-array conversion takes (the rest go word by word): a sign,
+# digits with at most one dot, an exponent of at most 4 characters after the e
+plain_words = st.tuples(
+    st.sampled_from(["", "+", "-"]), st.text("0123456789", max_size=19),
+    st.sampled_from(["", "."]), st.text("0123456789", max_size=19),
+    st.sampled_from(["", "e", "E", "e+", "e-"]), st.text("0123456789", min_size=1, max_size=3),
+).filter(lambda t: t[1] + t[3]).map(lambda t: "".join(t[:4]) + (t[4] + t[5] if t[4] else ""))
+
+
+@given(st.lists(st.one_of(plain_words, finite32.map(lambda v: "%.7g" % v)),  # noqa: UP031
+                min_size=1, max_size=40),
+       st.sampled_from([" ", "\n  ", "\t"]), st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_plain_decimal_words_take_the_whole_array_conversion(words, sep, dotted):
+    if dotted:  # (one dot in every word: the conversion's shortcut for Kaldi's text)
+        words = [w if "." in w else w.replace("e", ".e").replace("E", ".E") if "e" in w.lower()
+                 else w + "." for w in words]
+    body = sep.join(words).encode()
+    got = _decimal_numbers(b" " + body + b" ")
+    assert got is not None  # (not left to the word-by-word reading)
+    want = np.array([float(w) for w in words])
+    assert got[0].tobytes() == want.tobytes()  # (bits: -0.0 too)
+    assert [body[s - 1:].split()[0] for s in got[1]] == body.split()
+
+
+# Kaldi's own text: one digit before the dot in every word (the conversion's
+# shortcut, which takes the dots' places from the words' first digits)
+kaldi_words = st.tuples(
+    st.sampled_from(["", "-", "+"]), st.text("0123456789", min_size=1, max_size=1),
+    st.text("0123456789", max_size=17),
+    st.sampled_from(["", "e", "E", "e+", "e-"]), st.text("0123456789", min_size=1, max_size=3),
+).map(lambda t: f"{t[0]}{t[1]}.{t[2]}" + (t[3] + t[4] if t[3] else ""))
+
+
+@given(st.lists(kaldi_words, min_size=1, max_size=40),
+       st.sampled_from([None, "5", "12.5", ".5", "-3", "1e5", "0.5.", "7.e1"]),
+       st.integers(0, 40))
+@settings(max_examples=300, deadline=None)
+def test_one_digit_before_the_dot_takes_the_shortcut(words, odd, at):
+    import pynnet3.io.kaldi_stream as ks
+
+    calls = []
+    real = ks._digits_before
+    ks._digits_before = lambda *a: (calls.append(1), real(*a))[1]
+    try:
+        if odd is not None:  # (a word of another form: the dots are looked for)
+            words = words[:at] + [odd] + words[at:]
+        got = _decimal_numbers(" ".join(words).encode())
+    finally:
+        ks._digits_before = real
+    if odd == "0.5.":
+        assert got is None
+        return
+    assert got[0].tobytes() == np.array([float(w) for w in words]).tobytes()
+    # (the shortcut reads no whole part: one call, for the digits after the dots)
+    assert len(calls) == (1 if odd in (None, "7.e1") else 2)
+
+
+@pytest.mark.parametrize("word", ["1e", "e5", "-", "+-1", "1-2", "1.2.3", "1e5e5", "1e-",
+                                  ".", "-.e1", "1e1.5", "0x10", "--1", "1e+-5", "1E+0005",
+                                  "1.5-", "nan", "inf", "1_0", "1e5-", ".e", "1,5"])
+def test_other_words_are_left_to_the_word_by_word_reading(word):
+    assert _decimal_numbers(f"1.5 {word} 2.5".encode()) is None
+    assert _decimal_numbers(f"1.5 {word}".encode()) is None
+    assert _decimal_numbers(word.encode()) is None
+
+
 @pytest.mark.parametrize("word, value", [
     ("0", 0.0), ("-0", -0.0), ("+0.0", 0.0), (".5", 0.5), ("5.", 5.0), ("-.25e1", -2.5),
     ("1e22", 1e22), ("1e23", 1e23), ("1e-22", 1e-22), ("1.5e-30", 1.5e-30),
@@ -222,6 +291,28 @@ def test_text_numbers_at_the_edges_of_the_fast_conversion(word, value):
     got = TextReader(f"[ 1 {word} 2 ]".encode()).read_vector()
     want = np.array([1.0, value, 2.0]).astype(np.float32)
     assert got.tobytes() == want.tobytes()
+    # the whole-array conversion itself (a body this short is read word by word),
+    # and through a body long enough to take it
+    fast = _decimal_numbers(f"1 {word} 2".encode())
+    if word != "1E+0005":  # (5 characters after the e: left to the words)
+        assert fast[0].tobytes() == np.array([1.0, value, 2.0]).tobytes()
+    n = _WHOLE_ARRAY_MIN_BYTES // (len(word) + 1) + 1
+    got = TextReader(b"[ " + (f"{word} " * n).encode() + b"]").read_vector()
+    assert got.tobytes() == np.full(n, value).astype(np.float32).tobytes()
+
+
+def test_long_and_short_bodies_read_the_same_floats():
+    rng = np.random.default_rng(3)
+    words = ["%.7g" % v for v in rng.standard_normal(3000) * 0.1]  # noqa: UP031
+    text = " ".join(words).encode()
+    assert len(text) > _WHOLE_ARRAY_MIN_BYTES > len(" ".join(words[:100]))
+    want = np.array([float(w) for w in words]).astype(np.float32)
+    assert TextReader(b"[ " + text + b" ]").read_vector().tobytes() == want.tobytes()
+    rows = "\n".join(" ".join(words[i:i + 30]) for i in range(0, 3000, 30)).encode()
+    got = TextReader(b"[\n" + rows + b" ]").read_matrix()
+    assert got.shape == (100, 30) and got.tobytes() == want.tobytes()
+    assert TextReader(b"[ " + " ".join(words[:100]).encode() + b" ]").read_vector().tobytes() \
+        == want[:100].tobytes()
 
 
 @pytest.mark.parametrize("word", ["1e", "e5", "-", "+-1", "1-2", "1.2.3", "1e5e5", "1e-",

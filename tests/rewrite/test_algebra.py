@@ -148,3 +148,13 @@ def test_scaled():
     assert str(scaled(P("Scale(4, a)"), 0.25)) == "a"
     assert str(scaled(P("Sum(a, IfDefined(b))"), -1.0)) == \
         "Sum(Scale(-1, a), IfDefined(Scale(-1, b)))"
+
+
+def test_references_are_found_once_per_descriptor_and_handed_out_as_new_lists():
+    d = parse_descriptor("Append(Offset(a, -1), Sum(b, Scale(2, a)))")
+    first = references(d)
+    first.append("not a reference")  # (a caller's list: the next call is unaffected)
+    again = references(d)
+    assert again == first[:-1] and again is not first
+    assert [r.node for r in again] == ["a", "b", "a"]
+    assert references(parse_descriptor("Append(Offset(a, -1), Sum(b, Scale(2, a)))")) == again

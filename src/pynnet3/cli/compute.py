@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FormatError, PynnetError
+from ..gcpause import start_up_done
 from .jobs import (
     add_device_flags,
     add_thread_flag,
@@ -165,6 +166,7 @@ def cmd_compute(args, stats: dict | None = None) -> int:
     if args.jobs > 1 or args.ray_address:
         from .scaleout import run_scaled
 
+        start_up_done()  # (the collector back on for the run)
         return run_scaled(args)
     backend, device = choose_backend(args.use_gpu, args.backend, _say)
     apply_num_threads(args.num_threads, backend, device)
@@ -176,6 +178,7 @@ def cmd_compute(args, stats: dict | None = None) -> int:
     else:
         looped = None
         fpc = fixed_frames_per_chunk(nnet, options)
+    start_up_done()  # (the console script's pause of the garbage collector ends here)
     if fpc != options.frames_per_chunk:
         _say("note", f"increasing --frames-per-chunk from {options.frames_per_chunk} to {fpc} "
                      f"to make it a multiple of --frame-subsampling-factor="

@@ -81,7 +81,7 @@ def read_model_or_am(path: str):
     where writing the bare network would silently drop the transition model and
     priors from an ``out.mdl``."""
     from ..am import AcousticModel
-    from ..io.am_file import is_am_bytes
+    from ..io.model_file import is_am_bytes
 
     data, name = read_model_bytes(path)
     if is_am_bytes(data):

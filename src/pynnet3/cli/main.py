@@ -12,11 +12,13 @@ import argparse
 import importlib
 import os
 import sys
-from dataclasses import fields
 
 from ..errors import PynnetError
+from ..gcpause import pause_start_up, start_up_done
 from ..runtime.allocator import tune_malloc
-from .files import STDIO, read_bytes, read_config, read_model, write_model
+
+# (.files, and NumPy and the network with it, load when a command runs: the console
+# script pauses the garbage collector first, see entry_point)
 
 
 def kaldi_bool(text: str) -> bool:
@@ -29,12 +31,15 @@ def kaldi_bool(text: str) -> bool:
 
 
 def _cmd_info(args) -> int:
+    from .files import read_model
+
     sys.stdout.write(read_model(args.model).info())
     return 0
 
 
 def _cmd_init(args) -> int:
     from ..nnet import Nnet
+    from .files import read_config, write_model
 
     text, name = read_config(args.config)
     nnet = Nnet.from_config(text, seed=args.srand, source=name)
@@ -43,6 +48,7 @@ def _cmd_init(args) -> int:
 
 
 def _cmd_copy(args) -> int:
+    from .files import read_model, write_model
     from .network import network_options_from_args, prepare_for_test
 
     nnet = read_model(args.input)
@@ -56,6 +62,7 @@ def _cmd_copy(args) -> int:
 
 def _cmd_show(args) -> int:
     from .. import ComputationRequest, OptimizeReport, compile
+    from .files import STDIO, read_bytes, read_model
 
     if args.model == STDIO and args.request == STDIO:
         raise UsageError("pynnet3 show-computation: error: MODEL and --request cannot both "
@@ -99,6 +106,8 @@ def _cmd_show(args) -> int:
 def add_optimize_flags(s: argparse.ArgumentParser) -> None:
     """Kaldi's ``--optimization.<option>`` flags, one per OptimizeOptions field, each
     with its help line and default."""
+    from dataclasses import fields
+
     from ..optimize import OptimizeOptions
 
     g = s.add_argument_group(
@@ -124,6 +133,8 @@ def _flag_value(value) -> str:
 
 
 def optimize_options_from_args(args):
+    from dataclasses import fields
+
     from ..optimize import OptimizeOptions
 
     given = {f.name: getattr(args, "opt_" + f.name) for f in fields(OptimizeOptions)
@@ -374,10 +385,16 @@ _COMMANDS: dict[str, tuple[str | None, str]] = {
 def entry_point() -> int:
     """The ``pynnet3`` console script: it owns its process, so it keeps freed
     memory for the next compile (pynnet3.runtime.allocator explains why a library
-    does not) and then runs :func:`main`; a decoding command then ends the process
-    at once (:func:`_exit_without_teardown`)."""
+    does not) and pauses the garbage collector for the command's start-up
+    (pynnet3.gcpause: a decoding command ends the pause once its model is ready,
+    the others once their arguments are parsed), and then runs :func:`main`; a
+    decoding command then ends the process at once (:func:`_exit_without_teardown`)."""
+    pause_start_up()
     tune_malloc()
-    status = main()
+    try:
+        status = main()
+    finally:
+        start_up_done()  # (a command that stopped before its start-up was done)
     if _RAN.get("command") in _EXIT_AT_ONCE:
         _exit_without_teardown(status)
     return status
@@ -388,6 +405,9 @@ def entry_point() -> int:
 # the network, computations and buffers they hold takes ~25 ms (a tenth of
 # nnet3-compute's whole run over 12k frames).
 _EXIT_AT_ONCE = ("compute", "xvector-compute")
+# Commands that end the console script's start-up pause of the garbage collector
+# themselves (pynnet3.gcpause.start_up_done), once their model is read and prepared.
+_PAUSED_START_UP = ("compute", "xvector-compute")
 _RAN: dict[str, str] = {}  # (main() notes the command it ran)
 
 
@@ -421,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         print(one_line(str(e)), file=sys.stderr)
         return 1
     _RAN["command"] = args.command
+    if args.command not in _PAUSED_START_UP:
+        start_up_done()  # (the collector back on, if the console script paused it)
     try:
         return args.fn(args)
     except BrokenPipeError:

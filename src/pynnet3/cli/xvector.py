@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PynnetError
+from ..gcpause import start_up_done
 from .jobs import (
     add_device_flags,
     add_thread_flag,
@@ -106,7 +107,6 @@ def compute_xvector(nnet, compiler, feats: np.ndarray, chunk_size: int = -1,
 
 
 def cmd_xvector_compute(args) -> int:
-
     from ..cache import CachingCompiler
     from ..graphopt import optimize_network
     from .files import read_model
@@ -120,6 +120,7 @@ def cmd_xvector_compute(args) -> int:
     if args.network_optimize:
         nnet = optimize_network(nnet)
     compiler = CachingCompiler(nnet, capacity=args.cache_capacity)
+    start_up_done()  # (the console script's pause of the garbage collector ends here)
 
     def process(key: str, feats: np.ndarray) -> np.ndarray:
         return compute_xvector(nnet, compiler, feats, args.chunk_size, args.min_chunk_size,

@@ -26,11 +26,10 @@ import numpy as np
 
 from ..limits import exceeded
 from .kaldi_stream import KaldiReader, KaldiWriter, make_reader, make_writer
-from .model_file import ModelParts, read_model_parts, write_model_parts
+from .model_file import AM_TOKEN, ModelParts, read_model_parts, write_model_parts
+from .model_file import is_am_bytes as is_am_bytes  # (its home: io/model_file.py)
 
 NO_PDF = -1  # Kaldi's kNoPdf: the pdf class of a final (non-emitting) state
-
-AM_TOKEN = "<TransitionModel>"
 
 
 @dataclass
@@ -285,12 +284,6 @@ def read_am_parts(r: KaldiReader) -> AmParts:
         raise r.error("unexpected data after the acoustic model", token=r.peek_token(),
                       pos=r.token_start())
     return AmParts(tm, model, left, right, priors, r.binary)
-
-
-def is_am_bytes(data: bytes) -> bool:
-    """Whether ``data`` (a model file's bytes) is an acoustic model, not a raw nnet."""
-    r = make_reader(data)
-    return r.token_start() < len(data) and r.peek_token() == AM_TOKEN
 
 
 def parse_am_bytes(data: bytes, source: str = "<string>") -> AmParts:

@@ -38,9 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import FormatError
-from .atomic import remove_stale_temporaries, temp_path
+from .atomic import remove_stale_temporaries, start_writeback, temp_path
 
 _FLOAT32_LE = np.dtype("<f4")
+_WRITEBACK_STEP = 1 << 18  # archive bytes between two starts of the writeback
 
 # Kaldi's table options (util/kaldi-table.h): read-side and write-side.
 _READ_OPTIONS = {"ark", "scp", "t", "b", "s", "ns", "cs", "ncs", "o", "no", "p", "np", "bg"}
@@ -282,15 +283,65 @@ def read_table(rspecifier: str) -> Iterator[tuple[str, np.ndarray | TableEntryEr
     if spec.kind == "scp":
         yield from _read_scp(spec, _LAZY_KALDIIO)
         return
-    kaldiio = _kaldiio()
+    plain_file = not _is_stream(spec.targets[0].strip())
+    kaldiio = _LAZY_KALDIIO if plain_file else _kaldiio()
     try:
-        f = kaldiio.utils.open_like_kaldi(spec.targets[0], "rb")
+        f = (open(spec.targets[0], "rb") if plain_file  # (as kaldiio opens a file)
+             else kaldiio.utils.open_like_kaldi(spec.targets[0], "rb"))
     except OSError as e:
         raise FormatError(f"cannot open {spec.targets[0]!r}: {e.strerror or e}",
                           rspecifier) from None
     with f:
-        yield from _archive_arrays(_archive_entries(f, kaldiio, rspecifier), rspecifier,
-                                   spec.permissive)
+        entries = (_file_archive_entries(f, rspecifier) if plain_file
+                   else _archive_entries(f, kaldiio, rspecifier))
+        yield from _archive_arrays(entries, rspecifier, spec.permissive)
+
+
+_KEY_PROBE = 1024  # bytes read at an entry's start: its key, a space, a plain header
+
+
+def _file_archive_entries(f, source: str) -> Iterator[tuple[str, object]]:
+    """:func:`_archive_entries` of an archive file ``f``, read without kaldiio while
+    the entries are plain binary float matrices or vectors (``FM``/``DM``/``FV``/
+    ``DV``, as a feature or iVector archive holds them: a key, a space, the header,
+    the data, read straight into the array); from the first other entry (text,
+    compressed, integers, a long key, a size past the end of the file) on, kaldiio
+    reads the rest as before, its errors unchanged (also a file that is not a regular
+    one: a named pipe cannot go back to an entry's start)."""
+    size = _stream_size(f)
+    if size is None:
+        yield from _archive_entries(f, _kaldiio(), source)
+        return
+    while True:
+        pos = f.tell()
+        probe = f.read(_KEY_PROBE)
+        if not probe:
+            return
+        space = probe.find(b" ")
+        head = probe[space + 1:space + 16]
+        plain = _PLAIN_HEADS.get(head[2:5]) if space > 0 and head[:2] == b"\0B" else None
+        arr = None
+        if plain is not None and len(head) >= plain[2]:
+            layout, width, start = plain
+            v = layout.unpack_from(head)
+            shape = (v[1], v[3]) if len(v) == 4 else (v[1],)
+            data = pos + space + 1 + start
+            if (v[0] == 4 and (len(v) == 2 or v[2] == 4) and min(shape) >= 0
+                    and width * math.prod(shape) <= size - data):
+                try:
+                    key = probe[:space].decode(_SCP_ENCODING)
+                except UnicodeDecodeError:
+                    key = None
+                if key is not None:
+                    arr = np.empty(shape, "<f4" if width == 4 else "<f8")
+                    f.seek(data)
+                    if arr.nbytes and f.readinto(memoryview(arr).cast("B")) != arr.nbytes:
+                        arr = None
+        if arr is None:
+            f.seek(pos)
+            yield from _archive_entries(f, _kaldiio(), source)
+            return
+        yield key, arr
 
 
 def _archive_arrays(entries: Iterator, source: str, permissive: bool = False
@@ -471,6 +522,10 @@ class TableWriter:
             ark = self.spec.targets[0]
             self._ark = self._open(ark, "wb")
             self._ark_name = ark
+            # an archive file's bytes are handed to the kernel's writeback every
+            # _WRITEBACK_STEP bytes as they are written
+            self._ark_temp = self._files[-1][1] is not None
+            self._written_back = 0
             if self.spec.kind == "ark,scp":
                 if _is_stream(ark):
                     raise FormatError(f"bad wspecifier {wspecifier!r}: an scp needs the "
@@ -535,6 +590,13 @@ class TableWriter:
         if "f" in self.spec.options:
             self._ark.flush()
         self.num_written += 1
+        if self._ark_temp:  # (see start_writeback: commit's fsync waits for less)
+            end = self._ark.tell()
+            if end - self._written_back >= _WRITEBACK_STEP:
+                self._ark.flush()
+                start_writeback(self._ark.fileno(), self._written_back,
+                                end - self._written_back)
+                self._written_back = end
 
     def write_object(self, key: str, payload: bytes) -> None:
         """Write one entry whose serialization is already made (``payload``: a Kaldi

@@ -299,28 +299,46 @@ class TextReader(KaldiReader):
 
 # -- fast reading of text numbers ---------------------------------------------------
 # The numbers of a text matrix or vector are converted in whole-array NumPy steps
-# instead of one float per word (a 4 MB text model: ~0.05 s less). A word
+# instead of one float per word (a 4 MB text model: ~0.07 s less). A word
 # [+-]digits[.digits][(e|E)[+-]digits] with at most 16 digits is an integer mantissa m
 # times a power of ten p: when m < 2**53 and |p| <= 22 both are exact doubles and one
 # multiplication or division rounds once, so the double is the correctly rounded one
 # that float() gives (Clinger's fast path); the other words of that form go through
 # float(). Anything else (nan, inf, a bad byte) makes _decimal_numbers give up, and the
-# word-by-word reading reports the error as before.
+# word-by-word reading reports the error as before. The steps work from the positions
+# of the words, their dots and e's (no pass that numbers every byte): the digits on
+# either side of a word's dot are read eight at a time from the bytes where they lie.
 _POW10 = 10.0 ** np.arange(23)
+_SIGNED_POW10 = np.concatenate([_POW10, -_POW10])  # (index + 23: the negative word's)
+_POW10_INT = 10 ** np.arange(17, dtype=np.int64)
 _EXP_CHARS = 4  # characters after the e handled here: a sign and 3 digits, or 4 digits
 _SWAR = tuple(np.uint64(x) for x in (0x0F0F0F0F0F0F0F0F, 2561, 0x00FF00FF00FF00FF,
                                      6553601, 0x0000FFFF0000FFFF, 42949672960001,
                                      8, 16, 32))
+# _LAST_BYTES[k]: the mask of a little-endian uint64's last k bytes (the highest)
+_LAST_BYTES = np.array([0] + [((1 << 64) - 1) << (64 - 8 * k) & ((1 << 64) - 1)
+                              for k in range(1, 9)], np.uint64)
 
 
 def _eight_digits(v: np.ndarray) -> np.ndarray:
-    """The number each uint64 of ``v`` spells with its eight bytes, digit values 0-9,
-    the most significant in the lowest byte (SWAR, as simdjson's
-    parse_eight_digits_unrolled)."""
+    """The number each uint64 of ``v`` spells with its eight bytes, digit values 0-9
+    (the low nibble of an ASCII digit; a cleared byte is a leading 0), the most
+    significant in the lowest byte (SWAR, as simdjson's parse_eight_digits_unrolled)."""
     f0, m10, f1, m100, f2, m10k, s8, s16, s32 = _SWAR
     v = ((v & f0) * m10) >> s8
     v = ((v & f1) * m100) >> s16
     return ((v & f2) * m10k) >> s32
+
+
+def _digits_before(window: np.ndarray, end: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """The numbers spelled by the ``length`` (0-16) digits before each body offset
+    ``end`` (``window[j]``: the body's eight bytes before offset ``j - 8``)."""
+    value = _eight_digits(window[end + 8] & _LAST_BYTES[np.minimum(length, 8)])
+    long = np.flatnonzero(length > 8)
+    if long.size:  # digits 9-16 from the end
+        high = window[end[long]] & _LAST_BYTES[length[long] - 8]
+        value[long] += _eight_digits(high) * np.uint64(10**8)
+    return value.astype(np.int64)
 
 
 def _decimal_numbers(body: bytes) -> tuple[np.ndarray, np.ndarray] | None:
@@ -328,102 +346,117 @@ def _decimal_numbers(body: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     when every word is a plain decimal number (the comment above), else None."""
     arr = np.frombuffer(body, np.uint8)
     n = arr.size
-    digit = arr - np.uint8(48)  # (wraps around: below 10 only for '0'-'9')
-    is_digit = digit < 10
-    edge = np.zeros(n + 2, bool)  # edge[1:-1]: in a word
-    np.greater(arr, 32, out=edge[1:-1])
-    bounds = np.flatnonzero(edge[1:] != edge[:-1])
-    starts, ends = bounds[0::2], bounds[1::2]
     # the bytes below 33 must be whitespace as bytes.split() sees it (also in a body
     # with no word: a lone control byte such as \x1c is a bad word there too)
     if np.count_nonzero(arr < 32) != np.count_nonzero(arr - np.uint8(9) < 5):
         return None
+    edge = np.zeros(n + 2, bool)
+    in_word = edge[1:-1]
+    np.greater(arr, 32, out=in_word)
+    bounds = np.flatnonzero(edge[1:] != edge[:-1])
+    starts, ends = bounds[0::2], bounds[1::2]
     if starts.size == 0:
         return np.zeros(0), starts
-    other = np.flatnonzero(edge[1:-1] & ~is_digit)
-    chars = arr[other]
-    is_dot, is_exp = chars == 46, (chars == 101) | (chars == 69)
-    is_sign = (chars == 45) | (chars == 43)
-    if np.count_nonzero(is_dot | is_exp | is_sign) != other.size:
+    # The bytes of the words that are not digits must be exactly: a sign starting its
+    # word, at most one dot and one e (or E) per word, and a sign right after the e.
+    # Those are found by position and counted; equal counts leave digits elsewhere.
+    others = np.count_nonzero(in_word) - np.count_nonzero(arr - np.uint8(48) < 10)
+    first = arr[starts]
+    negative = first == 45
+    signed = negative | (first == 43)
+    is_dot = arr == 46
+    num_dots = np.count_nonzero(is_dot)
+    exps = np.flatnonzero((arr | np.uint8(32)) == 101)  # (e or E)
+    found = np.count_nonzero(signed) + num_dots + exps.size
+    if found > others:
         return None
-    dots, exps, signs = other[is_dot], other[is_exp], other[is_sign]
-    if signs.size:  # a sign starts its word or follows the word's e
-        before = arr[np.maximum(signs - 1, 0)]
-        if not np.all(~edge[signs] | (((before == 101) | (before == 69)) & (signs > 0))):
-            return None
-    word = None
-    if dots.size or exps.size:  # (the word of each byte)
-        word = np.zeros(n, np.int32)
-        word[starts] = 1
-        np.cumsum(word, out=word)
-        word -= 1
-    mantissa_end, power = ends, np.zeros(starts.size, np.int64)
+    mantissa_start, mantissa_end = starts + signed, ends
+    power = np.zeros(starts.size, np.int64)
     if exps.size:
-        w = word[exps]
+        w = np.searchsorted(starts, exps, "right") - 1  # (the word of each e)
         end = ends[w]
         length = end - exps - 1  # characters after the e
-        if (np.any(w[1:] == w[:-1]) or length.min() < 1 or length.max() > _EXP_CHARS
-                or np.any(exps == starts[w])
-                or not np.all(is_digit[exps - 1] | (arr[exps - 1] == 46))):
+        if np.any(w[1:] == w[:-1]) or length.min() < 1 or length.max() > _EXP_CHARS:
+            return None
+        after = arr[exps + 1]
+        exp_signed = (after == 45) | (after == 43)
+        found += np.count_nonzero(exp_signed)
+        if np.any(length - exp_signed < 1):
             return None
         at = exps[:, None] + 1 + np.arange(_EXP_CHARS)
-        inside = at < end[:, None]
+        digits = at < end[:, None]
+        digits[:, 0] &= ~exp_signed
         at = np.minimum(at, n - 1)
-        signed = (arr[at[:, 0]] == 45) | (arr[at[:, 0]] == 43)
-        digits = is_digit[at] & inside
-        wanted = inside.copy()
-        wanted[:, 0] &= ~signed
-        if not np.array_equal(digits, wanted) or np.any(length - signed < 1):
-            return None
         e = np.zeros(exps.size, np.int64)
         for k in range(_EXP_CHARS):
-            e = np.where(digits[:, k], e * 10 + digit[at[:, k]], e)
-        power[w] = np.where(arr[at[:, 0]] == 45, -e, e)
+            e = np.where(digits[:, k], e * 10 + (arr[at[:, k]] - 48), e)
+        power[w] = np.where(after == 45, -e, e)
         mantissa_end = ends.copy()
         mantissa_end[w] = exps
-        is_digit[at[inside]] = False  # (exponent digits: not the mantissa's)
-    count = np.empty(n + 1, np.int32)  # mantissa digits before each byte
-    count[0] = 0
-    np.cumsum(is_digit, out=count[1:])
-    first, last = count[starts], count[mantissa_end]
-    num_digits = last - first
+    if found != others:
+        return None
+    # Kaldi's text: one digit, the dot, the other digits ("-0.0123", "1.5e-05") in
+    # every word. Then as many dots as words, each right after the word's first
+    # digit, say where all of them are; else they are looked for.
+    point = mantissa_start + 1
+    first_digit = None
+    if (num_dots == starts.size and point[-1] < n and np.all(arr[point] == 46)
+            and np.all(point < mantissa_end)):
+        first_digit = (arr[mantissa_start] - np.uint8(48)).astype(np.int64)
+        whole = np.ones(starts.size, np.int64)
+        fraction = mantissa_end - point - 1  # digits after the dot
+    else:
+        dots = np.flatnonzero(is_dot)
+        point = mantissa_end.copy()  # (a word without a dot: as if after its mantissa)
+        fraction = np.zeros(starts.size, np.int64)
+        if dots.size:
+            if dots.size == starts.size and np.all((dots >= mantissa_start)
+                                                   & (dots < mantissa_end)):
+                w = slice(None)  # (a dot in every word's mantissa)
+            else:
+                w = np.searchsorted(starts, dots, "right") - 1  # (the word of each dot)
+                if (np.any(w[1:] == w[:-1]) or np.any(dots < mantissa_start[w])
+                        or np.any(dots >= mantissa_end[w])):
+                    return None
+            point[w] = dots
+            fraction[w] = mantissa_end[w] - dots - 1
+        whole = point - mantissa_start
+    power -= fraction
+    num_digits = whole + fraction
     if num_digits.min() < 1:
         return None
-    if dots.size:  # at most one per word, in its mantissa
-        w = word[dots]
-        if np.any(w[1:] == w[:-1]) or np.any(dots > mantissa_end[w]):
-            return None
-        power[w] -= last[w] - count[dots]  # digits after the dot
-    # the mantissa digits side by side, each word's together: the eight bytes ending
-    # at a word's last digit, those before its first digit cleared, spell its last
-    # eight digits (16 zero bytes in front and 8 behind keep every window inside)
-    packed = np.zeros(16 + int(count[-1]) + 8, np.uint8)
-    np.take(digit, np.flatnonzero(is_digit), out=packed[16:-8])
-    raw = packed.tobytes()
+    exact = num_digits <= 16
+    if not exact.all():  # (float() below reads them; no digits past the 16th here)
+        whole, fraction = np.where(exact, whole, 0), np.where(exact, fraction, 0)
+    raw = bytes(16) + body + bytes(8)  # (every eight-byte window inside)
     window = np.ndarray((len(raw) - 7,), dtype="<u8", buffer=raw, strides=(1,))
-    keep = np.minimum(num_digits, 8).astype(np.uint64)
-    shift = (np.uint64(8) - keep) << np.uint64(3)
-    m = _eight_digits((window[last + 8] >> shift) << shift).astype(np.int64)
-    long = np.flatnonzero(num_digits > 8)
-    if long.size:  # digits 9-16 from the end
-        keep = np.minimum(num_digits[long] - 8, 8).astype(np.uint64)
-        shift = (np.uint64(8) - keep) << np.uint64(3)
-        high = _eight_digits((window[last[long]] >> shift) << shift)
-        m[long] += high.astype(np.int64) * 10**8
-    exact = (num_digits <= 16) & (m < 2**53) & (np.abs(power) <= 22)
-    up = power >= 0
+    high = first_digit if first_digit is not None else _digits_before(window, point, whole)
+    m = high * _POW10_INT[fraction] + _digits_before(window, mantissa_end, fraction)
+    exact &= (m < 2**53) & (np.abs(power) <= 22)
+    # m / 10**-p or m * 10**p, the word's sign carried by the power of ten (-0.0 too)
+    sign_at = negative.view(np.uint8) * np.uint8(23)
     value = m.astype(np.float64)
-    value = np.where(up, value * _POW10[np.where(up & exact, power, 0)],
-                     value / _POW10[np.where(up | ~exact, 0, -power)])
-    np.negative(value, out=value, where=arr[starts] == 45)
+    value /= _SIGNED_POW10[np.clip(-power, 0, 22) + sign_at]
+    up = np.flatnonzero(power > 0)
+    if up.size:
+        value[up] = m[up] * _SIGNED_POW10[np.minimum(power[up], 22) + sign_at[up]]
     for i in np.flatnonzero(~exact):  # (rare: float() rounds them)
         value[i] = float(body[starts[i]:ends[i]])
     return value, starts
 
 
+# Bodies shorter than this are read word by word (NumPy's float() of each word):
+# the whole-array steps cost ~50 us whatever the size, the words ~60 ns each, so
+# below ~2,000 numbers (vectors, small matrices) the words are faster.
+_WHOLE_ARRAY_MIN_BYTES = 16384
+
+
 def _float32_numbers(body: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     """:func:`_decimal_numbers` as float32 (as Kaldi reads them), or None when that
-    gives up or a value is out of float32's range (the caller's error)."""
+    gives up or a value is out of float32's range (the caller's error), and for a
+    body shorter than ``_WHOLE_ARRAY_MIN_BYTES`` (the word-by-word reading's)."""
+    if len(body) < _WHOLE_ARRAY_MIN_BYTES:
+        return None
     numbers = _decimal_numbers(body)
     if numbers is None:
         return None

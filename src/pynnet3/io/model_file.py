@@ -100,6 +100,18 @@ def parse_model_bytes(data: bytes, source: str = "<string>") -> ModelParts:
     return read_model_parts(make_reader(data, source))
 
 
+# An acoustic model (final.mdl) starts with its transition model; the acoustic-model
+# file format itself lives in io/am_file.py (this test is here, with the network's
+# reading, so that reading a raw network does not load that module).
+AM_TOKEN = "<TransitionModel>"
+
+
+def is_am_bytes(data: bytes) -> bool:
+    """Whether ``data`` (a model file's bytes) is an acoustic model, not a raw nnet."""
+    r = make_reader(data)
+    return r.token_start() < len(data) and r.peek_token() == AM_TOKEN
+
+
 def gunzip_if_compressed(data: bytes, source: str) -> bytes:
     """``data`` gunzipped when it is gzip-compressed (``final.mdl.gz``: Kaldi's tools
     read those through ``gunzip -c |``), else as it is; broken gzip data is a

@@ -183,10 +183,17 @@ class Reference:
 
 def references(desc: Descriptor) -> list[Reference]:
     """Every node reference of ``desc``, part by part, left to right."""
-    out: list[Reference] = []
-    for i, p in enumerate(desc.parts):
-        _refs(p, i, 0, 0, (), out)
-    return out
+    # (a descriptor is immutable and its references are frozen: found once per
+    # descriptor, kept beside its cached properties; the network optimizer's graph
+    # is rebuilt after every change and asks for every node's)
+    found = desc.__dict__.get("_references")
+    if found is None:
+        out: list[Reference] = []
+        for i, p in enumerate(desc.parts):
+            _refs(p, i, 0, 0, (), out)
+        found = tuple(out)
+        desc.__dict__["_references"] = found
+    return list(found)
 
 
 def _refs(e, part: int, t: int, x: int, wrappers: tuple, out: list) -> None:

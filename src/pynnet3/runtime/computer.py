@@ -14,6 +14,7 @@ the compiler decided. Two ways to drive it:
 
 from __future__ import annotations
 
+import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -810,8 +811,12 @@ def _stats_plans(c: NnetComputation) -> dict[int, tuple[int, tuple]]:
     reads, whole, before ``E`` is freed: the pooling may then take its sums from the
     extraction's input itself (``propagate_extracted``), ``E`` never written. The
     input's deallocation, if it comes between, waits for the pooling."""
-    # (imported here: the statistics family loads on demand)
-    from ..components.statistics import RangeIndexes
+    # (the statistics family loads on demand: when it is not loaded, no component of
+    # the network is one and no RangeIndexes exists)
+    statistics = sys.modules.get(__name__.rsplit(".", 2)[0] + ".components.statistics")
+    if statistics is None:
+        return {}
+    RangeIndexes = statistics.RangeIndexes  # noqa: N806 (the class)
 
     cmds, subs = c.commands, c.submatrices
 
