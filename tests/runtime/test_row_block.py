@@ -13,6 +13,7 @@ import pynnet3
 from pynnet3.compiler.request import request_for_frames
 from pynnet3.runtime import computer as C
 from pynnet3.runtime.computer import NnetComputer
+from tests.blas_probe import assert_same_floats_if, matmul_keeps_row_blocks, random_operands
 from tests.reference import needs_reference, realistic_decode
 
 _AFFINE = ("""
@@ -65,7 +66,12 @@ def test_ivector_block_product_taken_once_per_sequence(n):
 
 def test_a_sequence_computes_the_same_floats_in_any_batch():
     """pynnet3 compute's batches (and --jobs) must not change a chunk's output: the
-    planned product of one sequence is bit-identical alone and among others."""
+    planned product of one sequence is bit-identical alone and among others, where
+    this BLAS gives a product's rows the same floats whatever their position (NumPy's
+    own matmul of the layer's shapes, tests/blas_probe.py); elsewhere no batched GEMM
+    can, and the outputs agree to float32 rounding."""
+    exact = all(matmul_keeps_row_blocks(*random_operands((30, k), (k, 8)), [10, 10, 10])
+                for k in (18, 22))
     nnet = pynnet3.Nnet.from_config(_AFFINE, seed=4)
     x3 = _inputs(request_for_frames(range(-1, 11), range(10), 3, ivector=True), seed=5)
     three = NnetComputer(nnet, pynnet3.compile(
@@ -77,7 +83,7 @@ def test_a_sequence_computes_the_same_floats_in_any_batch():
         assert C._row_block_plans(c)
         x1 = {"input": x3["input"][12 * s:12 * (s + 1)], "ivector": x3["ivector"][s:s + 1]}
         one = NnetComputer(nnet, c, cache_program=True).run(x1).outputs["output"]
-        np.testing.assert_array_equal(one, three[10 * s:10 * (s + 1)])
+        assert_same_floats_if(exact, one, three[10 * s:10 * (s + 1)])
 
 
 def test_independent_math():
