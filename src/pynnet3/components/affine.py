@@ -22,6 +22,7 @@ import contextvars
 import numpy as np
 
 from ..io.kaldi_stream import make_reader
+from . import np_kernels
 from .base import Flags, UpdatableComponent, overwrite_by_zeroing, register, require
 from .blas import available as blas_direct
 from .blas import column_block_path
@@ -504,7 +505,10 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
             return None
         # (into the output: no product temporary; the same sgemm, the same bits)
         xp.matmul(in_value, xp.param(self.linear_params, in_value).T, out=out_value)
-        out_value += xp.param(self.bias_params, in_value)
+        if xp.is_numpy:  # (the bias tiled over rows: np_kernels.rowwise, same floats)
+            np_kernels.rowwise(np.add, out_value, _param(self.bias_params, in_value), out_value)
+        else:
+            out_value += xp.param(self.bias_params, in_value)
         if blocks is None:
             refine_near_zero(out_value, in_value, self.linear_params, self.bias_params)
         else:

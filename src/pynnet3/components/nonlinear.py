@@ -478,7 +478,11 @@ class RectifiedLinearComponent(NonlinearComponent):
         row = xp.astype((stats - lower) > 0, xp.float32) + ((stats - upper) > 0) - 1
         device_stats.add(self, "num_dims_self_repaired", xp.sum(row * row))
         row = row * f32(-self.self_repair_scale / _REPAIR_PROBABILITY)
-        d += xp.astype(xp.tile(row, self.dim // self.block_dim), d.dtype)
+        row = xp.astype(xp.tile(row, self.dim // self.block_dim), d.dtype)
+        if xp.is_numpy and d.ndim == 2:  # (the row tiled over rows: same floats)
+            np_kernels.rowwise(np.add, d, row, d)
+        else:
+            d += row
 
 
 class _RowNormalizedNonlinear(NonlinearComponent):
