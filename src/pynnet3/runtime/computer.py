@@ -335,13 +335,16 @@ class NnetComputer:
             from .compression import compress
             m = self.c.submatrices[cmd.dst].matrix
             # (on the matrix's backend and device: nothing goes through the host)
-            self.matrices[m] = compress(self.matrices[m], cmd.compress_kind, cmd.alpha)
+            old = {m: self.matrices[m]}
+            self.matrices[m] = compress(old[m], cmd.compress_kind, cmd.alpha)
+            self._release(old, m)  # (NumPy: its buffer to the pool, for the decompression)
         elif t is CT.DECOMPRESS_MATRIX:
             from .compression import decompress
             m = self.c.submatrices[cmd.dst].matrix
             shape = self.matrices[m].shape
-            out = np.empty(shape, dtype=self.dtype) if isinstance(be, NumpyBackend) \
-                else be.zeros(shape[0], shape[1], self.dtype)  # (NumPy: no zeroing)
+            # (NumPy: a pooled buffer with warm pages, not zeroed; decompress writes all)
+            out = self._alloc(shape[0], shape[1], self.dtype) if isinstance(be, NumpyBackend) \
+                else be.zeros(shape[0], shape[1], self.dtype)
             decompress(self.matrices[m], out)
             self.matrices[m] = out
         elif t is CT.GOTO_LABEL:
