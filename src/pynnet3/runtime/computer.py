@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..components.affine import near_zero_refinement
+from ..components.base import Flags
 from ..computation import SUBMATRIX_FIELDS, Command, NnetComputation
 from ..computation import CommandType as CT
 from ..errors import PynnetError, RuntimeInputError
@@ -183,6 +184,21 @@ class NnetComputer:
                                          for n in nnet.nodes if n.kind == "component-node"}
         return comps
 
+    @property
+    def _unrefined(self) -> frozenset:
+        """``id`` of each PROPAGATE command that runs without the affine near-zero
+        refinement although a backward pass follows: no use of its output gates a
+        derivative on the sign of an entry (:func:`sign_free_propagates`), so the
+        float32 product's rounding is all the difference, as in a forward-only run
+        (made when first needed; empty without a backward pass)."""
+        ids = self.__dict__.get("_unrefined_")
+        if ids is None:
+            cmds = self.c.commands
+            ids = self._unrefined_ = frozenset(
+                id(cmds[i]) for i in sign_free_propagates(self.c, self._components)
+            ) if self._has_backward else frozenset()
+        return ids
+
     # -- validation -------------------------------------------------------------
     def _check(self, what: str, name: str, value, rows: int, cols: int):
         if _is_tensor(value):
@@ -267,18 +283,11 @@ class NnetComputer:
         t = cmd.type
         be = self.backend
         if t is CT.PROPAGATE:
-            comp = self._components[cmd.node]
-            pre = self.c.precomputed[cmd.precomputed]
-            iv, ov = self._sub(cmd.in_value), self._sub(cmd.out_value)
-            if cmd.in_value == 0 and cmd.table >= 0:  # input read as column blocks
-                blocks = [self._sub(s) for s in self.c.indexes_blocks[cmd.table].tolist()]
-                memo = comp.propagate_blocks(pre, blocks, ov)
+            if id(cmd) in self._unrefined:
+                with near_zero_refinement(False):
+                    self._propagate(cmd)
             else:
-                memo = comp.propagate(pre, iv, ov)
-            if cmd.memo:
-                self.memos[cmd.memo] = memo
-            if cmd.alpha == 2.0:  # store-stats flag
-                comp.store_stats(iv, ov, memo)
+                self._propagate(cmd)
         elif t is CT.ALLOC_MATRIX:
             info = self.c.matrices[cmd.matrix]
             self.matrices[cmd.matrix] = self._alloc(info.rows, info.cols, self.dtype)
@@ -353,6 +362,20 @@ class NnetComputer:
             pass
         else:
             raise NotImplementedError(f"command {t.value} is not supported by the runtime")
+
+    def _propagate(self, cmd: Command) -> None:
+        comp = self._components[cmd.node]
+        pre = self.c.precomputed[cmd.precomputed]
+        iv, ov = self._sub(cmd.in_value), self._sub(cmd.out_value)
+        if cmd.in_value == 0 and cmd.table >= 0:  # input read as column blocks
+            blocks = [self._sub(s) for s in self.c.indexes_blocks[cmd.table].tolist()]
+            memo = comp.propagate_blocks(pre, blocks, ov)
+        else:
+            memo = comp.propagate(pre, iv, ov)
+        if cmd.memo:
+            self.memos[cmd.memo] = memo
+        if cmd.alpha == 2.0:  # store-stats flag
+            comp.store_stats(iv, ov, memo)
 
     def _label_of(self, cmd: Command) -> int:
         """Index of the goto's NO_OPERATION_LABEL (its ``label`` field, or the only
@@ -714,6 +737,109 @@ def _sole_reader(c: NnetComputation, start: int, target: int, source: int, judge
     return None
 
 
+#: component types whose propagate and backprop are smooth in their input value
+#: (no derivative gated on the sign of an entry, as ReLU's is)
+_SIGN_FREE = frozenset(("LogSoftmaxComponent", "SoftmaxComponent", "SigmoidComponent",
+                        "TanhComponent"))
+_COPIES = (CT.MATRIX_COPY, CT.COPY_ROWS, CT.MATRIX_ADD, CT.ADD_ROWS)
+_NODE_CMDS = (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
+
+
+def sign_free_propagates(c: NnetComputation, comps: dict) -> list[int]:
+    """Indices of the PROPAGATE commands of affine-family nodes (those that refine
+    near-zero outputs: components/affine.py) whose output value no use gates on
+    the sign of an entry (:func:`_sign_free_value`). ``comps``: component of each
+    component node."""
+    from ..components.affine import AffineComponent
+
+    subs = c.submatrices
+    out = []
+    tables: dict[int, frozenset] = {}
+    for i, cmd in enumerate(c.commands):
+        if (cmd.type is not CT.PROPAGATE or not cmd.out_value or not cmd.in_value
+                or not isinstance(comps.get(cmd.node), AffineComponent)):
+            continue
+        target = subs[cmd.out_value].matrix
+        if subs[cmd.in_value].matrix != target and _sign_free_value(c, i, target, cmd.node,
+                                                                    comps, tables):
+            out.append(i)
+    return out
+
+
+def _table_matrices(c: NnetComputation, cmd: Command) -> frozenset:
+    """The matrices the submatrix tables of ``cmd`` name (multi-row ops; a
+    PROPAGATE or BACKPROP reading its input or adding its input derivative as
+    blocks)."""
+    t, subs = cmd.type, c.submatrices
+    found: set[int] = set()
+    if t in _MULTI:
+        found.update(np.unique(c.indexes_multi[cmd.table][:, 0]).tolist())
+    elif t in _NODE_CMDS:
+        if cmd.table >= 0 and not cmd.in_value:
+            found.update(c.indexes_blocks[cmd.table].tolist())
+        if cmd.deriv_table >= 0:
+            found.update(c.indexes_blocks[cmd.deriv_table].tolist())
+    return frozenset(subs[s].matrix for s in found if s > 0)
+
+
+def _sign_free_value(c: NnetComputation, start: int, target: int, producer: str,
+                     comps: dict, tables: dict) -> bool:
+    """Whether, after command ``start``, until it is freed or overwritten as a
+    whole (a swap renames it), the value in matrix ``target`` is only read by
+    other nodes' PROPAGATE (as input) or BACKPROP (as input or output value) of
+    a :data:`_SIGN_FREE` type, copied or added into another matrix whose value
+    passes the same test (any scale), or provided as an output. A PROPAGATE that
+    writes the whole matrix ends the value unless its component adds to its
+    output. Anything else (a partial write, a resize or compression, a table of
+    submatrices naming the matrix, another command type) answers False.
+    ``tables``: :func:`_table_matrices` by command index, filled as needed."""
+    subs, cmds = c.submatrices, c.commands
+    for j in range(start + 1, len(cmds)):
+        cmd = cmds[j]
+        t = cmd.type
+        if t in _NOOPS:
+            continue
+        if t is CT.DEALLOC_MATRIX and cmd.matrix == target:
+            return True
+        if t is CT.SWAP_MATRIX and target in (cmd.matrix, cmd.src_matrix):
+            target = cmd.src_matrix if cmd.matrix == target else cmd.matrix
+            continue  # (the value now goes by the other matrix's number)
+        if cmd.matrix == target or cmd.src_matrix == target:
+            return False  # (resized, compressed, ...)
+        if t in _MULTI or (t in _NODE_CMDS and (cmd.table >= 0 or cmd.deriv_table >= 0)):
+            named = tables.get(j)
+            if named is None:
+                named = tables[j] = _table_matrices(c, cmd)
+            if target in named:
+                return False
+        on = {f for f in SUBMATRIX_FIELDS if (s := getattr(cmd, f)) and subs[s].matrix == target}
+        if not on:
+            continue
+        if t in (CT.MATRIX_COPY, CT.COPY_ROWS, CT.SET_CONST) and on == {"dst"} \
+                and _whole(c, cmd.dst):
+            return True  # (overwritten as a whole: the value is gone)
+        if t in _COPIES and on == {"src"}:
+            if not _sign_free_value(c, j, subs[cmd.dst].matrix, producer, comps, tables):
+                return False
+            continue
+        if t is CT.PROVIDE_OUTPUT and on == {"src"}:
+            if cmd.release:
+                return True  # (handed over: gone)
+            continue
+        if t in _NODE_CMDS and cmd.node != producer and on <= {"in_value", "out_value"}:
+            comp = comps.get(cmd.node)
+            if comp is None:
+                return False
+            if t is not CT.PROPAGATE or "in_value" in on:
+                if comp.type_name not in _SIGN_FREE:
+                    return False
+                continue
+            if _whole(c, cmd.out_value):  # (a whole write: the value ends, or is added to)
+                return not comp.properties() & Flags.PROPAGATE_ADDS
+        return False
+    return True
+
+
 def _row_block_plan(c: NnetComputation, i: int, d, src_matrix: int):
     """(propagate index, (deallocs to move...)) for the copy at ``i`` (see
     :func:`_row_block_plans`), or None."""
@@ -918,7 +1044,7 @@ def _prepare(c: NnetComputation, cmd: Command):
         pre, node, memo_id, stats = (c.precomputed[cmd.precomputed], cmd.node, cmd.memo,
                                      cmd.alpha == 2.0)
 
-        def propagate(M, be, x):
+        def plain(M, be, x):
             iv, ov = _get(M, im, ik), _get(M, om, ok)
             comp = x._components[node]
             memo = comp.propagate(pre, iv, ov)
@@ -926,6 +1052,15 @@ def _prepare(c: NnetComputation, cmd: Command):
                 x.memos[memo_id] = memo
             if stats:
                 comp.store_stats(iv, ov, memo)
+
+        cid = id(cmd)
+
+        def propagate(M, be, x):
+            if cid in x._unrefined:
+                with near_zero_refinement(False):
+                    plain(M, be, x)
+            else:
+                plain(M, be, x)
         return propagate
     if t in (CT.MATRIX_COPY, CT.MATRIX_ADD, CT.COPY_ROWS, CT.ADD_ROWS, CT.ADD_ROW_RANGES) \
             and cmd.dst and cmd.src:
