@@ -199,6 +199,30 @@ class NnetComputer:
             ) if self._has_backward else frozenset()
         return ids
 
+    @property
+    def _masked(self) -> frozenset:
+        """``id`` of each DECOMPRESS_MATRIX that is skipped and of the ReLU
+        BACKPROP that then reads the compressed codes as its output's ``> 0``
+        mask (:func:`relu_mask_plans`; NumPy backend only, made when first
+        needed)."""
+        ids = self.__dict__.get("_masked_")
+        if ids is None:
+            cmds = self.c.commands
+            plans = relu_mask_plans(self.c, self._components) \
+                if isinstance(self.backend, NumpyBackend) else {}
+            ids = self._masked_ = frozenset(id(cmds[i]) for p in plans.items() for i in p)
+        return ids
+
+    def _mask(self, s: int) -> np.ndarray:
+        """Submatrix ``s`` of a sign-only compressed matrix as the bool mask of its
+        positive entries (what its decompression's ``> 0`` would be)."""
+        from .compression import positive_mask
+
+        sm = self.c.submatrices[s]
+        mask = positive_mask(self.matrices[sm.matrix])
+        return mask[sm.row_offset:sm.row_offset + sm.num_rows,
+                    sm.col_offset:sm.col_offset + sm.num_cols]
+
     # -- validation -------------------------------------------------------------
     def _check(self, what: str, name: str, value, rows: int, cols: int):
         if _is_tensor(value):
@@ -312,8 +336,10 @@ class NnetComputer:
                 grad = self.grads.get(name)
                 if grad is None:
                     grad = self.grads[name] = _zero_gradient(comp, self.dtype, be)
+            out_value = self._mask(cmd.out_value) if id(cmd) in self._masked \
+                else self._sub(cmd.out_value)
             args = (self.c.precomputed[cmd.precomputed], self._sub(cmd.in_value),
-                    self._sub(cmd.out_value), self._sub(cmd.out_deriv),
+                    out_value, self._sub(cmd.out_deriv),
                     self.memos.pop(cmd.memo, None) if cmd.memo else None, grad,
                     self._sub(cmd.in_deriv) if cmd.deriv_table < 0 else
                     [self._sub(s) for s in self.c.indexes_blocks[cmd.deriv_table].tolist()])
@@ -348,6 +374,8 @@ class NnetComputer:
             self.matrices[m] = compress(old[m], cmd.compress_kind, cmd.alpha)
             self._release(old, m)  # (NumPy: its buffer to the pool, for the decompression)
         elif t is CT.DECOMPRESS_MATRIX:
+            if id(cmd) in self._masked:
+                return  # (its only reader takes the codes as a mask: relu_mask_plans)
             from .compression import decompress
             m = self.c.submatrices[cmd.dst].matrix
             shape = self.matrices[m].shape
@@ -763,6 +791,54 @@ def sign_free_propagates(c: NnetComputation, comps: dict) -> list[int]:
         if subs[cmd.in_value].matrix != target and _sign_free_value(c, i, target, cmd.node,
                                                                     comps, tables):
             out.append(i)
+    return out
+
+
+def relu_mask_plans(c: NnetComputation, comps: dict) -> dict[int, int]:
+    """``{decompression: backprop}``: each DECOMPRESS_MATRIX of a sign-only
+    compression (range 0: Kaldi's for a ReLU output that only the ReLU's backprop
+    reads) whose matrix is then touched only by one BACKPROP of a node whose
+    component is a RectifiedLinearComponent with its own backprop (which takes its
+    output value as a bool mask: it only reads ``y > 0``), reading it as that
+    output value, and then freed. That backprop may take the positive codes as
+    the mask (runtime/compression.positive_mask): no float matrix is written and
+    read again; the same mask, the same floats."""
+    from ..components.nonlinear import RectifiedLinearComponent as Relu
+
+    subs, cmds = c.submatrices, c.commands
+    tables: dict[int, frozenset] = {}
+    out: dict[int, int] = {}
+    for i, cmd in enumerate(cmds):
+        if cmd.type is not CT.DECOMPRESS_MATRIX or cmd.alpha != 0.0 or not cmd.dst:
+            continue
+        m = subs[cmd.dst].matrix
+        reader = None
+        for j in range(i + 1, len(cmds)):
+            x = cmds[j]
+            if x.type in _NOOPS:
+                continue
+            if x.type is CT.DEALLOC_MATRIX and x.matrix == m:
+                if reader is not None:
+                    out[i] = reader
+                break
+            if x.matrix == m or x.src_matrix == m:
+                break  # (resized, swapped, compressed again ...)
+            if x.type in _MULTI or (x.type in _NODE_CMDS
+                                    and (x.table >= 0 or x.deriv_table >= 0)):
+                named = tables.get(j)
+                if named is None:
+                    named = tables[j] = _table_matrices(c, x)
+                if m in named:
+                    break
+            on = {f for f in SUBMATRIX_FIELDS if (s := getattr(x, f)) and subs[s].matrix == m}
+            if not on:
+                continue
+            comp = comps.get(x.node)
+            if (reader is not None or x.type not in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
+                    or on != {"out_value"} or not isinstance(comp, Relu)
+                    or type(comp).backprop is not Relu.backprop):
+                break
+            reader = j
     return out
 
 
