@@ -114,7 +114,9 @@ _REFINE = contextvars.ContextVar("pynnet3_refine_near_zero", default=True)
 def near_zero_refinement(enabled: bool):
     """Within this context (per thread / task), :func:`refine_near_zero` runs only
     when ``enabled``. The runtime turns it off for computations with no backward
-    pass, where the sign of a near-zero pre-activation gates no derivative."""
+    pass, where the sign of a near-zero pre-activation gates no derivative, and in
+    training for the propagates whose output no use gates on a sign (e.g. an output
+    layer feeding a log-softmax: runtime.computer.sign_free_propagates)."""
     token = _REFINE.set(bool(enabled))
     try:
         yield
@@ -124,8 +126,9 @@ def near_zero_refinement(enabled: bool):
 
 def backward_follows() -> bool:
     """False inside ``near_zero_refinement(False)``: the runtime is running a
-    computation with no backward pass, so forward kernels may trade bit-identity
-    with the spliced-input product for speed (float32 rounding only)."""
+    computation with no backward pass, or a propagate whose output's signs gate no
+    derivative, so forward kernels may trade bit-identity with the spliced-input
+    product for speed (float32 rounding only)."""
     return _REFINE.get()
 
 
