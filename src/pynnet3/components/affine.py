@@ -245,7 +245,7 @@ def refine_near_zero(out: np.ndarray, x: np.ndarray, w: np.ndarray,
         loose32 = np.float32(loose)
     if loose32 < loose:
         loose32 = np.nextafter(loose32, np.float32(np.inf))
-    flat = np.flatnonzero(np.abs(out) <= loose32)  # (2-D nonzero: ~15x slower)
+    flat = _flat_true(np.abs(out) <= loose32)  # (2-D nonzero: ~15x slower)
     if not len(flat):
         return
     rows, cols = np.divmod(flat, out.shape[1])
@@ -268,6 +268,20 @@ def refine_near_zero(out: np.ndarray, x: np.ndarray, w: np.ndarray,
     if b is not None:
         exact += b[cols[keep]]
     out[rows[keep], cols[keep]] = exact
+
+
+def _flat_true(mask: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(mask)`` of a C-contiguous bool array, faster when few
+    entries are True: the 8-byte words that hold any are found first (a scan of
+    an eighth as many entries), then their bytes. The same indices, in order."""
+    flat = mask.reshape(-1)
+    if flat.size < 4096 or flat.size % 8 or not flat.flags.c_contiguous:
+        return np.flatnonzero(flat)
+    words = np.flatnonzero(flat.view(np.uint64) != 0)
+    if len(words) * 8 > flat.size // 16:  # (many: the plain scan)
+        return np.flatnonzero(flat)
+    r, c = np.nonzero(flat.view(np.uint8).reshape(-1, 8)[words])
+    return words[r] * 8 + c
 
 
 def _row_window(blk: np.ndarray):
