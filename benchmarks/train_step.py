@@ -23,7 +23,7 @@ assertions. ``--profile NET:N`` prints a cProfile summary of that case instead, 
 the time per command type and per component type.
 
     python benchmarks/train_step.py [--nets tdnnf_chain,xvector] [--ns 1,8,32,128]
-                                    [--reps 5] [--profile xvector:128]
+                                    [--reps 5] [--clock cpu] [--profile xvector:128]
 """
 
 from __future__ import annotations
@@ -87,7 +87,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ns", default="1,8,32,128")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile", default=None, metavar="NET:N")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: time.process_time (this process's CPU time, steadier on a "
+                         "shared host; one BLAS thread, so it is the step's time)")
     args = ap.parse_args(argv)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     ref = reference_dir()
     kaldi = kaldi_ms(ref, "train")
     rng = np.random.default_rng(0)
@@ -100,7 +104,8 @@ def main(argv=None) -> int:
         return 0
     head = (f"{'network':<13} {'N':>4} {'ours':>8} {'gemm':>8} {'kaldi':>8} "
             f"{'ours/kaldi':>10} {'ours/gemm':>9} {'gemm/kaldi':>10}")
-    print_head(f"train step ms (forward + backward + model gradients; min of {args.reps}), "
+    print_head(f"train step ms (forward + backward + model gradients; min of {args.reps}, "
+               f"{args.clock} clock), "
                f"train shapes, OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}",
                head)
     for net in args.nets.split(","):
@@ -111,8 +116,8 @@ def main(argv=None) -> int:
             inputs, derivs = make_data(nnet, req, rng)
             comp = cc.compile(req)
             ours = best_ms(lambda m=nnet, c=comp, x=inputs, d=derivs:
-                           NnetComputer(m, c).run(dict(x), dict(d)), args.reps)
-            gemm = best_ms(gemm_runner(gemm_shapes(nnet, comp), rng), args.reps)
+                           NnetComputer(m, c).run(dict(x), dict(d)), args.reps, clock)
+            gemm = best_ms(gemm_runner(gemm_shapes(nnet, comp), rng), args.reps, clock)
             k = kaldi.get((net, n))
             kr = f"{ours / k:>10.2f}" if k else f"{'-':>10}"
             gk = f"{gemm / k:>10.2f}" if k else f"{'-':>10}"

@@ -236,6 +236,36 @@ def test_finite_difference_gradient(config):
     finite_difference_check(comp, x, params=False)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_forward_and_backprop_bits(dtype):
+    """ReLU's NumPy fast forms (np_kernels.relu; the mask written as floats, then
+    multiplied) give the bits of ``max(x, 0)`` and ``dy * (y > 0)``: NaN, inf and
+    signed zeros in x, y and dy, a column view, in place."""
+    comp = make("type=RectifiedLinearComponent dim=7")
+    rng = np.random.default_rng(5)
+    specials = np.array([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1e-40, -1e-40], dtype)
+    x = rng.standard_normal((300, 7)).astype(dtype)
+    x.reshape(-1)[::3] = rng.choice(specials, size=x.size // 3 + 1)[:len(x.reshape(-1)[::3])]
+    dy = rng.standard_normal((300, 7)).astype(dtype)
+    dy.reshape(-1)[1::4] = rng.choice(specials, size=len(dy.reshape(-1)[1::4]))
+
+    def bits(a):
+        return a.view(np.int32 if dtype == np.float32 else np.int64)
+
+    y = np.empty_like(x)
+    comp.propagate(None, x, y)
+    assert np.array_equal(bits(y), bits(np.maximum(x, 0.0)))
+    big = np.zeros((300, 10), dtype)
+    big[:, 2:9] = x
+    comp.propagate(None, big[:, 2:9], big[:, 2:9])  # a column view, in place
+    assert np.array_equal(bits(np.ascontiguousarray(big[:, 2:9])), bits(y))
+    for y_in in (y, (y > 0).astype(dtype)):  # (a decompressed ReLU output is 0/1)
+        dx = np.full_like(x, 7.0)
+        comp.backprop(None, None, y_in, dy, None, None, dx)
+        assert np.array_equal(bits(dx), bits(dy * (y_in > 0)))
+
+
 def test_relu_finite_difference_away_from_kink():
     comp = make("type=RectifiedLinearComponent dim=6")
     x = np.random.default_rng(2).standard_normal((4, 6))

@@ -134,3 +134,18 @@ def test_affine_block_input_same_bits_as_spliced():
     np.testing.assert_array_equal(got, want)
     plain = x @ w.T + b
     assert (want != plain).any()  # the refinement did change entries
+
+
+@pytest.mark.parametrize("n", [0, 7, 4096, 4104, 5120 * 160, 4099])
+@pytest.mark.parametrize("density", [0.0, 1e-4, 0.01, 0.5, 1.0])
+def test_flat_true_is_flatnonzero(n, density):
+    from pynnet3.components.affine import _flat_true
+
+    rng = np.random.default_rng(n)
+    mask = rng.random(n) < density
+    if n and density:
+        mask[-1] = True  # (the last byte of the last word)
+        mask[0] = True
+    got = _flat_true(mask.reshape(-1, 8) if n % 8 == 0 and n else mask)
+    np.testing.assert_array_equal(got, np.flatnonzero(mask))
+    assert got.dtype == np.flatnonzero(mask).dtype

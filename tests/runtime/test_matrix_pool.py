@@ -140,3 +140,54 @@ def test_runs_agree_with_and_without_the_pool(train_case):
                 _same(ref, r)
     finally:
         matrix_pool.set_pool_limit(old)
+
+
+def test_compressed_matrices_go_through_the_pool(monkeypatch):
+    """COMPRESS_MATRIX hands the float matrix's buffer to the pool and
+    DECOMPRESS_MATRIX takes its output from there (undefined contents, all
+    overwritten): the same bits as without the pool, on stale buffers too. (The
+    ReLU backprops' mask from the codes is turned off: it skips the decompression.)"""
+    import copy
+
+    from pynnet3.computation import CommandType as CT
+    from pynnet3.runtime import compression
+    from pynnet3.runtime import computer as rc
+    from tests.optimize import memory_cases as mc
+
+    monkeypatch.setattr(rc, "relu_mask_plans", lambda c, comps: {})
+
+    nnet, req, x, d = mc.small_case(mc.RELU, n=64)
+    comp = pynnet3.compile(nnet, req)
+    assert any(cmd.type is CT.DECOMPRESS_MATRIX for cmd in comp.commands)
+
+    def run():
+        return pynnet3.run(copy.deepcopy(nnet), comp, dict(x), dict(d))
+
+    old = matrix_pool.POOL.limit_bytes
+    try:
+        matrix_pool.set_pool_limit(0)
+        ref = run()
+        matrix_pool.set_pool_limit(64 << 20)
+        pooled, results, into = set(), [], []
+        take, decompress = matrix_pool.POOL.take, compression.decompress
+
+        def spy_take(rows, cols, dtype):
+            arr = take(rows, cols, dtype)
+            if arr is not None:
+                arr.fill(np.nan)  # (stale contents must not matter)
+                pooled.add(arr.ctypes.data)
+            return arr
+
+        def spy_decompress(obj, out):
+            into.append(out.ctypes.data in pooled)
+            decompress(obj, out)
+
+        monkeypatch.setattr(matrix_pool.POOL, "take", spy_take)
+        monkeypatch.setattr(compression, "decompress", spy_decompress)
+        for _ in range(3):
+            results.append(run())  # (kept: no fresh array reuses a pooled address)
+            _same(ref, results[-1])
+        # (in the first run a same-shaped allocation in between may take the buffer)
+        assert len(into) == 3 and all(into[1:])
+    finally:
+        matrix_pool.set_pool_limit(old)

@@ -22,6 +22,7 @@ import contextvars
 import numpy as np
 
 from ..io.kaldi_stream import make_reader
+from . import np_kernels
 from .base import Flags, UpdatableComponent, overwrite_by_zeroing, register, require
 from .blas import available as blas_direct
 from .blas import column_block_path
@@ -113,7 +114,9 @@ _REFINE = contextvars.ContextVar("pynnet3_refine_near_zero", default=True)
 def near_zero_refinement(enabled: bool):
     """Within this context (per thread / task), :func:`refine_near_zero` runs only
     when ``enabled``. The runtime turns it off for computations with no backward
-    pass, where the sign of a near-zero pre-activation gates no derivative."""
+    pass, where the sign of a near-zero pre-activation gates no derivative, and in
+    training for the propagates whose output no use gates on a sign (e.g. an output
+    layer feeding a log-softmax: runtime.computer.sign_free_propagates)."""
     token = _REFINE.set(bool(enabled))
     try:
         yield
@@ -123,8 +126,9 @@ def near_zero_refinement(enabled: bool):
 
 def backward_follows() -> bool:
     """False inside ``near_zero_refinement(False)``: the runtime is running a
-    computation with no backward pass, so forward kernels may trade bit-identity
-    with the spliced-input product for speed (float32 rounding only)."""
+    computation with no backward pass, or a propagate whose output's signs gate no
+    derivative, so forward kernels may trade bit-identity with the spliced-input
+    product for speed (float32 rounding only)."""
     return _REFINE.get()
 
 
@@ -241,7 +245,7 @@ def refine_near_zero(out: np.ndarray, x: np.ndarray, w: np.ndarray,
         loose32 = np.float32(loose)
     if loose32 < loose:
         loose32 = np.nextafter(loose32, np.float32(np.inf))
-    flat = np.flatnonzero(np.abs(out) <= loose32)  # (2-D nonzero: ~15x slower)
+    flat = _flat_true(np.abs(out) <= loose32)  # (2-D nonzero: ~15x slower)
     if not len(flat):
         return
     rows, cols = np.divmod(flat, out.shape[1])
@@ -264,6 +268,20 @@ def refine_near_zero(out: np.ndarray, x: np.ndarray, w: np.ndarray,
     if b is not None:
         exact += b[cols[keep]]
     out[rows[keep], cols[keep]] = exact
+
+
+def _flat_true(mask: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(mask)`` of a C-contiguous bool array, faster when few
+    entries are True: the 8-byte words that hold any are found first (a scan of
+    an eighth as many entries), then their bytes. The same indices, in order."""
+    flat = mask.reshape(-1)
+    if flat.size < 4096 or flat.size % 8 or not flat.flags.c_contiguous:
+        return np.flatnonzero(flat)
+    words = np.flatnonzero(flat.view(np.uint64) != 0)
+    if len(words) * 8 > flat.size // 16:  # (many: the plain scan)
+        return np.flatnonzero(flat)
+    r, c = np.nonzero(flat.view(np.uint8).reshape(-1, 8)[words])
+    return words[r] * 8 + c
 
 
 def _row_window(blk: np.ndarray):
@@ -504,7 +522,10 @@ class AffineComponent(BlockInputMixin, UpdatableComponent):
             return None
         # (into the output: no product temporary; the same sgemm, the same bits)
         xp.matmul(in_value, xp.param(self.linear_params, in_value).T, out=out_value)
-        out_value += xp.param(self.bias_params, in_value)
+        if xp.is_numpy:  # (the bias tiled over rows: np_kernels.rowwise, same floats)
+            np_kernels.rowwise(np.add, out_value, _param(self.bias_params, in_value), out_value)
+        else:
+            out_value += xp.param(self.bias_params, in_value)
         if blocks is None:
             refine_near_zero(out_value, in_value, self.linear_params, self.bias_params)
         else:

@@ -22,7 +22,7 @@ import warnings
 
 import numpy as np
 
-from . import device_stats
+from . import device_stats, np_kernels
 from .affine import f32
 from .base import Component, Flags, check_finite, register, require
 from .device_stats import stats_attribute
@@ -244,7 +244,11 @@ class BatchNormComponent(Component):
         # scale = (max(var, 0) + eps)^-0.5 * target-rms, computed as Kaldi does it.
         scaled_var = xp.maximum((uvar - mean * mean) * float(var_scale), 0.0)
         scale = (scaled_var + float(var_scale * ft(self.epsilon))) ** -0.5
-        if out_value.shape == x.shape and out_value.dtype == dt:
+        if out_value.shape == x.shape and out_value.dtype == dt and xp.is_numpy:
+            # the same, with the row vectors tiled (np_kernels.rowwise: same floats)
+            np_kernels.rowwise(np.subtract, x, mean, out_value)
+            np_kernels.rowwise(np.multiply, out_value, scale, out_value)
+        elif out_value.shape == x.shape and out_value.dtype == dt:
             # straight into the output (elementwise, so it may alias the input)
             xp.subtract(x, mean, out=out_value)
             out_value *= scale
@@ -269,6 +273,14 @@ class BatchNormComponent(Component):
             coeff = float(ft(-1.0 / (self.target_rms * self.target_rms * n)))
             var_deriv_mod = coeff * xp.einsum("ij,ij->j", z, dz) * scale
             mean_deriv = xp.sum(dz, axis=0) / float(ft(n))
+            if in_deriv.shape == dz.shape and in_deriv.dtype == dt and xp.is_numpy:
+                # the same again, the row vectors tiled (np_kernels.rowwise)
+                zterm = np.empty_like(z)
+                np_kernels.rowwise(np.multiply, z, var_deriv_mod, zterm)
+                np_kernels.rowwise(np.subtract, dz, mean_deriv, in_deriv)
+                np_kernels.rowwise(np.multiply, in_deriv, scale, in_deriv)
+                in_deriv += zterm
+                return
             if in_deriv.shape == dz.shape and in_deriv.dtype == dt:
                 # the same float ops, into in_deriv (which may alias out_deriv: dz is
                 # not read after the subtraction)

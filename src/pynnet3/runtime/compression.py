@@ -34,7 +34,7 @@ from ..computation import INT8, INT16, UINT8, UINT16, bytes_per_element
 from ..errors import PynnetError
 
 __all__ = ["INT8", "INT16", "UINT8", "UINT16", "CompressedMatrix", "bytes_per_element",
-           "compress", "decompress"]
+           "compress", "decompress", "positive_mask"]
 
 # (the kinds and their storage are the computation's: optimize and analysis use them)
 _TYPES = {INT8: np.int8, UINT8: np.uint8, INT16: np.int16, UINT16: np.uint16}
@@ -99,6 +99,17 @@ def compress(array, kind: int, range: float) -> CompressedMatrix:  # noqa: A002 
     xp.rint(q, out=q)
     xp.clip(q, info.min, info.max, out=q)
     return CompressedMatrix(_codes(xp, q, itype), scale)
+
+
+def positive_mask(obj: CompressedMatrix) -> np.ndarray:
+    """``decompressed > 0`` of a sign-only compression (scale 1) with NumPy codes,
+    as a bool array, without the float matrix: the decompressed values are the
+    codes themselves, so it is ``codes > 0``; an unsigned kind's codes are that
+    mask already (0/1 bytes from ``x > 0``: a view)."""
+    d = obj.data
+    if obj.scale != 1.0 or not isinstance(d, np.ndarray):
+        raise PynnetError("positive_mask: a sign-only NumPy compression is needed")
+    return d.view(np.bool_) if d.dtype == np.uint8 else d > 0
 
 
 def decompress(obj: CompressedMatrix, out) -> None:

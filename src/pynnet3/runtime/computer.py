@@ -27,11 +27,12 @@ from ..errors import PynnetError, RuntimeInputError
 from ..index import unique_keys
 from .backend import get_backend
 from .numpy_backend import NumpyBackend
+from .value_uses import MULTI_ROW_OPS as _MULTI
+from .value_uses import NOOPS as _NOOPS
+from .value_uses import relu_mask_plans, sign_free_propagates
+from .value_uses import whole as _whole
 
 _IO = (CT.ACCEPT_INPUT, CT.PROVIDE_OUTPUT)
-# Commands that do nothing at run time; I/O lookups step over them.
-_NOOPS = (CT.NO_OPERATION, CT.NO_OPERATION_PERMANENT, CT.NO_OPERATION_MARKER,
-          CT.NO_OPERATION_LABEL)
 
 
 @dataclass
@@ -184,6 +185,45 @@ class NnetComputer:
                                          for n in nnet.nodes if n.kind == "component-node"}
         return comps
 
+    @property
+    def _unrefined(self) -> frozenset:
+        """``id`` of each PROPAGATE command that runs without the affine near-zero
+        refinement although a backward pass follows: no use of its output gates a
+        derivative on the sign of an entry (:func:`sign_free_propagates`), so the
+        float32 product's rounding is all the difference, as in a forward-only run
+        (made when first needed; empty without a backward pass)."""
+        ids = self.__dict__.get("_unrefined_")
+        if ids is None:
+            cmds = self.c.commands
+            ids = self._unrefined_ = frozenset(
+                id(cmds[i]) for i in sign_free_propagates(self.c, self._components)
+            ) if self._has_backward else frozenset()
+        return ids
+
+    @property
+    def _masked(self) -> frozenset:
+        """``id`` of each DECOMPRESS_MATRIX that is skipped and of the ReLU
+        BACKPROP that then reads the compressed codes as its output's ``> 0``
+        mask (:func:`relu_mask_plans`; NumPy backend only, made when first
+        needed)."""
+        ids = self.__dict__.get("_masked_")
+        if ids is None:
+            cmds = self.c.commands
+            plans = relu_mask_plans(self.c, self._components) \
+                if isinstance(self.backend, NumpyBackend) else {}
+            ids = self._masked_ = frozenset(id(cmds[i]) for p in plans.items() for i in p)
+        return ids
+
+    def _mask(self, s: int) -> np.ndarray:
+        """Submatrix ``s`` of a sign-only compressed matrix as the bool mask of its
+        positive entries (what its decompression's ``> 0`` would be)."""
+        from .compression import positive_mask
+
+        sm = self.c.submatrices[s]
+        mask = positive_mask(self.matrices[sm.matrix])
+        return mask[sm.row_offset:sm.row_offset + sm.num_rows,
+                    sm.col_offset:sm.col_offset + sm.num_cols]
+
     # -- validation -------------------------------------------------------------
     def _check(self, what: str, name: str, value, rows: int, cols: int):
         if _is_tensor(value):
@@ -268,18 +308,11 @@ class NnetComputer:
         t = cmd.type
         be = self.backend
         if t is CT.PROPAGATE:
-            comp = self._components[cmd.node]
-            pre = self.c.precomputed[cmd.precomputed]
-            iv, ov = self._sub(cmd.in_value), self._sub(cmd.out_value)
-            if cmd.in_value == 0 and cmd.table >= 0:  # input read as column blocks
-                blocks = [self._sub(s) for s in self.c.indexes_blocks[cmd.table].tolist()]
-                memo = comp.propagate_blocks(pre, blocks, ov)
+            if id(cmd) in self._unrefined:
+                with near_zero_refinement(False):
+                    self._propagate(cmd)
             else:
-                memo = comp.propagate(pre, iv, ov)
-            if cmd.memo:
-                self.memos[cmd.memo] = memo
-            if cmd.alpha == 2.0:  # store-stats flag
-                comp.store_stats(iv, ov, memo)
+                self._propagate(cmd)
         elif t is CT.ALLOC_MATRIX:
             info = self.c.matrices[cmd.matrix]
             self.matrices[cmd.matrix] = self._alloc(info.rows, info.cols, self.dtype)
@@ -304,8 +337,10 @@ class NnetComputer:
                 grad = self.grads.get(name)
                 if grad is None:
                     grad = self.grads[name] = _zero_gradient(comp, self.dtype, be)
+            out_value = self._mask(cmd.out_value) if id(cmd) in self._masked \
+                else self._sub(cmd.out_value)
             args = (self.c.precomputed[cmd.precomputed], self._sub(cmd.in_value),
-                    self._sub(cmd.out_value), self._sub(cmd.out_deriv),
+                    out_value, self._sub(cmd.out_deriv),
                     self.memos.pop(cmd.memo, None) if cmd.memo else None, grad,
                     self._sub(cmd.in_deriv) if cmd.deriv_table < 0 else
                     [self._sub(s) for s in self.c.indexes_blocks[cmd.deriv_table].tolist()])
@@ -336,13 +371,18 @@ class NnetComputer:
             from .compression import compress
             m = self.c.submatrices[cmd.dst].matrix
             # (on the matrix's backend and device: nothing goes through the host)
-            self.matrices[m] = compress(self.matrices[m], cmd.compress_kind, cmd.alpha)
+            old = {m: self.matrices[m]}
+            self.matrices[m] = compress(old[m], cmd.compress_kind, cmd.alpha)
+            self._release(old, m)  # (NumPy: its buffer to the pool, for the decompression)
         elif t is CT.DECOMPRESS_MATRIX:
+            if id(cmd) in self._masked:
+                return  # (its only reader takes the codes as a mask: relu_mask_plans)
             from .compression import decompress
             m = self.c.submatrices[cmd.dst].matrix
             shape = self.matrices[m].shape
-            out = np.empty(shape, dtype=self.dtype) if isinstance(be, NumpyBackend) \
-                else be.zeros(shape[0], shape[1], self.dtype)  # (NumPy: no zeroing)
+            # (NumPy: a pooled buffer with warm pages, not zeroed; decompress writes all)
+            out = self._alloc(shape[0], shape[1], self.dtype) if isinstance(be, NumpyBackend) \
+                else be.zeros(shape[0], shape[1], self.dtype)
             decompress(self.matrices[m], out)
             self.matrices[m] = out
         elif t is CT.GOTO_LABEL:
@@ -351,6 +391,20 @@ class NnetComputer:
             pass
         else:
             raise NotImplementedError(f"command {t.value} is not supported by the runtime")
+
+    def _propagate(self, cmd: Command) -> None:
+        comp = self._components[cmd.node]
+        pre = self.c.precomputed[cmd.precomputed]
+        iv, ov = self._sub(cmd.in_value), self._sub(cmd.out_value)
+        if cmd.in_value == 0 and cmd.table >= 0:  # input read as column blocks
+            blocks = [self._sub(s) for s in self.c.indexes_blocks[cmd.table].tolist()]
+            memo = comp.propagate_blocks(pre, blocks, ov)
+        else:
+            memo = comp.propagate(pre, iv, ov)
+        if cmd.memo:
+            self.memos[cmd.memo] = memo
+        if cmd.alpha == 2.0:  # store-stats flag
+            comp.store_stats(iv, ov, memo)
 
     def _label_of(self, cmd: Command) -> int:
         """Index of the goto's NO_OPERATION_LABEL (its ``label`` field, or the only
@@ -635,7 +689,6 @@ def _program_for(c: NnetComputation) -> _Program:
     return program
 
 
-_MULTI = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI, CT.ADD_TO_ROWS_MULTI)
 _WRITES = frozenset(("dst", "out_value", "out_deriv", "in_deriv"))  # (fields written)
 _FILLS = (CT.MATRIX_COPY, CT.MATRIX_ADD, CT.COPY_ROWS, CT.ADD_ROWS, CT.SET_CONST)
 
@@ -797,13 +850,6 @@ def _prepare_overwrite(c: NnetComputation, zeroing: Command, cmd: Command):
     return propagate_overwrite
 
 
-def _whole(c: NnetComputation, s: int) -> bool:
-    sm = c.submatrices[s]
-    info = c.matrices[sm.matrix]
-    return (sm.row_offset == 0 and sm.col_offset == 0 and sm.num_rows == info.rows
-            and sm.num_cols == info.cols)
-
-
 def _stats_plans(c: NnetComputation) -> dict[int, tuple[int, tuple]]:
     """Forward-only peephole: ``{pooling: (extraction, (deallocs moved after the
     pooling...))}`` where a statistics extraction with one row per window (x-vector
@@ -920,7 +966,7 @@ def _prepare(c: NnetComputation, cmd: Command):
         pre, node, memo_id, stats = (c.precomputed[cmd.precomputed], cmd.node, cmd.memo,
                                      cmd.alpha == 2.0)
 
-        def propagate(M, be, x):
+        def plain(M, be, x):
             iv, ov = _get(M, im, ik), _get(M, om, ok)
             comp = x._components[node]
             memo = comp.propagate(pre, iv, ov)
@@ -928,6 +974,15 @@ def _prepare(c: NnetComputation, cmd: Command):
                 x.memos[memo_id] = memo
             if stats:
                 comp.store_stats(iv, ov, memo)
+
+        cid = id(cmd)
+
+        def propagate(M, be, x):
+            if cid in x._unrefined:
+                with near_zero_refinement(False):
+                    plain(M, be, x)
+            else:
+                plain(M, be, x)
         return propagate
     if t in (CT.MATRIX_COPY, CT.MATRIX_ADD, CT.COPY_ROWS, CT.ADD_ROWS, CT.ADD_ROW_RANGES) \
             and cmd.dst and cmd.src:
