@@ -1,5 +1,5 @@
 """NnetComputer(cache_program=True): the commands prepared once per computation
-(runtime/computer.py _Program) run exactly as the command-by-command path does."""
+(runtime/program.py Program) run exactly as the command-by-command path does."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import pynnet3
 from pynnet3.computation import CommandType as CT
 from pynnet3.errors import PynnetError, RuntimeInputError
-from pynnet3.runtime import computer as C
+from pynnet3.runtime import program as P
 from pynnet3.runtime.computer import NnetComputer
 from tests.compiler import nets as N
 from tests.compiler.test_commands import CASES, DERIVS
@@ -29,9 +29,9 @@ def _both(nnet, c, x, d):
 
 def _assert_same(a, b, c=None):
     """Equal results; where ``c``'s program multiplies a repeated-row block once per
-    source row (``C._row_block_plans``, forward only), outputs equal up to float32
+    source row (``P.row_block_plans``, forward only), outputs equal up to float32
     rounding (the product's summation order changes), else bit for bit."""
-    rounded = c is not None and bool(C._row_block_plans(c))
+    rounded = c is not None and bool(P.row_block_plans(c))
     for part in ("outputs", "input_derivs"):
         da, db = getattr(a, part), getattr(b, part)
         assert da.keys() == db.keys()
@@ -94,10 +94,10 @@ def test_one_program_per_computation_while_it_lives():
     assert a._program is b._program
     assert NnetComputer(nnet, c)._program is None  # (not asked for: none kept)
     key = id(c)
-    assert key in C._PROGRAMS
+    assert key in P._PROGRAMS
     del a, b, c
     gc.collect()
-    assert key not in C._PROGRAMS
+    assert key not in P._PROGRAMS
 
 
 def test_program_reports_a_matrix_used_before_allocation():

@@ -11,7 +11,7 @@ import pytest
 
 import pynnet3
 from pynnet3.compiler.request import request_for_frames
-from pynnet3.runtime import computer as C
+from pynnet3.runtime import program as P
 from pynnet3.runtime.computer import NnetComputer
 from tests.blas_probe import assert_same_floats_if, matmul_keeps_row_blocks, random_operands
 from tests.reference import needs_reference, realistic_decode
@@ -49,7 +49,7 @@ def _runs(nnet, req):
     x = _inputs(req)
     fast = NnetComputer(nnet, c, cache_program=True).run(x)
     plain = NnetComputer(nnet, c).run(x)
-    return fast, plain, C._row_block_plans(c)
+    return fast, plain, P.row_block_plans(c)
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -80,7 +80,7 @@ def test_a_sequence_computes_the_same_floats_in_any_batch():
     for s in range(3):
         one_req = request_for_frames(range(-1, 11), range(10), 1, ivector=True)
         c = pynnet3.compile(nnet, one_req)
-        assert C._row_block_plans(c)
+        assert P.row_block_plans(c)
         x1 = {"input": x3["input"][12 * s:12 * (s + 1)], "ivector": x3["ivector"][s:s + 1]}
         one = NnetComputer(nnet, c, cache_program=True).run(x1).outputs["output"]
         assert_same_floats_if(exact, one, three[10 * s:10 * (s + 1)])
@@ -119,7 +119,7 @@ def test_no_plan_when_a_backward_pass_follows():
     req = request_for_frames(range(-1, 11), range(10), 2, ivector=True,
                              output_deriv=True, need_model_derivative=True)
     c = pynnet3.compile(nnet, req)
-    program = C._program_for(c)
+    program = P.program_for(c)
     assert program.has_backward
     x = _inputs(req)
     d = {"output": np.ones((20, 8), np.float32)}
@@ -135,7 +135,7 @@ def test_no_plan_when_rows_are_not_repeated():
     nnet = pynnet3.Nnet.from_config(cfg, seed=1)
     req = request_for_frames(range(-1, 12), range(10), 3)
     c = pynnet3.compile(nnet, req)
-    assert C._row_block_plans(c) == {}
+    assert P.row_block_plans(c) == {}
 
 
 @needs_reference
@@ -146,7 +146,7 @@ def test_tdnnf_chain_decode_matches_kaldi_with_the_plan():
     nnet, req, inputs, outputs = realistic_decode("tdnnf_chain")
     opt = pynnet3.optimize_network(nnet)
     c = pynnet3.compile(opt, req)
-    assert C._row_block_plans(c)
+    assert P.row_block_plans(c)
     want = outputs["output"]
     out = NnetComputer(opt, c, cache_program=True).run(inputs).outputs["output"]
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
@@ -179,7 +179,7 @@ def test_one_source_deallocation_is_not_moved_for_two_plans():
     c2 = copy.deepcopy(c)
     c2.commands = [c.commands[i] for i in order]
     pynnet3.check(c2, nnet)
-    moved = [j for _, deallocs in C._row_block_plans(c2).values() for j in deallocs]
+    moved = [j for _, deallocs in P.row_block_plans(c2).values() for j in deallocs]
     assert len(moved) == len(set(moved))
     rng = np.random.default_rng(0)
     x = {io.name: rng.standard_normal((len(io.indexes), nnet.input_dim(io.name)))

@@ -1,6 +1,6 @@
 # ruff: noqa: E501
-"""The forward-only statistics peephole of the NumPy program (runtime/computer.py
-``_stats_plans``): an x-vector's statistics extraction (one row per window) read
+"""The forward-only statistics peephole of the NumPy program (runtime/program.py
+``stats_plans``): an x-vector's statistics extraction (one row per window) read
 only by the pooling is not made; the pooling sums its input's columns itself. The
 same floats as running both (a column's window sums do not depend on the others)."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pynnet3
-from pynnet3.runtime import computer as C
+from pynnet3.runtime import program as P
 from pynnet3.runtime.computer import NnetComputer
 from tests.reference import needs_reference, realistic_decode
 
@@ -46,14 +46,14 @@ def _both(nnet, n=3, frames=31):
 @pytest.mark.parametrize("var, nlc", [(True, 1), (True, 0), (False, 2)])
 def test_pooling_from_the_extractions_input_is_bit_identical(var, nlc):
     c, fast, plain = _both(_net(var, nlc))
-    assert C._stats_plans(c)
+    assert P.stats_plans(c)
     np.testing.assert_array_equal(fast, plain)
     assert np.abs(plain).max() > 0
 
 
 def test_no_plan_for_an_extraction_with_several_rows_per_window():
     c, fast, plain = _both(_net(period=2), frames=32)
-    assert not C._stats_plans(c)
+    assert not P.stats_plans(c)
     np.testing.assert_array_equal(fast, plain)
 
 
@@ -78,7 +78,7 @@ def test_xvector_decode_matches_kaldi_and_the_plain_run():
     nnet, req, inputs, outputs = realistic_decode("xvector")
     nnet = pynnet3.optimize_network(nnet)
     c = pynnet3.CachingCompiler(nnet).compile(req)
-    assert C._stats_plans(c)
+    assert P.stats_plans(c)
     want = outputs["output"]
     fast = NnetComputer(nnet, c, cache_program=True).run(dict(inputs)).outputs["output"]
     plain = NnetComputer(nnet, c).run(dict(inputs)).outputs["output"]

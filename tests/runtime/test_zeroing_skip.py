@@ -1,7 +1,7 @@
 """The NumPy program skips the zeroing that Kaldi's PROPAGATE_ADDS asks for before a
 propagate whose component writes every entry anyway (``propagate_overwrite``:
 TDNN layers without bias, Linear, StatisticsExtraction): the same results, one pass
-less (runtime/computer.py ``_zeroing_skips``)."""
+less (runtime/program.py ``zeroing_skips``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pynnet3
-from pynnet3.runtime import computer as C
+from pynnet3.runtime import program as P
 from pynnet3.runtime.computer import NnetComputer
 from tests.reference import needs_reference, realistic_decode
 
@@ -54,7 +54,7 @@ def test_program_skips_the_zeroing_and_computes_the_same():
     nnet = _net()
     req = pynnet3.ComputationRequest.from_frames(range(-1, 20), range(0, 1), 3)
     c = pynnet3.compile(nnet, req)
-    assert C._zeroing_skips(c), "no zeroing before a PROPAGATE_ADDS propagate found"
+    assert P.zeroing_skips(c), "no zeroing before a PROPAGATE_ADDS propagate found"
     x = {"input": np.random.default_rng(2).standard_normal((63, 5)).astype(np.float32)}
     fast = NnetComputer(nnet, c, cache_program=True).run(x).outputs["output"]
     plain = NnetComputer(nnet, c).run(x).outputs["output"]
@@ -72,7 +72,7 @@ def test_a_component_without_overwrite_keeps_its_zeroing():
     plain = NnetComputer(nnet, c).run(x).outputs["output"]
     comp.propagate_overwrite = None  # (instance attribute: getattr finds None)
     try:
-        C._PROGRAMS.clear()
+        P._PROGRAMS.clear()
         fast = NnetComputer(nnet, c, cache_program=True).run(x).outputs["output"]
     finally:
         del comp.propagate_overwrite
@@ -83,7 +83,7 @@ def test_a_component_without_overwrite_keeps_its_zeroing():
 def test_xvector_decode_matches_kaldi():
     nnet, req, inputs, outputs = realistic_decode("xvector")
     c = pynnet3.CachingCompiler(nnet).compile(req)
-    assert C._zeroing_skips(c)
+    assert P.zeroing_skips(c)
     want = outputs["output"]
     out = NnetComputer(nnet, c, cache_program=True).run(inputs).outputs["output"]
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
@@ -106,7 +106,7 @@ def test_a_subclass_with_its_own_propagate_keeps_its_math():
     nnet = pynnet3.Nnet.from_config(cfg, seed=1)
     nnet.components["a"].__class__ = Doubled
     c = pynnet3.compile(nnet, request_for_frames(range(10), range(10), 2))
-    assert C._zeroing_skips(c)
+    assert P.zeroing_skips(c)
     x = {"input": np.random.default_rng(0).standard_normal((20, 6)).astype(np.float32)}
     plain = NnetComputer(nnet, c).run(dict(x)).outputs["output"]
     fast = NnetComputer(nnet, c, cache_program=True).run(dict(x)).outputs["output"]
