@@ -439,7 +439,14 @@ class NnetComputer:
         result = RunResult()
         with near_zero_refinement(self._has_backward):
             if program is not None and type(self.backend) is NumpyBackend:
-                self._run_program(program, checked, result)
+                arena = self._arena(program)
+                if arena is not None and arena.lock.acquire(blocking=False):
+                    try:
+                        self._run_arena(arena, checked, result)
+                    finally:
+                        arena.lock.release()
+                else:
+                    self._run_program(program, checked, result)
             else:
                 self._run_all(checked, result)
         self.pc = len(self.c.commands)
@@ -480,6 +487,33 @@ class NnetComputer:
                                   "allocated at this point") from None
             raise
         finally:
+            self._checked = self._result = None
+
+    def _arena(self, program: Program):
+        """The program bound to kept buffers (runtime/arena.py) for this run's dtype,
+        made at the second run of a shared computation (a computation run once
+        keeps nothing); None where there is none."""
+        entry = program.arenas.get(self.dtype)
+        if entry is None or entry is True:
+            if entry is None:
+                program.arenas[self.dtype] = True
+                return None
+            from .arena import bind
+
+            entry = program.arenas[self.dtype] = bind(
+                self.c, program, self.dtype, components=self._components) or False
+        return entry or None
+
+    def _run_arena(self, arena, checked: dict, result: RunResult) -> None:
+        """:meth:`_run_program` through the arena's bound ops."""
+        be = self.backend
+        self._checked, self._result = checked, result
+        try:
+            for op, matrices in arena.ops:
+                self.matrices = matrices  # (what an op's fallback reads)
+                op(matrices, be, self)
+        finally:
+            self.matrices = {}
             self._checked = self._result = None
 
     def _hand_over(self, cmd: Command):

@@ -33,8 +33,8 @@ class Program:
     components, memos): those come from the computer each call, so computers of one
     computation share it."""
 
-    __slots__ = ("ops", "accepts", "has_backward", "looped", "matrix_ids",
-                 "__weakref__")
+    __slots__ = ("ops", "recipe", "arenas", "accepts", "has_backward", "looped",
+                 "matrix_ids", "__weakref__")
 
     def __init__(self, c: NnetComputation):
         cmds = c.commands
@@ -43,6 +43,7 @@ class Program:
                                 for cmd in cmds)
         self.looped = any(cmd.type is CT.GOTO_LABEL for cmd in cmds)
         self.matrix_ids = frozenset(range(1, len(c.matrices)))
+        self.recipe, self.arenas = [], {}
         if self.looped:
             self.ops = []
             return
@@ -60,27 +61,29 @@ class Program:
         zeroed = {p: z for p, z in zeroings.items()
                   if p not in plans and z not in skip and p not in skip}
         skip.update(zeroed.values())
-        ops = []
-        for i, cmd in enumerate(cmds):
+        # each op as (prepare function, the indexes of its commands in its argument
+        # order): what runtime/arena.py binds again to matrices kept between runs
+        recipe: list[tuple] = []
+        for i in range(len(cmds)):
             if i in skip:
                 continue
             if i in plans:
                 copy, moved = plans[i]
-                ops.append(_prepare_row_block(c, cmds[copy], cmd))
-                ops.extend(op for j in moved if (op := _prepare(c, cmds[j])) is not None)
-                continue
-            if i in stats:
+                recipe.append((_prepare_row_block, (copy, i)))
+                recipe.extend((_prepare, (j,)) for j in moved)
+            elif i in stats:
                 p1, z, moved = stats[i]
-                ops.append(_prepare_stats(c, None if z is None else cmds[z], cmds[p1], cmd))
-                ops.extend(op for j in moved if (op := _prepare(c, cmds[j])) is not None)
-                continue
-            if i in zeroed:
-                ops.append(_prepare_overwrite(c, cmds[zeroed[i]], cmd))
-                continue
-            op = _prepare(c, cmd)
-            if op is not None:
-                ops.append(op)
-        self.ops = ops
+                recipe.append((_prepare_stats, (z, p1, i)))
+                recipe.extend((_prepare, (j,)) for j in moved)
+            elif i in zeroed:
+                recipe.append((_prepare_overwrite, (zeroed[i], i)))
+            else:
+                recipe.append((_prepare, (i,)))
+        self.recipe = recipe
+        self.ops = [op for prepare, idx in recipe
+                    if (op := prepare(c, *(None if j is None else cmds[j] for j in idx)))
+                    is not None]
+        self.arenas = {}
 
 
 # id(computation) -> (weak reference to it, its Program)
@@ -202,12 +205,14 @@ def _row_block_plan(c: NnetComputation, i: int, d, src_matrix: int):
     return _sole_reader(c, i, d.matrix, src_matrix, judge)
 
 
-def _prepare_row_block(c: NnetComputation, copy: Command, cmd: Command):
+def _prepare_row_block(c: NnetComputation, copy: Command, cmd: Command,
+                       view_of=None):
     """The op of a PROPAGATE planned by :func:`row_block_plans`: the component's
     ``propagate_row_block`` where it has one, else the copy then the propagate."""
-    fallback_copy, fallback = _prepare(c, copy), _prepare(c, cmd)
-    (im, ik), (om, ok) = _view_of(c, cmd.in_value), _view_of(c, cmd.out_value)
-    sm, sk = _view_of(c, copy.src)
+    view_of = view_of or _view_of
+    fallback_copy, fallback = _prepare(c, copy, view_of), _prepare(c, cmd, view_of)
+    (im, ik), (om, ok) = view_of(c, cmd.in_value), view_of(c, cmd.out_value)
+    sm, sk = view_of(c, copy.src)
     v = c.submatrices[cmd.in_value]
     d = c.submatrices[copy.dst]
     block = (d.col_offset - v.col_offset, d.col_offset - v.col_offset + d.num_cols)
@@ -250,11 +255,13 @@ def zeroing_skips(c: NnetComputation) -> dict[int, int]:
     return out
 
 
-def _prepare_overwrite(c: NnetComputation, zeroing: Command, cmd: Command):
+def _prepare_overwrite(c: NnetComputation, zeroing: Command, cmd: Command,
+                       view_of=None):
     """The op of a PROPAGATE planned by :func:`zeroing_skips`: the component's
     ``propagate_overwrite`` where it has one, else the zeroing then the propagate."""
-    fallback_zero, fallback = _prepare(c, zeroing), _prepare(c, cmd)
-    (im, ik), (om, ok) = _view_of(c, cmd.in_value), _view_of(c, cmd.out_value)
+    view_of = view_of or _view_of
+    fallback_zero, fallback = _prepare(c, zeroing, view_of), _prepare(c, cmd, view_of)
+    (im, ik), (om, ok) = view_of(c, cmd.in_value), view_of(c, cmd.out_value)
     pre, node = c.precomputed[cmd.precomputed], cmd.node
 
     def propagate_overwrite(M, be, x):
@@ -309,14 +316,16 @@ def stats_plans(c: NnetComputation) -> dict[int, tuple[int, tuple]]:
 
 
 def _prepare_stats(c: NnetComputation, zeroing: Command | None, extract: Command,
-                   pool: Command):
+                   pool: Command, view_of=None):
     """The op of a pooling planned by :func:`stats_plans`: the pooling component's
     ``propagate_extracted`` on the extraction's input where both are the standard
     classes and it applies, else the zeroing, the extraction and the pooling."""
     from ..components.statistics import StatisticsExtractionComponent as Extraction
 
-    fallbacks = [_prepare(c, cmd) for cmd in (zeroing, extract, pool) if cmd is not None]
-    (xm, xk), (om, ok) = _view_of(c, extract.in_value), _view_of(c, pool.out_value)
+    view_of = view_of or _view_of
+    fallbacks = [_prepare(c, cmd, view_of) for cmd in (zeroing, extract, pool)
+                 if cmd is not None]
+    (xm, xk), (om, ok) = view_of(c, extract.in_value), view_of(c, pool.out_value)
     ext_pre, pool_pre = c.precomputed[extract.precomputed], c.precomputed[pool.precomputed]
     ext_node, pool_node = extract.node, pool.node
 
@@ -351,10 +360,12 @@ def _view_of(c: NnetComputation, s: int):
                        slice(sm.col_offset, sm.col_offset + sm.num_cols))
 
 
-def _prepare(c: NnetComputation, cmd: Command):
+def _prepare(c: NnetComputation, cmd: Command, view_of=None):
     """The call ``op(matrices, backend, computer)`` that executes ``cmd`` in a whole
     run on the NumPy backend, as NnetComputer._execute / _run_all do; None for a
-    no-op."""
+    no-op. ``view_of``: how a submatrix is found in ``matrices`` (default
+    :func:`_view_of`: a matrix id and the slices of a view)."""
+    view_of = view_of or _view_of
     t = cmd.type
     if t in _NOOPS:
         return None
@@ -379,7 +390,7 @@ def _prepare(c: NnetComputation, cmd: Command):
     if t is CT.PROPAGATE and not (cmd.in_value == 0 and cmd.table >= 0):
         if cmd.in_value == 0 or cmd.out_value == 0:
             return lambda M, be, x, cmd=cmd: x._execute(cmd)
-        (im, ik), (om, ok) = _view_of(c, cmd.in_value), _view_of(c, cmd.out_value)
+        (im, ik), (om, ok) = view_of(c, cmd.in_value), view_of(c, cmd.out_value)
         pre, node, memo_id, stats = (c.precomputed[cmd.precomputed], cmd.node, cmd.memo,
                                      cmd.alpha == 2.0)
 
@@ -403,7 +414,7 @@ def _prepare(c: NnetComputation, cmd: Command):
         return propagate
     if t in (CT.MATRIX_COPY, CT.MATRIX_ADD, CT.COPY_ROWS, CT.ADD_ROWS, CT.ADD_ROW_RANGES) \
             and cmd.dst and cmd.src:
-        (dm, dk), (sm, sk) = _view_of(c, cmd.dst), _view_of(c, cmd.src)
+        (dm, dk), (sm, sk) = view_of(c, cmd.dst), view_of(c, cmd.src)
         # (the program runs on the NumPy backend only: its functions, looked up once)
         fn, tables = {CT.MATRIX_COPY: (NumpyBackend.copy, ()),
                       CT.MATRIX_ADD: (NumpyBackend.add, ()),
@@ -417,7 +428,7 @@ def _prepare(c: NnetComputation, cmd: Command):
             fn(be, _get(M, dm, dk), _get(M, sm, sk), *extra, alpha)
         return binary
     if t is CT.SET_CONST and cmd.dst:
-        dm, dk = _view_of(c, cmd.dst)
+        dm, dk = view_of(c, cmd.dst)
 
         def set_const(M, be, x, alpha=cmd.alpha):
             be.set_const(_get(M, dm, dk), alpha)

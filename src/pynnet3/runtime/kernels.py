@@ -1,0 +1,210 @@
+"""Forward kernels bound to fixed arrays: a component's propagate with its Python
+work done once.
+
+An :class:`~pynnet3.runtime.arena.Arena` runs one computation on the same buffers
+run after run, so a PROPAGATE reads and writes the same views every time. For the
+components decoding spends its time in, :func:`bind_propagate` makes the
+propagate's calls once (the column blocks and weight slices a TDNN layer
+multiplies, the BLAS arguments of an accumulating GEMM, the views an LSTM step
+reads) and returns a call with no arguments that repeats them: the same NumPy and
+BLAS calls in the same order as the component's own forward-only code, hence the
+same floats.
+
+A bound call returns False, having done nothing, when the component's parameter
+arrays are no longer the ones it was bound to (replaced, not written in place);
+the arena then runs the ordinary op. Binders are registered per exact class
+(:func:`register_kernel`), so a subclass with math of its own is never bound by
+its parent's binder; users may register binders of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..components import np_kernels
+from ..components.affine import AffineComponent, LinearComponent, NaturalGradientAffineComponent
+from ..components.blas import available as blas_direct
+from ..components.blas import gemm_acc_bound
+from ..components.fused import AffineReluComponent, BlockAffineReluComponent
+from ..components.recurrent import LstmNonlinearityComponent
+from ..components.tdnn import TdnnComponent
+
+Kernel = Callable[[], bool]
+#: binder of each component class: ``binder(comp, precomputed, in_value,
+#: out_value, overwrite) -> Kernel | None``
+KERNELS: dict[type, Callable] = {}
+
+
+def register_kernel(*classes: type):
+    """Decorator: the binder of ``classes`` (exact classes, not their subclasses)."""
+    def deco(fn):
+        for cls in classes:
+            KERNELS[cls] = fn
+        return fn
+    return deco
+
+
+def bind_propagate(comp, precomputed, in_value: np.ndarray, out_value: np.ndarray,
+                   overwrite: bool) -> Kernel | None:
+    """``comp``'s forward-only propagate from ``in_value`` into ``out_value`` (with
+    ``overwrite``: into an output of undefined contents, as ``propagate_overwrite``),
+    bound; None where its class has no binder or the binder declines."""
+    binder = KERNELS.get(type(comp))
+    if binder is None or type(in_value) is not np.ndarray \
+            or type(out_value) is not np.ndarray:
+        return None
+    return binder(comp, precomputed, in_value, out_value, overwrite)
+
+
+def _same_dtype(*arrays) -> bool:
+    return all(a is not None and a.dtype == arrays[0].dtype for a in arrays)
+
+
+@register_kernel(TdnnComponent)
+def _tdnn(comp, pre, iv, ov, overwrite):
+    """TdnnComponent.propagate / propagate_overwrite where the offsets' input rows
+    are row windows (``starts``): one product per time offset."""
+    w, b, use_bias = comp.linear_params, comp.bias_params, comp.use_bias
+    if getattr(pre, "starts", None) is None or not _same_dtype(iv, ov, w):
+        return None
+    if use_bias and (not blas_direct() or not _same_dtype(ov, b)):
+        return None
+    n = pre.num_out
+    blocks = [iv[s:s + n] for s in pre.starts]
+    if len(blocks) == 1:
+        weights = [w.T]
+    else:
+        col, weights = 0, []
+        for blk in blocks:
+            weights.append(w[:, col:col + blk.shape[1]].T)
+            col += blk.shape[1]
+    calls = []
+    if use_bias:  # (bias_first, then every offset's product added by BLAS)
+        calls.append(lambda: np.copyto(ov, b))
+    elif overwrite:  # (the first offset's product written, the others added)
+        blk0, w0 = blocks[0], weights[0]
+        calls.append(lambda: np.matmul(blk0, w0, out=ov))
+        blocks, weights = blocks[1:], weights[1:]
+    calls += [gemm_acc_bound(ov, blk, wt) for blk, wt in zip(blocks, weights, strict=True)]
+    return _checked(calls, comp, linear_params=w, bias_params=b, use_bias=use_bias)
+
+
+@register_kernel(AffineComponent, NaturalGradientAffineComponent)
+def _affine(comp, pre, iv, ov, overwrite):
+    """AffineComponent's forward-only propagate: the bias, then the product added
+    by BLAS."""
+    w, b = comp.linear_params, comp.bias_params
+    if overwrite or not blas_direct() or not _same_dtype(iv, ov, w, b):
+        return None
+    calls = [lambda: np.copyto(ov, b), gemm_acc_bound(ov, iv, w.T)]
+    return _checked(calls, comp, linear_params=w, bias_params=b)
+
+
+@register_kernel(LinearComponent)
+def _linear(comp, pre, iv, ov, overwrite):
+    """LinearComponent: the product added (PROPAGATE_ADDS), or written."""
+    w = comp.params_
+    if not _same_dtype(iv, ov, w):
+        return None
+    wt = w.T
+    call = (lambda: np.matmul(iv, wt, out=ov)) if overwrite else gemm_acc_bound(ov, iv, wt)
+    return _checked([call], comp, params_=w)
+
+
+@register_kernel(AffineReluComponent, BlockAffineReluComponent)
+def _affine_relu(comp, pre, iv, ov, overwrite):
+    """The fused affine + ReLU: its linear layer's kernel, then the floor."""
+    linear, floor, zero = comp.linear, comp.floor, comp._zero_floor
+    if overwrite:
+        return None
+    inner = bind_propagate(linear, pre, iv, ov, False)
+    if inner is None:
+        return None
+    if zero:
+        relu = np_kernels.relu_bound(ov, ov)
+    elif _same_dtype(ov, floor):
+        def relu():
+            np.maximum(ov, floor, out=ov)
+    else:
+        return None
+
+    def run() -> bool:
+        if comp.linear is not linear or comp.floor is not floor or not inner():
+            return False
+        relu()
+        return True
+    return run
+
+
+@register_kernel(LstmNonlinearityComponent)
+def _lstm(comp, pre, x, out, overwrite):
+    """LstmNonlinearity without dropout masks (recurrent._lstm_forward_numpy's
+    operations, into buffers made once)."""
+    w = comp.params_
+    if (overwrite or comp.use_dropout or not _same_dtype(x, out, w)
+            or np.may_share_memory(x, out)):
+        return None
+    rows, c = x.shape[0], comp.cell_dim
+    c_prev = x[:, 4 * c:5 * c]
+    c_prev3, w01 = c_prev[:, None, :], w[None, 0:2, :]
+    gates_in = x[:, :2 * c].reshape(rows, 2, c)
+    if not np.shares_memory(gates_in, x):  # (a copy would be stale next run)
+        return None
+    gates = np.empty((rows, 2, c), dtype=x.dtype)
+    i_t, f_t = gates[:, 0], gates[:, 1]
+    c_part, o_part, w2 = x[:, 2 * c:3 * c], x[:, 3 * c:4 * c], w[2]
+    t = np.empty((rows, c), dtype=x.dtype)
+    o_t = np.empty((rows, c), dtype=x.dtype)
+    c_t, m_t = out[:, :c], out[:, c:]
+    mul, add, tanh = np.multiply, np.add, np.tanh
+
+    def sigmoid(v):  # (recurrent._sigmoid_inplace)
+        mul(v, 0.5, out=v)
+        tanh(v, out=v)
+        mul(v, 0.5, out=v)
+        add(v, 0.5, out=v)
+
+    def run() -> bool:
+        if comp.params_ is not w or comp.use_dropout:
+            return False
+        mul(w01, c_prev3, out=gates)
+        add(gates, gates_in, out=gates)
+        sigmoid(gates)
+        mul(f_t, c_prev, out=c_t)
+        tanh(c_part, out=t)
+        mul(t, i_t, out=t)
+        add(c_t, t, out=c_t)
+        mul(w2, c_t, out=o_t)
+        add(o_t, o_part, out=o_t)
+        sigmoid(o_t)
+        tanh(c_t, out=m_t)
+        mul(m_t, o_t, out=m_t)
+        return True
+    return run
+
+
+def _checked(calls: list, comp, **expected) -> Kernel:
+    """A kernel running ``calls`` while each named attribute of ``comp`` is still
+    the object it was bound with."""
+    items = tuple(expected.items())
+    if len(calls) == 1:
+        (call,) = calls
+
+        def run_one() -> bool:
+            for name, value in items:
+                if getattr(comp, name) is not value:
+                    return False
+            call()
+            return True
+        return run_one
+
+    def run() -> bool:
+        for name, value in items:
+            if getattr(comp, name) is not value:
+                return False
+        for call in calls:
+            call()
+        return True
+    return run
