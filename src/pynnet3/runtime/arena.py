@@ -34,7 +34,8 @@ import numpy as np
 
 from ..computation import SUBMATRIX_FIELDS, NnetComputation
 from ..computation import CommandType as CT
-from .program import Program, _prepare, _prepare_overwrite
+from .numpy_backend import _all_rows, _grid_views
+from .program import Program, _prepare, _prepare_overwrite, _prepare_row_block
 from .value_uses import MULTI_ROW_OPS as _MULTI
 from .value_uses import NOOPS as _NOOPS
 from .value_uses import whole as _whole
@@ -183,6 +184,8 @@ def bind(c: NnetComputation, program: Program, dtype, limit: int = ARENA_FLOATS,
             fast = _plain_op(c, cmd, mats, components)
         elif prepare is _prepare_overwrite:
             fast = _propagate_op(c, cmd, mats, components, op, overwrite=True)
+        elif prepare is _prepare_row_block:
+            fast = _row_block_op(c, step[0], cmd, mats, components, op)
         ops.append((fast or op, mats))
     return Arena(ops, floats)
 
@@ -202,6 +205,20 @@ def _plain_op(c: NnetComputation, cmd, mats: dict, components: dict | None):
         if alpha == 1.0:  # (NumpyBackend.add)
             return lambda M, be, x: np.add(d, s, out=d)
         return lambda M, be, x: np.add(d, alpha * s, out=d)
+    if t in (CT.COPY_ROWS, CT.ADD_ROWS) and cmd.dst and cmd.src:
+        d, s, alpha = mats[("s", cmd.dst)], mats[("s", cmd.src)], cmd.alpha
+        table = c.indexes[cmd.table]
+        grid = _grid_views(d, s, table) if _all_rows(table, s) else None
+        if grid is None:
+            return None
+        dv, sv = grid  # (NumpyBackend.copy_rows / add_rows on a grid table)
+        if t is CT.COPY_ROWS:
+            if alpha == 1.0:
+                return lambda M, be, x: np.copyto(dv, sv)
+            return lambda M, be, x: np.multiply(sv, alpha, out=dv)
+        if alpha == 1.0:
+            return lambda M, be, x: np.add(dv, sv, out=dv)
+        return lambda M, be, x: np.add(dv, alpha * sv, out=dv)
     if t is CT.SET_CONST and cmd.dst:
         d, alpha = mats[("s", cmd.dst)], cmd.alpha
         return lambda M, be, x: d.fill(alpha)
@@ -251,3 +268,26 @@ def _provide(view: np.ndarray, is_deriv: bool, node: str):
     def provide(M, be, x):
         (x._result.input_derivs if is_deriv else x._result.outputs)[node] = view.copy()
     return provide
+
+
+def _row_block_op(c: NnetComputation, copy, cmd, mats: dict, components: dict | None, op):
+    """A propagate planned by program.row_block_plans (a repeated-row input block)
+    through its component's bound row-block kernel; None where nothing is bound."""
+    if components is None:
+        return None
+    from .kernels import bind_row_block
+
+    node = cmd.node
+    comp = components.get(node)
+    v, d = c.submatrices[cmd.in_value], c.submatrices[copy.dst]
+    block = (d.col_offset - v.col_offset, d.col_offset - v.col_offset + d.num_cols)
+    kernel = None if comp is None else bind_row_block(
+        comp, mats[("s", cmd.in_value)], block, mats[("s", copy.src)],
+        c.indexes[copy.table], copy.alpha, mats[("s", cmd.out_value)])
+    if kernel is None:
+        return None
+
+    def propagate_row_block(M, be, x):
+        if x._components[node] is not comp or not kernel():
+            op(M, be, x)
+    return propagate_row_block

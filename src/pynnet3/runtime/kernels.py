@@ -29,7 +29,7 @@ from ..components.blas import available as blas_direct
 from ..components.blas import gemm_acc_bound
 from ..components.fused import AffineReluComponent, BlockAffineReluComponent
 from ..components.recurrent import LstmNonlinearityComponent
-from ..components.tdnn import TdnnComponent
+from ..components.tdnn import OffsetGather, TdnnComponent
 
 Kernel = Callable[[], bool]
 #: binder of each component class: ``binder(comp, precomputed, in_value,
@@ -67,12 +67,21 @@ def _tdnn(comp, pre, iv, ov, overwrite):
     """TdnnComponent.propagate / propagate_overwrite where the offsets' input rows
     are row windows (``starts``): one product per time offset."""
     w, b, use_bias = comp.linear_params, comp.bias_params, comp.use_bias
-    if getattr(pre, "starts", None) is None or not _same_dtype(iv, ov, w):
+    if not isinstance(pre, OffsetGather) or not _same_dtype(iv, ov, w):
         return None
     if use_bias and (not blas_direct() or not _same_dtype(ov, b)):
         return None
     n = pre.num_out
-    blocks = [iv[s:s + n] for s in pre.starts]
+    calls = []
+    if pre.starts is not None:
+        blocks = [iv[s:s + n] for s in pre.starts]
+    elif pre.complete:  # (one gather of every offset's rows, as TdnnComponent._spliced)
+        rows = pre.spliced_rows
+        gathered = np.empty((len(rows), iv.shape[1]), dtype=iv.dtype)
+        calls.append(lambda: np.take(iv, rows, axis=0, out=gathered))
+        blocks = [gathered.reshape(n, -1)]
+    else:
+        return None
     if len(blocks) == 1:
         weights = [w.T]
     else:
@@ -80,7 +89,6 @@ def _tdnn(comp, pre, iv, ov, overwrite):
         for blk in blocks:
             weights.append(w[:, col:col + blk.shape[1]].T)
             col += blk.shape[1]
-    calls = []
     if use_bias:  # (bias_first, then every offset's product added by BLAS)
         calls.append(lambda: np.copyto(ov, b))
     elif overwrite:  # (the first offset's product written, the others added)
@@ -116,18 +124,12 @@ def _linear(comp, pre, iv, ov, overwrite):
 @register_kernel(AffineReluComponent, BlockAffineReluComponent)
 def _affine_relu(comp, pre, iv, ov, overwrite):
     """The fused affine + ReLU: its linear layer's kernel, then the floor."""
-    linear, floor, zero = comp.linear, comp.floor, comp._zero_floor
+    linear, floor = comp.linear, comp.floor
     if overwrite:
         return None
     inner = bind_propagate(linear, pre, iv, ov, False)
-    if inner is None:
-        return None
-    if zero:
-        relu = np_kernels.relu_bound(ov, ov)
-    elif _same_dtype(ov, floor):
-        def relu():
-            np.maximum(ov, floor, out=ov)
-    else:
+    relu = _floor(comp, ov)
+    if inner is None or relu is None:
         return None
 
     def run() -> bool:
@@ -136,6 +138,17 @@ def _affine_relu(comp, pre, iv, ov, overwrite):
         relu()
         return True
     return run
+
+
+def _floor(comp, out: np.ndarray):
+    """The fused affine + ReLU's floor on ``out`` (AffineReluComponent._apply_floor),
+    bound; None where its dtype differs."""
+    if comp._zero_floor:
+        return np_kernels.relu_bound(out, out)
+    floor = comp.floor
+    if not _same_dtype(out, floor):
+        return None
+    return lambda: np.maximum(out, floor, out=out)
 
 
 @register_kernel(LstmNonlinearityComponent)
@@ -183,6 +196,60 @@ def _lstm(comp, pre, x, out, overwrite):
         mul(m_t, o_t, out=m_t)
         return True
     return run
+
+
+def bind_row_block(comp, in_value: np.ndarray, block: tuple[int, int], src: np.ndarray,
+                   table: np.ndarray, alpha: float, out_value: np.ndarray) -> Kernel | None:
+    """``comp.propagate_row_block(...)`` (see AffineComponent.propagate_row_block:
+    columns ``block`` of the input are ``alpha * src[table]``) for these arrays,
+    bound, for AffineComponent / NaturalGradientAffineComponent and the fused
+    affine + ReLU over one; None otherwise."""
+    if type(comp) in (AffineReluComponent, BlockAffineReluComponent):
+        linear, floor = comp.linear, comp.floor
+        inner = bind_row_block(linear, in_value, block, src, table, alpha, out_value)
+        relu = _floor(comp, out_value)
+        if inner is None or relu is None:
+            return None
+
+        def run() -> bool:
+            if comp.linear is not linear or comp.floor is not floor or not inner():
+                return False
+            relu()
+            return True
+        return run
+    if type(comp) not in (AffineComponent, NaturalGradientAffineComponent):
+        return None
+    w, b, out = comp.linear_params, comp.bias_params, out_value
+    if (not _same_dtype(out, in_value, src, w) or (b is not None and not _same_dtype(out, b))
+            or type(in_value) is not np.ndarray or type(src) is not np.ndarray):
+        return None
+    from .numpy_backend import NumpyBackend, _all_rows, _grid_views
+
+    c0, c1 = block
+    parts = [(lo, hi) for lo, hi in ((0, c0), (c1, in_value.shape[1])) if hi > lo]
+    # (recurrent row_block_product's calls, on buffers made here)
+    small = np.empty((src.shape[0], w.shape[0]), dtype=out.dtype)
+    src3, wblk, small3 = src[:, None, :], w[:, c0:c1].T, small.reshape(src.shape[0], 1, -1)
+    calls = [lambda: np.matmul(src3, wblk, out=small3)]
+    if alpha != 1.0:
+        a = out.dtype.type(alpha)
+        calls.append(lambda: np.multiply(small, a, out=small))
+    if b is not None:
+        calls.append(lambda: np.add(small, b, out=small))
+    if not parts:
+        calls.append(lambda: np.take(small, table, axis=0, out=out, mode="clip"))
+        return _checked(calls, comp, linear_params=w, bias_params=b)
+    (lo, hi), rest = parts[0], parts[1:]
+    x0, w0 = in_value[:, lo:hi], w[:, lo:hi].T
+    calls.append(lambda: np.matmul(x0, w0, out=out))
+    calls += [gemm_acc_bound(out, in_value[:, lo:hi], w[:, lo:hi].T) for lo, hi in rest]
+    grid = _grid_views(out, small, table) if _all_rows(table, small) else None
+    if grid is not None:  # (NumpyBackend.add_rows: the table's rows as a strided view)
+        dv, sv = grid
+        calls.append(lambda: np.add(dv, sv, out=dv))
+    else:
+        calls.append(lambda: NumpyBackend.add_rows(None, out, small, table, 1.0))
+    return _checked(calls, comp, linear_params=w, bias_params=b)
 
 
 def _checked(calls: list, comp, **expected) -> Kernel:
