@@ -31,6 +31,7 @@ from itertools import repeat
 
 from ..compiler import check_matrix_sizes, compile_computation
 from ..components.base import Component
+from ..components.fused import linear_part
 from ..computation import NnetComputation
 from ..errors import PynnetError
 from ..gcpause import gc_paused
@@ -230,7 +231,9 @@ class CachingCompiler:
         seen; call :meth:`clear` after such surgery."""
         nnet = self.nnet
         comps = tuple(nnet.components.values())
-        modal = tuple(c for c in comps if "test_mode" in c.__dict__
+        # (a fused kernel's mode is its linear layer's: read there, not through the
+        # fused component's attribute forwarding, which costs microseconds per look)
+        modal = tuple(c for c in map(linear_part, comps) if "test_mode" in c.__dict__
                       or type(c).set_test_mode is not Component.set_test_mode)
         return (tuple(nnet.nodes), comps, modal, _test_modes(modal))
 

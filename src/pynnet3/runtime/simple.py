@@ -461,8 +461,11 @@ def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
     computation = d.compiler.compile(request)
     if features is None:
         features = [d.features] * n
-    if n == 1:
-        inputs = {"input": features[0][c0.rows]}
+    if n == 1:  # (a plain run of frames as a view: the computer copies its inputs)
+        first, last = int(c0.rows[0]), int(c0.rows[-1])
+        f = features[0]
+        inputs = {"input": f[first:last + 1] if last - first == len(c0.rows) - 1
+                  else f[c0.rows]}
     else:
         dtype = np.result_type(*features)
         x = np.empty((len(c0.rows), n, features[0].shape[1]), dtype=dtype)
@@ -472,7 +475,7 @@ def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
             x[:, k, :] = f[first:last + 1] if last - first == len(c.rows) - 1 else f[c.rows]
         inputs = {"input": x.reshape(-1, x.shape[2])}
     if c0.ivector is not None:
-        inputs["ivector"] = np.stack([c.ivector for c in chunks])
+        inputs["ivector"] = c0.ivector[None] if n == 1 else np.stack([c.ivector for c in chunks])
     # (a compiler's computations are shared and never modified: cache_program)
     computer = NnetComputer(d.nnet, computation, d.backend, d.dtype, device=d.device,
                             cache_program=True)
