@@ -16,7 +16,9 @@ What an arena keeps, and why it is safe:
 * Only forward-only, straight-line programs (no backward pass, no compression,
   no jump) whose matrices total at most :data:`ARENA_FLOATS` entries are bound:
   the buffers live as long as the computation (a cache's entry), so big ones
-  would hold memory the optimizer's plan frees.
+  would hold memory the optimizer's plan frees (a CachingCompiler of 64 entries
+  keeps at most 64 MiB of float32 arenas). Only a computation run a second
+  time is bound: one run once keeps nothing.
 * ALLOC_MATRIX leaves a matrix's contents undefined (the compiler zeroes what is
   read before it is written), so a buffer's values from the last run are never
   read.
