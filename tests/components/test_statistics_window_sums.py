@@ -60,3 +60,29 @@ def test_from_data_rejects_a_row_listed_twice():
     assert RangeIndexes.from_data(good).perm.tolist() == [1, 0]
     with pytest.raises(ValueError, match="listed twice"):
         RangeIndexes.from_data({**good, "perm": np.array([0, 0])})
+
+
+@pytest.mark.parametrize("layout", ["sequences", "some-empty", "permuted", "overlapping"])
+def test_sums_and_squares_are_window_sums_of_both(layout):
+    """window_sums_and_squares: the floats of window_sums(v) and window_sums(v**2)
+    (squares in float32), whichever path it takes (window by window through small
+    buffers for a few long windows in order; the two calls otherwise)."""
+    rng = np.random.default_rng(len(layout))
+    nin = 300
+    perm = np.arange(nin, dtype=np.int64)
+    lo, hi = np.arange(0, nin, 60), np.arange(60, nin + 1, 60)
+    if layout == "some-empty":
+        hi = hi.copy()
+        hi[[1, 3]] = lo[[1, 3]]
+    elif layout == "permuted":
+        perm = rng.permutation(nin).astype(np.int64)
+    elif layout == "overlapping":
+        lo = np.arange(0, nin - 60, 3)
+        hi = lo + 60
+    r = RangeIndexes(perm, lo.astype(np.int64), hi.astype(np.int64), nin)
+    assert r._sum_strategy() == ("prefix" if layout == "overlapping" else "direct")
+    v = (rng.standard_normal((nin, 7)) * 3).astype(np.float32)
+    sums, squares = r.window_sums_and_squares(v)
+    np.testing.assert_array_equal(sums, r.window_sums(v))
+    np.testing.assert_array_equal(squares, r.window_sums(np.square(v)))
+    np.testing.assert_allclose(squares, _definition(np.square(v), perm, lo, hi), rtol=1e-12)

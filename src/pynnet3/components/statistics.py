@@ -182,6 +182,36 @@ class RangeIndexes:
             out[xp.index(live, like=values)] = xp.stack(sums)
         return out
 
+    def window_sums_and_squares(self, values):
+        """``(window_sums(values), window_sums(square(values)))``, the same floats
+        (squares in ``values``' dtype, sums in float64). For a few long windows of
+        a NumPy array in order (x-vector decoding), window by window through
+        buffers of one window's size: no temporary of the whole input's squares
+        (a fresh matrix of tens of MB costs more in page faults than its
+        arithmetic)."""
+        xp = namespace(values)
+        if (not xp.is_numpy or self._spread_plan().owner_is_identity
+                or self._sum_strategy() != "direct" or not self._perm_is_identity()):
+            return self.window_sums(values), self.window_sums(xp.square(values))
+        live = np.flatnonzero(self.hi > self.lo)
+        cols = values.shape[1]
+        sums = np.zeros((len(self.lo), cols), np.float64)
+        squares = np.zeros((len(self.lo), cols), np.float64)
+        if not len(live):
+            return sums, squares
+        longest = int((self.hi - self.lo)[live].max())
+        wide = np.empty((longest, cols), np.float64)
+        square = np.empty((longest, cols), values.dtype)
+        for o in live.tolist():
+            a, b = int(self.lo[o]), int(self.hi[o])
+            n = b - a
+            np.copyto(wide[:n], values[a:b])  # (the float64 copy _direct_sums sums)
+            np.sum(wide[:n], axis=0, out=sums[o])
+            np.square(values[a:b], out=square[:n])
+            np.copyto(wide[:n], square[:n])
+            np.sum(wide[:n], axis=0, out=squares[o])
+        return sums, squares
+
     def _perm_is_identity(self) -> bool:
         flag = self.__dict__.get("_identity")
         if flag is None:
@@ -816,9 +846,10 @@ class StatisticsPoolingComponent(_CheckedStatistics):
         sums = np.empty((len(indexes.lo), self.input_dim), np.float64)
         counts = ext_indexes.counts_table.astype(x.dtype)[:, None]  # (as it writes them)
         sums[:, :1] = indexes.window_sums(counts)
-        sums[:, 1:1 + d] = indexes.window_sums(x)
         if extraction.include_variance:
-            sums[:, 1 + d:] = indexes.window_sums(np.square(x))
+            sums[:, 1:1 + d], sums[:, 1 + d:] = indexes.window_sums_and_squares(x)
+        else:
+            sums[:, 1:1 + d] = indexes.window_sums(x)
         self._pool(sums, out_value)
         return True
 
