@@ -17,7 +17,7 @@ What an arena keeps, and why it is safe:
   no jump) whose matrices total at most :data:`ARENA_FLOATS` entries are bound:
   the buffers live as long as the computation (a cache's entry), so big ones
   would hold memory the optimizer's plan frees (a CachingCompiler of 64 entries
-  keeps at most 64 MiB of float32 arenas). Only a computation run a second
+  keeps at most 128 MiB of float32 arenas). Only a computation run a second
   time is bound: one run once keeps nothing.
 * ALLOC_MATRIX leaves a matrix's contents undefined (the compiler zeroes what is
   read before it is written), so a buffer's values from the last run are never
@@ -42,9 +42,9 @@ from .value_uses import MULTI_ROW_OPS as _MULTI
 from .value_uses import NOOPS as _NOOPS
 from .value_uses import whole as _whole
 
-#: the most matrix entries an arena holds (1 MiB of float32): a decoding chunk's
+#: the most matrix entries an arena holds (2 MiB of float32): a decoding chunk's
 #: computation is far below it, a training minibatch's far above.
-ARENA_FLOATS = 1 << 18
+ARENA_FLOATS = 1 << 19
 
 # commands a bound program cannot hold: they replace matrices at run time
 # (compression), run backward, or jump
