@@ -10,7 +10,10 @@ sequence), one BLAS thread, in one process, prints per (network, N):
   NumPy backend as ``pynnet3.run`` and ``pynnet3 compute`` run it: the commands
   prepared once per computation, ``NnetComputer(cache_program=True)``) on the
   network as read, in test mode;
-* ``netopt``: the same on ``optimize_network(nnet)``;
+* ``netopt``: the same on ``optimize_network(nnet)``, with the rules
+  ``pynnet3.run(..., network_optimize=True)`` adds for a request of at most
+  ``FEW_SEQUENCES`` sequences (``split-recurrent-affine``: an LSTM's input product
+  taken out of its steps) where they change the network;
 * ``gemm``: the time of the network-optimized computation's GEMMs alone, same
   shapes (each propagate of an affine / linear / TDNN layer replayed as NumPy
   matmuls into preallocated buffers; a TDNN layer as one matmul per time offset,
@@ -40,6 +43,8 @@ from gemm import best_ms, gemm_runner, gemm_shapes
 from realistic import NETS, kaldi_ms, print_head, reference_dir, scaling_request
 
 import pynnet3
+from pynnet3.cache.caching_compiler import FEW_SEQUENCES_RULES
+from pynnet3.cache.running import FEW_SEQUENCES
 from pynnet3.runtime.computer import NnetComputer
 
 
@@ -77,8 +82,14 @@ def main(argv=None) -> int:
     for net in args.nets.split(","):
         nnet = pynnet3.read_nnet(ref / "realistic" / net / "model.txt")
         nnet.set_test_mode(True)
-        fast = pynnet3.optimize_network(nnet)
+        fast_default = pynnet3.optimize_network(nnet)
+        fast_few = pynnet3.optimize_network(nnet, pynnet3.NetworkOptions(
+            enable_rules=FEW_SEQUENCES_RULES))
+        if [x.name for x in fast_few.nodes] == [x.name for x in fast_default.nodes]:
+            fast_few = fast_default  # (the rules change nothing here)
         for n in map(int, args.ns.split(",")):
+            # (as pynnet3.run(..., network_optimize=True) chooses for the request)
+            fast = fast_few if n <= FEW_SEQUENCES else fast_default
             req = scaling_request(nnet, net, "decode", n)
             inputs = {s.name: rng.standard_normal((len(s.indexes), nnet.input_dim(s.name)))
                       .astype(np.float32) for s in req.inputs}
@@ -106,7 +117,8 @@ def main(argv=None) -> int:
                   f"{stats['plain']['num_commands']:>4}/{stats['netopt']['num_commands']:<4} "
                   f"{stats['plain']['peak_memory_floats'] / 1e6:>5.2f}/"
                   f"{stats['netopt']['peak_memory_floats'] / 1e6:<5.2f}", flush=True)
-    print("\nplain: network as read (test mode); netopt: pynnet3.optimize_network; gemm: the "
+    print("\nplain: network as read (test mode); netopt: pynnet3.optimize_network (with "
+          f"{', '.join(FEW_SEQUENCES_RULES)} at N <= {FEW_SEQUENCES}, as pynnet3.run); gemm: the "
           "netopt computation's GEMMs alone; cmds and peak (millions of floats): plain/netopt.")
     return 0
 

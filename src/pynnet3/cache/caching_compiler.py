@@ -462,3 +462,27 @@ def cache_for(nnet, network_optimize=None, derivatives: bool = False) -> Caching
                 cc = CachingCompiler(nnet)
                 object.__setattr__(nnet, "_compile_cache", cc)
     return cc
+
+
+#: the rule ``few_sequences_cache`` adds to the default network options
+FEW_SEQUENCES_RULES = ("split-recurrent-affine",)
+
+
+def few_sequences_cache(nnet, default: CachingCompiler) -> CachingCompiler | None:
+    """The network-optimized cache for requests of one or a few sequences: default
+    network options plus :data:`FEW_SEQUENCES_RULES` (a recurrent layer's input
+    product taken out of its steps). None when those rules change nothing in the
+    network (no recurrence they apply to): ``default`` (the cache of the default
+    options) serves those requests, and no second copy is compiled for."""
+    cc = cache_for(nnet, NetworkOptions(enable_rules=FEW_SEQUENCES_RULES))
+    with _NNET_CACHE_LOCK:
+        table = nnet.__dict__.get("_network_optimized_caches")
+        verdicts = table[1].setdefault("few-sequences", {})
+    # (the verdict is the networks' shapes, per network stamp: a changed network
+    # gets a new look)
+    stamp = id(cc.compiled_nnet), id(default.compiled_nnet)
+    useful = verdicts.get(stamp)
+    if useful is None:
+        names = [n.name for n in cc.compiled_nnet.nodes]
+        useful = verdicts[stamp] = names != [n.name for n in default.compiled_nnet.nodes]
+    return cc if useful else None
