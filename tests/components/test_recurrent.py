@@ -282,3 +282,33 @@ def test_lstm_nonlinearity_numpy_fast_path_is_bit_identical():
     comp.propagate(None, x.view(Sub), general)
     assert not np.isnan(fast).any()
     np.testing.assert_array_equal(fast, np.asarray(general))
+
+
+@pytest.mark.parametrize("layout", ["column-views", "transposed-output", "one-row"])
+def test_lstm_nonlinearity_fast_path_on_views(layout):
+    """The fast path copies x's blocks into one contiguous buffer and c_t, m_t
+    out of another: the general form's floats whatever the input's and output's
+    strides (a column block of a wider matrix, an output whose rows are columns)."""
+    import pynnet3
+
+    class Sub(np.ndarray):
+        pass
+
+    cfg = ("input-node name=input dim=40\n"
+           "component name=l type=LstmNonlinearityComponent cell-dim=8\n"
+           "component-node name=l component=l input=input\n"
+           "output-node name=output input=l\n")
+    comp = pynnet3.Nnet.from_config(cfg, seed=3).components["l"]
+    comp.params_[...] = np.random.default_rng(5).standard_normal(comp.params_.shape)
+    rows = 1 if layout == "one-row" else 23
+    wide = (np.random.default_rng(6).standard_normal((rows, 47)) * 3).astype(np.float32)
+    x = wide[:, 3:43]
+    if layout == "transposed-output":
+        fast = np.full((16, rows), np.nan, np.float32).T
+    else:
+        fast = np.full((rows, 20), np.nan, np.float32)[:, 2:18]
+    general = np.full((rows, 16), np.nan, np.float32).view(Sub)
+    comp.propagate(None, x, fast)
+    comp.propagate(None, np.ascontiguousarray(x).view(Sub), general)
+    assert not np.isnan(fast).any()
+    np.testing.assert_array_equal(fast, np.asarray(general))

@@ -28,7 +28,7 @@ from ..components.affine import AffineComponent, LinearComponent, NaturalGradien
 from ..components.blas import available as blas_direct
 from ..components.blas import gemm_acc_bound
 from ..components.fused import AffineReluComponent, BlockAffineReluComponent
-from ..components.recurrent import LstmNonlinearityComponent
+from ..components.recurrent import LstmNonlinearityComponent, _lstm_forward_numpy, lstm_buffers
 from ..components.tdnn import OffsetGather, TdnnComponent
 
 Kernel = Callable[[], bool]
@@ -153,47 +153,19 @@ def _floor(comp, out: np.ndarray):
 
 @register_kernel(LstmNonlinearityComponent)
 def _lstm(comp, pre, x, out, overwrite):
-    """LstmNonlinearity without dropout masks (recurrent._lstm_forward_numpy's
-    operations, into buffers made once)."""
+    """LstmNonlinearity without dropout masks: recurrent._lstm_forward_numpy on
+    work buffers made once."""
     w = comp.params_
     if (overwrite or comp.use_dropout or not _same_dtype(x, out, w)
-            or np.may_share_memory(x, out)):
+            or np.may_share_memory(x, out) or out.shape[1] != 2 * comp.cell_dim):
         return None
-    rows, c = x.shape[0], comp.cell_dim
-    c_prev = x[:, 4 * c:5 * c]
-    c_prev3, w01 = c_prev[:, None, :], w[None, 0:2, :]
-    gates_in = x[:, :2 * c].reshape(rows, 2, c)
-    if not np.shares_memory(gates_in, x):  # (a copy would be stale next run)
-        return None
-    gates = np.empty((rows, 2, c), dtype=x.dtype)
-    i_t, f_t = gates[:, 0], gates[:, 1]
-    c_part, o_part, w2 = x[:, 2 * c:3 * c], x[:, 3 * c:4 * c], w[2]
-    t = np.empty((rows, c), dtype=x.dtype)
-    o_t = np.empty((rows, c), dtype=x.dtype)
-    c_t, m_t = out[:, :c], out[:, c:]
-    mul, add, tanh = np.multiply, np.add, np.tanh
-
-    def sigmoid(v):  # (recurrent._sigmoid_inplace)
-        mul(v, 0.5, out=v)
-        tanh(v, out=v)
-        mul(v, 0.5, out=v)
-        add(v, 0.5, out=v)
+    c = comp.cell_dim
+    buffers = lstm_buffers(x.shape[0], c, x.dtype)
 
     def run() -> bool:
         if comp.params_ is not w or comp.use_dropout:
             return False
-        mul(w01, c_prev3, out=gates)
-        add(gates, gates_in, out=gates)
-        sigmoid(gates)
-        mul(f_t, c_prev, out=c_t)
-        tanh(c_part, out=t)
-        mul(t, i_t, out=t)
-        add(c_t, t, out=c_t)
-        mul(w2, c_t, out=o_t)
-        add(o_t, o_part, out=o_t)
-        sigmoid(o_t)
-        tanh(c_t, out=m_t)
-        mul(m_t, o_t, out=m_t)
+        _lstm_forward_numpy(x, w, c, out, buffers)
         return True
     return run
 
