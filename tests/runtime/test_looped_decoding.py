@@ -297,3 +297,25 @@ def test_ark_round_trip_and_errors():
         list(parse_ark(ark_bytes({"a": m})[:-3]))
     # text entries are read too (kaldiio)
     np.testing.assert_array_equal(dict(parse_ark(b"a [ 1 2 ]\n"))["a"], [1, 2])
+
+
+@pytest.mark.parametrize("config,has_iv", [(N.TDNN, False), (N.IVECTOR, True),
+                                           (LOOPED_RNN, True)], ids=["tdnn", "ivector", "rnn"])
+def test_prepared_stepping_ops_equal_executing_each_command(config, has_iv, monkeypatch):
+    """run_until_io goes through each command's prepared call (program.step_ops,
+    kept with the shared looped computation): the floats of _execute, chunk after
+    chunk, utterance after utterance."""
+    nnet = pynnet3.Nnet.from_config(config, seed=6)
+    rng = np.random.default_rng(8)
+    utts = [(rng.standard_normal((n, nnet.input_dim("input"))).astype(np.float32),
+             rng.standard_normal(nnet.input_dim("ivector")).astype(np.float32)
+             if has_iv else None) for n in (17, 9, 30)]
+    info = LoopedDecodingInfo(nnet, LoopedOptions(frames_per_chunk=5, acoustic_scale=1.0))
+    fast = [DecodableNnetLooped(info, f, iv).output() for f, iv in utts]
+    assert info.computation is not None
+    from pynnet3.runtime import program as P
+    assert P.program_for(info.computation).steps is not None  # (prepared once, kept)
+    monkeypatch.setattr(NnetComputer, "_step_ops", lambda self: None)
+    slow = [DecodableNnetLooped(info, f, iv).output() for f, iv in utts]
+    for a, b in zip(fast, slow, strict=True):
+        np.testing.assert_array_equal(a, b)

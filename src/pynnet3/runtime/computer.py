@@ -25,7 +25,7 @@ from ..errors import PynnetError, RuntimeInputError
 from ..index import unique_keys
 from .backend import get_backend
 from .numpy_backend import NumpyBackend
-from .program import Program, program_for
+from .program import Program, program_for, step_ops
 from .value_uses import NOOPS as _NOOPS
 from .value_uses import relu_mask_plans, sign_free_propagates
 
@@ -612,13 +612,35 @@ class NnetComputer:
         if self.pc >= len(cmds):
             raise RuntimeInputError("the computation has already finished")
         self._new_run()
+        steps = self._step_ops()
+        matrices, be = self.matrices, self.backend
         with near_zero_refinement(self._has_backward):  # (as run() does)
             while self.pc < len(cmds):
                 cmd = cmds[self.pc]
                 if cmd.type in _IO:
                     break
-                self._execute(cmd)
+                op = steps[self.pc] if steps is not None else None
+                if op is None:
+                    self._execute(cmd)
+                else:
+                    op(matrices, be, self)
                 self.pc += 1
+
+    def _step_ops(self) -> list | None:
+        """Per command, the prepared call :meth:`run_until_io` makes instead of
+        :meth:`_execute` (program.step_ops; None for a command _execute keeps: a
+        jump, an I/O or a no-op); None off the NumPy backend. Kept with the
+        computation when it is shared (``cache_program``), else with this computer."""
+        steps = self.__dict__.get("_steps")
+        if steps is None:
+            if type(self.backend) is not NumpyBackend:
+                steps = False
+            elif self._cache_program:
+                steps = program_for(self.c).step_ops(self.c)
+            else:
+                steps = step_ops(self.c)
+            self._steps = steps
+        return steps or None
 
     def get_output(self, name: str, is_deriv: bool = False):
         """A copy of the output (or, with ``is_deriv``, the input derivative) of node

@@ -142,8 +142,10 @@ class DecodableNnetLooped:
                     raise RuntimeInputError("online_ivectors need online_ivector_period > 0")
         fsf = info.options.frame_subsampling_factor
         self.num_frames = -(-len(feats) // fsf)
+        # (the looped computation is compiled once and never modified: its stepping
+        # ops are prepared once for every utterance)
         self.computer = NnetComputer(info.nnet, info.computation, backend, dtype,
-                                     device=device)
+                                     device=device, cache_program=True)
         self.chunks_done = 0
         self._current = np.zeros((0, info.output_dim), dtype=dtype)
         self._current_offset = 0

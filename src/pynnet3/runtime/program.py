@@ -34,7 +34,7 @@ class Program:
     computation share it."""
 
     __slots__ = ("ops", "recipe", "arenas", "accepts", "has_backward", "looped",
-                 "matrix_ids", "__weakref__")
+                 "matrix_ids", "steps", "__weakref__")
 
     def __init__(self, c: NnetComputation):
         cmds = c.commands
@@ -43,7 +43,7 @@ class Program:
                                 for cmd in cmds)
         self.looped = any(cmd.type is CT.GOTO_LABEL for cmd in cmds)
         self.matrix_ids = frozenset(range(1, len(c.matrices)))
-        self.recipe, self.arenas = [], {}
+        self.recipe, self.arenas, self.steps = [], {}, None
         if self.looped:
             self.ops = []
             return
@@ -84,6 +84,21 @@ class Program:
                     if (op := prepare(c, *(None if j is None else cmds[j] for j in idx)))
                     is not None]
         self.arenas = {}
+
+    def step_ops(self, c: NnetComputation) -> list:
+        """:func:`step_ops` of ``c`` (this program's computation), made once."""
+        if self.steps is None:
+            self.steps = step_ops(c)
+        return self.steps
+
+
+def step_ops(c: NnetComputation) -> list:
+    """Per command of ``c``, the call ``op(matrices, backend, computer)`` that
+    executes it alone (no peephole joins commands here), for stepping through a
+    computation (NnetComputer.run_until_io: a looped one, chunk by chunk); None
+    for what the computer's ``_execute`` keeps (I/O, a jump, a no-op)."""
+    keep = (CT.ACCEPT_INPUT, CT.PROVIDE_OUTPUT, CT.GOTO_LABEL, *_NOOPS)
+    return [None if cmd.type in keep else _prepare(c, cmd) for cmd in c.commands]
 
 
 # id(computation) -> (weak reference to it, its Program)
