@@ -97,7 +97,10 @@ def compute_xvector(nnet, compiler, feats: np.ndarray, chunk_size: int = -1,
     for start, frames in xvector_chunks(len(feats), chunk_size, min_chunk_size, pad_input):
         chunk = pad_chunk(feats[start:start + frames], min_chunk_size if pad_input else 0)
         computation = compiler.compile(_request(len(chunk)))
-        computer = NnetComputer(nnet, computation, backend, device=device)
+        # (a cache's computation: shared and never modified, so its commands are
+        # prepared once, and bound to kept buffers when its length recurs)
+        computer = NnetComputer(nnet, computation, backend, device=device,
+                                cache_program=True)
         out = computer.backend.to_numpy(computer.run({"input": chunk}).outputs["output"])
         total += np.float32(frames) * out[0].astype(np.float32)
         weight += frames
