@@ -630,15 +630,19 @@ class NnetComputer:
         """Per command, the prepared call :meth:`run_until_io` makes instead of
         :meth:`_execute` (program.step_ops; None for a command _execute keeps: a
         jump, an I/O or a no-op); None off the NumPy backend. Kept with the
-        computation when it is shared (``cache_program``), else with this computer."""
+        computation when it is shared (``cache_program``); otherwise made for a
+        looped computation only (its commands run again and again: preparing them
+        pays), with this computer."""
         steps = self.__dict__.get("_steps")
         if steps is None:
             if type(self.backend) is not NumpyBackend:
                 steps = False
             elif self._cache_program:
                 steps = program_for(self.c).step_ops(self.c)
-            else:
+            elif any(cmd.type is CT.GOTO_LABEL for cmd in self.c.commands):
                 steps = step_ops(self.c)
+            else:
+                steps = False
             self._steps = steps
         return steps or None
 

@@ -253,8 +253,10 @@ class Trainer:
 
     def _run_passes(self, computation, inputs: dict, supervision: dict) -> dict:
         nnet = self.nnet
+        # (the compiler's computations are shared and never modified: the calls of
+        # their commands are prepared once, kept with each computation)
         computer = NnetComputer(nnet, computation, self.backend, np.float32,
-                                device=self.device)
+                                device=self.device, cache_program=True)
         be = computer.backend
         zeros = getattr(be, "zeros_shaped", None) or (lambda shape, dt: np.zeros(shape, dt))
         targets = {}
