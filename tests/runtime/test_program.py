@@ -139,3 +139,22 @@ def test_run_with_a_request_keeps_outputs_apart():
     assert not np.array_equal(r2.outputs["output"], kept)
     plain = NnetComputer(nnet, pynnet3.compile(nnet, req)).run(x2)
     np.testing.assert_array_equal(r2.outputs["output"], plain.outputs["output"])
+
+
+def test_stepping_prepares_calls_only_where_they_pay():
+    """run_until_io's prepared calls: kept with a shared computation, made by a
+    computer of its own only for a looped computation (run again and again), not
+    for a one-off computer of a plain one; the same outputs either way."""
+    nnet = pynnet3.Nnet.from_config(N.TDNN, seed=1)
+    req = N.request({"input": N.frames(-3, 9)}, {"output": N.frames(0, 6)})
+    c = pynnet3.compile(nnet, req)
+    x = N.random_inputs(nnet, req, np.random.default_rng(0), np.float32)
+    outs = []
+    for shared in (False, True):
+        comp = NnetComputer(nnet, c, cache_program=shared)
+        comp.accept_input("input", x["input"])
+        comp.run_until_io()
+        outs.append(comp.get_output("output"))
+        assert (comp._step_ops() is not None) == shared
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert P.program_for(c).steps is not None
