@@ -182,11 +182,36 @@ def test_float64_runs_have_their_own_arena():
     req = N.request({"input": N.frames(-3, 9)}, {"output": N.frames(0, 6)})
     c = pynnet3.compile(nnet, req)
     x = N.random_inputs(nnet, req, np.random.default_rng(0), np.float64)
+    mine = copy.deepcopy(nnet)
     for _ in range(3):
-        got = NnetComputer(copy.deepcopy(nnet), c, dtype=np.float64,
+        got = NnetComputer(mine, c, dtype=np.float64,
                            cache_program=True).run(x).outputs["output"]
         assert got.dtype == np.float64
     arenas = P.program_for(c).arenas
     assert isinstance(arenas[np.dtype(np.float64)], A.Arena) and F32 not in arenas
     want = NnetComputer(nnet, c, dtype=np.float64).run(x).outputs["output"]
     np.testing.assert_array_equal(got, want)
+
+
+def test_networks_taking_turns_rebind_a_bounded_number_of_times():
+    """Two networks running one computation by turns: each run finds the other's
+    components bound, marks the arena stale and has it bound anew, at most
+    arena.REBINDS times; after that the arena stays (its ops take the ordinary
+    path for the other network). Results are each network's own throughout."""
+    nnet = pynnet3.Nnet.from_config(N.TDNN, seed=1)
+    other = pynnet3.Nnet.from_config(N.TDNN, seed=2)
+    req = N.request({"input": N.frames(-3, 9)}, {"output": N.frames(0, 6)})
+    c = pynnet3.compile(nnet, req)
+    x = N.random_inputs(nnet, req, np.random.default_rng(0), np.float32)
+    want = {id(n): NnetComputer(n, c.copy()).run(x).outputs["output"] for n in (nnet, other)}
+    arenas = P.program_for(c).arenas
+    seen = set()
+    for k in range(2 * A.REBINDS + 6):
+        n = (nnet, other)[k % 2]
+        got = NnetComputer(n, c, cache_program=True).run(x).outputs["output"]
+        np.testing.assert_array_equal(got, want[id(n)])
+        if isinstance(arenas.get(F32), A.Arena):
+            seen.add(id(arenas[F32]))
+    assert arenas[("rebinds", F32)] == A.REBINDS
+    assert isinstance(arenas[F32], A.Arena)  # (kept once the budget is spent)
+    assert len(seen) >= 2

@@ -158,3 +158,20 @@ def test_stepping_prepares_calls_only_where_they_pay():
         assert (comp._step_ops() is not None) == shared
     np.testing.assert_array_equal(outs[0], outs[1])
     assert P.program_for(c).steps is not None
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_stepping_reports_a_matrix_used_before_allocation(shared):
+    """run_until_io through prepared calls reports a matrix used where it is not
+    allocated as _execute does (a PynnetError naming it, not a bare KeyError)."""
+    nnet = pynnet3.Nnet.from_config(N.TDNN, seed=1)
+    req = N.request({"input": N.frames(-3, 9)}, {"output": N.frames(0, 6)})
+    c = pynnet3.compile(nnet, req, optimize=False).copy()
+    allocs = [i for i, cmd in enumerate(c.commands) if cmd.type is CT.ALLOC_MATRIX]
+    del c.commands[allocs[1]]
+    x = N.random_inputs(nnet, req, np.random.default_rng(0), np.float32)
+    comp = NnetComputer(nnet, c, cache_program=shared)
+    comp._steps = P.step_ops(c)  # (prepared calls even where they would not pay)
+    comp.accept_input("input", x["input"])
+    with pytest.raises(PynnetError, match="not allocated"):
+        comp.run_until_io()

@@ -12,10 +12,11 @@ from ..runtime.computer import run as run_computation
 from .caching_compiler import cache_for, few_sequences_cache
 
 #: ``run(..., network_optimize=True)`` on a request of at most this many sequences
-#: (and no derivatives) compiles for the network with ``split-recurrent-affine`` on,
-#: as ``pynnet3 compute`` does for up to 8 chunks per request: a recurrent layer's
-#: step of a few rows is then a product bound by reading its weights, and taking its
-#: input's product out of the step pays (tdnn_lstm at 1 sequence ~40% less time).
+#: (no derivatives, no statistics stored) compiles for the network with
+#: ``split-recurrent-affine`` on, as ``pynnet3 compute`` does for up to 8 chunks per
+#: request: a recurrent layer's step of a few rows is then a product bound by reading
+#: its weights, and taking its input's product out of the step pays (tdnn_lstm at 1
+#: sequence ~40% less time).
 FEW_SEQUENCES = 8
 
 
@@ -57,7 +58,9 @@ def run(nnet, computation, inputs: dict, output_derivs: dict | None = None,
     if network_optimize is not None and network_optimize is not False:
         derivatives = any(s.has_deriv for s in computation.outputs)
         cc = cache_for(nnet, network_optimize, derivatives=derivatives)
+        # (a request storing statistics stays with the one copy they accumulate in)
         if network_optimize is True and not derivatives \
+                and not computation.store_component_stats \
                 and _sequences(computation) <= FEW_SEQUENCES:
             few = few_sequences_cache(nnet, cc)
             cc = few if few is not None else cc

@@ -16,9 +16,11 @@ What an arena keeps, and why it is safe:
 * Only forward-only, straight-line programs (no backward pass, no compression,
   no jump) whose matrices total at most :data:`ARENA_FLOATS` entries are bound:
   the buffers live as long as the computation (a cache's entry), so big ones
-  would hold memory the optimizer's plan frees (a CachingCompiler of 64 entries
-  keeps at most 128 MiB of float32 arenas). Only a computation run a second
-  time is bound: one run once keeps nothing.
+  would hold memory the optimizer's plan frees. The kernels' work buffers (a
+  gathered TDNN input, an LSTM step's blocks) come on top, of the same order, and a
+  float64 arena is twice the size: a CachingCompiler of 64 entries keeps a few
+  hundred MiB at the very most, a decoding run's few computations a few MiB. Only a
+  computation run a second time is bound: one run once keeps nothing.
 * ALLOC_MATRIX leaves a matrix's contents undefined (the compiler zeroes what is
   read before it is written), so a buffer's values from the last run are never
   read.
@@ -42,6 +44,9 @@ from .value_uses import MULTI_ROW_OPS as _MULTI
 from .value_uses import NOOPS as _NOOPS
 from .value_uses import whole as _whole
 
+#: times a program is bound again for one dtype after its kernels went stale
+REBINDS = 8
+
 #: the most matrix entries an arena holds (2 MiB of float32): a decoding chunk's
 #: computation is far below it, a training minibatch's far above.
 ARENA_FLOATS = 1 << 19
@@ -57,12 +62,17 @@ class Arena:
     buffers made once: ``ops`` is a list of ``(op, matrices)``, run in order as
     ``op(matrices, backend, computer)``. ``floats``: entries held by the buffers."""
 
-    __slots__ = ("ops", "floats", "lock")
+    __slots__ = ("ops", "floats", "lock", "stale")
 
     def __init__(self, ops: list, floats: int):
         self.ops = ops
         self.floats = floats
         self.lock = threading.Lock()
+        # set by an op whose kernel could not run (its component, or the component's
+        # parameter arrays, replaced since binding): the computer binds the program
+        # again at its next run, up to REBINDS times per program and dtype (two
+        # networks taking turns on one computation would otherwise rebind every run)
+        self.stale = False
 
 
 def _view_key(c: NnetComputation, s: int):
@@ -243,14 +253,41 @@ def _propagate_op(c: NnetComputation, cmd, mats: dict, components: dict | None, 
     kernel = None if comp is None else bind_propagate(
         comp, c.precomputed[cmd.precomputed], mats[("s", cmd.in_value)],
         mats[("s", cmd.out_value)], overwrite)
-    if kernel is None:
-        return None
     if op is None:
         op = _prepare(c, cmd, view_of=_view_key)
+    if kernel is None:
+        return _watched(op, node, comp)
 
     def propagate(M, be, x):
         if x._components[node] is not comp or not kernel():
-            op(M, be, x)
+            op(M, be, x)  # (the component or its parameter arrays replaced since)
+            x._arena_stale()
+    return propagate
+
+
+def _state(comp) -> tuple:
+    """What a kernel binder's verdict depends on, as objects compared by identity:
+    the parameter arrays and a fused layer's floor and linear layer."""
+    return (*comp.params().values(), getattr(comp, "floor", None),
+            comp.__dict__.get("linear"))
+
+
+def _watched(op, node: str, comp):
+    """``op`` for a component whose class has a binder that declined (a parameter
+    array of another dtype, say): it marks the arena stale once the component or
+    its parameter arrays are replaced, so a later binding may succeed; None for a
+    component no binder knows (nothing to watch)."""
+    from .kernels import KERNELS
+
+    if comp is None or type(comp) not in KERNELS:
+        return None
+    before = _state(comp)
+
+    def propagate(M, be, x):
+        op(M, be, x)
+        if x._components[node] is not comp or any(
+                a is not b for a, b in zip(_state(comp), before, strict=True)):
+            x._arena_stale()
     return propagate
 
 
@@ -287,9 +324,10 @@ def _row_block_op(c: NnetComputation, copy, cmd, mats: dict, components: dict | 
         comp, mats[("s", cmd.in_value)], block, mats[("s", copy.src)],
         c.indexes[copy.table], copy.alpha, mats[("s", cmd.out_value)])
     if kernel is None:
-        return None
+        return _watched(op, node, comp)
 
     def propagate_row_block(M, be, x):
         if x._components[node] is not comp or not kernel():
-            op(M, be, x)
+            op(M, be, x)  # (the component or its parameter arrays replaced since)
+            x._arena_stale()
     return propagate_row_block

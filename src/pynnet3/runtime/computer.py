@@ -508,13 +508,30 @@ class NnetComputer:
         """:meth:`_run_program` through the arena's bound ops."""
         be = self.backend
         self._checked, self._result = checked, result
+        self._current_arena = arena
         try:
             for op, matrices in arena.ops:
                 self.matrices = matrices  # (what an op's fallback reads)
                 op(matrices, be, self)
         finally:
             self.matrices = {}
-            self._checked = self._result = None
+            self._checked = self._result = self._current_arena = None
+            if arena.stale:  # (a kernel could not run: bind anew next run, a few times)
+                from .arena import REBINDS
+
+                program, key = self._program, ("rebinds", self.dtype)
+                done = program.arenas.get(key, 0)
+                if done < REBINDS:
+                    program.arenas[key] = done + 1
+                    program.arenas[self.dtype] = True
+
+    def _arena_stale(self) -> None:
+        """Called by an arena's op whose kernel could not run (the component or its
+        parameter arrays replaced since binding): the program is bound anew at the
+        next run (a bounded number of times)."""
+        arena = self.__dict__.get("_current_arena")
+        if arena is not None:
+            arena.stale = True
 
     def _hand_over(self, cmd: Command):
         """The output matrix itself, taken out of the computer, when a PROVIDE_OUTPUT
@@ -623,7 +640,15 @@ class NnetComputer:
                 if op is None:
                     self._execute(cmd)
                 else:
-                    op(matrices, be, self)
+                    try:
+                        op(matrices, be, self)
+                    except KeyError as e:  # (as _run_program reports it)
+                        m = e.args[0] if e.args else None
+                        if type(m) is int and m not in matrices \
+                                and 0 < m < len(self.c.matrices):
+                            raise PynnetError(f"internal: a command uses matrix m{m}, which "
+                                              "is not allocated at this point") from None
+                        raise
                 self.pc += 1
 
     def _step_ops(self) -> list | None:
