@@ -83,6 +83,8 @@ class Program:
         self.ops = [op for prepare, idx in recipe
                     if (op := prepare(c, *(None if j is None else cmds[j] for j in idx)))
                     is not None]
+        # dtype -> its Arena (runtime/arena.py), True (run once: bind at the next
+        # run) or False (not bindable); ("rebinds", dtype) -> times bound again
         self.arenas = {}
 
     def step_ops(self, c: NnetComputation) -> list:
