@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -108,7 +109,7 @@ def gemm_acc(c: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) ->
 
 
 
-def gemm_acc_bound(c: np.ndarray, a: np.ndarray, b: np.ndarray):
+def gemm_acc_bound(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> Callable[[], None]:
     """``gemm_acc(c, a, b)`` for these very arrays, as a call with no arguments that
     repeats it (the same floats): the layout checks done once, and the direct BLAS
     call's arguments made once. The arrays are kept alive by the call; it is for

@@ -22,6 +22,8 @@ arrays (``xp.is_numpy``), and tests check bit-equality with the plain form.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 _ZEROS: dict[np.dtype, np.ndarray] = {}
@@ -65,7 +67,7 @@ def relu(x: np.ndarray, out: np.ndarray) -> None:
 
 
 
-def relu_bound(x: np.ndarray, out: np.ndarray):
+def relu_bound(x: np.ndarray, out: np.ndarray) -> Callable[[], object]:
     """``relu(x, out)`` for these very arrays, as a call with no arguments that
     repeats it (the same floats; the views made once)."""
     k = _TILE_ELEMENTS

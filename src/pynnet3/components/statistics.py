@@ -182,7 +182,7 @@ class RangeIndexes:
             out[xp.index(live, like=values)] = xp.stack(sums)
         return out
 
-    def window_sums_and_squares(self, values):
+    def window_sums_and_squares(self, values) -> tuple:
         """``(window_sums(values), window_sums(square(values)))``, the same floats
         (squares in ``values``' dtype, sums in float64). For a few long windows of
         a NumPy array in order (x-vector decoding), window by window through

@@ -37,7 +37,7 @@ Kernel = Callable[[], bool]
 KERNELS: dict[type, Callable] = {}
 
 
-def register_kernel(*classes: type):
+def register_kernel(*classes: type) -> Callable[[Callable], Callable]:
     """Decorator: the binder of ``classes`` (exact classes, not their subclasses)."""
     def deco(fn):
         for cls in classes:
