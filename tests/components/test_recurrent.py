@@ -258,23 +258,32 @@ def test_malformed_shapes():
         reread(gru.replace(b"<CellDim> 2", b"<CellDim> 3"))
 
 
-def test_lstm_nonlinearity_numpy_fast_path_is_bit_identical():
-    """LstmNonlinearity's NumPy forward (gates in one block, results written in
-    place) computes the general form's floats exactly: checked against the general
-    form, reached through an ndarray subclass."""
-    import pynnet3
-    from pynnet3.components.recurrent import LstmNonlinearityComponent
+class Sub(np.ndarray):
+    """An ndarray subclass: LstmNonlinearity's general form (its fast path takes
+    plain ndarrays only)."""
 
-    class Sub(np.ndarray):
-        pass
+
+def _lstm_nonlinearity(seed: int):
+    """An LstmNonlinearityComponent of 8 cells with random peephole weights."""
+    import pynnet3
 
     cfg = ("input-node name=input dim=40\n"
            "component name=l type=LstmNonlinearityComponent cell-dim=8\n"
            "component-node name=l component=l input=input\n"
            "output-node name=output input=l\n")
     comp = pynnet3.Nnet.from_config(cfg, seed=3).components["l"]
+    comp.params_[...] = np.random.default_rng(seed).standard_normal(comp.params_.shape)
+    return comp
+
+
+def test_lstm_nonlinearity_numpy_fast_path_is_bit_identical():
+    """LstmNonlinearity's NumPy forward (gates in one block, results written in
+    place) computes the general form's floats exactly: checked against the general
+    form, reached through an ndarray subclass."""
+    from pynnet3.components.recurrent import LstmNonlinearityComponent
+
+    comp = _lstm_nonlinearity(2)
     assert isinstance(comp, LstmNonlinearityComponent) and not comp.use_dropout
-    comp.params_[...] = np.random.default_rng(2).standard_normal(comp.params_.shape)
     x = (np.random.default_rng(4).standard_normal((37, 40)) * 3).astype(np.float32)
     fast = np.full((37, 16), np.nan, np.float32)
     general = np.full((37, 16), np.nan, np.float32).view(Sub)
@@ -289,17 +298,7 @@ def test_lstm_nonlinearity_fast_path_on_views(layout):
     """The fast path copies x's blocks into one contiguous buffer and c_t, m_t
     out of another: the general form's floats whatever the input's and output's
     strides (a column block of a wider matrix, an output whose rows are columns)."""
-    import pynnet3
-
-    class Sub(np.ndarray):
-        pass
-
-    cfg = ("input-node name=input dim=40\n"
-           "component name=l type=LstmNonlinearityComponent cell-dim=8\n"
-           "component-node name=l component=l input=input\n"
-           "output-node name=output input=l\n")
-    comp = pynnet3.Nnet.from_config(cfg, seed=3).components["l"]
-    comp.params_[...] = np.random.default_rng(5).standard_normal(comp.params_.shape)
+    comp = _lstm_nonlinearity(5)
     rows = 1 if layout == "one-row" else 23
     wide = (np.random.default_rng(6).standard_normal((rows, 47)) * 3).astype(np.float32)
     x = wide[:, 3:43]

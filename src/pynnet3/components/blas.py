@@ -79,14 +79,12 @@ def _layout(x: np.ndarray):
     return None
 
 
-def gemm_acc(c: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) -> None:
-    """``c += alpha * (a @ b)`` for 2-D arrays (views of any strides), in place."""
+def _call(c: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float):
+    """How ``c += alpha * (a @ b)`` runs (non-empty 2-D arrays of matching shapes):
+    ``(fn, args)`` of the direct BLAS call, or ``(None, (c, a, b))``: the NumPy
+    expression on these operands (transposed where c is column-major)."""
     m, n = c.shape
     k = a.shape[1]
-    if a.shape[0] != m or b.shape != (k, n):
-        raise ValueError(f"gemm_acc: shapes {c.shape} += {a.shape} @ {b.shape}")
-    if m == 0 or n == 0 or k == 0:
-        return
     fn = _GEMM.get(c.dtype) if m * n >= MIN_DIRECT_ENTRIES else None
     lay_c = _layout(c) if fn is not None else None
     if lay_c is not None and lay_c[0]:  # column-major c: c.T += b.T @ a.T
@@ -98,15 +96,34 @@ def gemm_acc(c: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) ->
             or not (c.flags.writeable and c.flags.aligned and a.flags.aligned
                     and b.flags.aligned)
             or np.may_share_memory(c, a) or np.may_share_memory(c, b)):
-        prod = a @ b
-        if alpha != 1.0:
-            prod *= alpha
-        c += prod
-        return
-    fn(_ROW_MAJOR, _TRANS if lay_a[0] else _NO_TRANS, _TRANS if lay_b[0] else _NO_TRANS,
-       m, n, k, alpha, a.ctypes.data, lay_a[1], b.ctypes.data, lay_b[1], 1.0,
-       c.ctypes.data, lay_c[1])
+        return None, (c, a, b)
+    return fn, (_ROW_MAJOR, _TRANS if lay_a[0] else _NO_TRANS,
+                _TRANS if lay_b[0] else _NO_TRANS, m, n, k, alpha, a.ctypes.data,
+                lay_a[1], b.ctypes.data, lay_b[1], 1.0, c.ctypes.data, lay_c[1])
 
+
+def _empty_product(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> bool:
+    """Check the shapes of ``c += a @ b``; True when there is nothing to add."""
+    m, n = c.shape
+    k = a.shape[1]
+    if a.shape[0] != m or b.shape != (k, n):
+        raise ValueError(f"gemm_acc: shapes {c.shape} += {a.shape} @ {b.shape}")
+    return m == 0 or n == 0 or k == 0
+
+
+def gemm_acc(c: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) -> None:
+    """``c += alpha * (a @ b)`` for 2-D arrays (views of any strides), in place."""
+    if _empty_product(c, a, b):
+        return
+    fn, args = _call(c, a, b, alpha)
+    if fn is not None:
+        fn(*args)
+        return
+    c, a, b = args
+    prod = a @ b
+    if alpha != 1.0:
+        prod *= alpha
+    c += prod
 
 
 def gemm_acc_bound(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> Callable[[], None]:
@@ -114,36 +131,19 @@ def gemm_acc_bound(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> Callable[[], 
     repeats it (the same floats): the layout checks done once, and the direct BLAS
     call's arguments made once. The arrays are kept alive by the call; it is for
     buffers and parameters that stay where they are (runtime/arena.py)."""
-    m, n = c.shape
-    k = a.shape[1]
-    if a.shape[0] != m or b.shape != (k, n):
-        raise ValueError(f"gemm_acc: shapes {c.shape} += {a.shape} @ {b.shape}")
-    if m == 0 or n == 0 or k == 0:
+    if _empty_product(c, a, b):
         return _nothing
-    fn = _GEMM.get(c.dtype) if m * n >= MIN_DIRECT_ENTRIES else None
-    lay_c = _layout(c) if fn is not None else None
-    keep = (c, a, b)
-    if lay_c is not None and lay_c[0]:
-        c, a, b, (m, n) = c.T, b.T, a.T, (n, m)
-        lay_c = _layout(c)
-    lay_a = _layout(a) if lay_c is not None else None
-    lay_b = _layout(b) if lay_a is not None else None
-    if (lay_b is None or lay_c[0] or a.dtype != c.dtype or b.dtype != c.dtype
-            or not (c.flags.writeable and c.flags.aligned and a.flags.aligned
-                    and b.flags.aligned)
-            or np.may_share_memory(c, a) or np.may_share_memory(c, b)):
-        c0, a0, b0 = c, a, b  # (as gemm_acc's fallback sees them)
+    fn, args = _call(c, a, b, 1.0)
+    if fn is None:
+        c0, a0, b0 = args
 
         def fallback():
             c0.__iadd__(a0 @ b0)
         return fallback
-    args = (_ROW_MAJOR, _TRANS if lay_a[0] else _NO_TRANS, _TRANS if lay_b[0] else _NO_TRANS,
-            m, n, k, 1.0, a.ctypes.data, lay_a[1], b.ctypes.data, lay_b[1], 1.0,
-            c.ctypes.data, lay_c[1])
 
     def direct():
         fn(*args)
-    direct.keep = keep  # (the memory the pointers name)
+    direct.keep = (c, a, b)  # (the memory the pointers name)
     return direct
 
 

@@ -50,27 +50,14 @@ def relu(x: np.ndarray, out: np.ndarray) -> None:
     (NaN and signed zeros included: ``x`` stays the first operand), against rows
     of zeros instead of a scalar: contiguous arrays as rows of 8192 elements, other
     2-D ones row by row."""
-    k = _TILE_ELEMENTS
-    if (type(x) is np.ndarray and type(out) is np.ndarray and x.dtype == out.dtype
-            and x.shape == out.shape and x.flags.c_contiguous and out.flags.c_contiguous
-            and x.size >= 2 * k):
-        fx, fo = x.reshape(-1), out.reshape(-1)
-        full = x.size - x.size % k
-        zeros = zeros_row(k, x.dtype)
-        np.maximum(fx[:full].reshape(-1, k), zeros, out=fo[:full].reshape(-1, k))
-        if full < x.size:
-            np.maximum(fx[full:], zeros[:x.size - full], out=fo[full:])
-    elif x.ndim == 2 and x.shape[1] <= k and x.dtype == out.dtype:
-        np.maximum(x, zeros_row(x.shape[1], x.dtype), out=out)
-    else:
-        np.maximum(x, 0.0, out=out)
-
+    relu_bound(x, out)()
 
 
 def relu_bound(x: np.ndarray, out: np.ndarray) -> Callable[[], object]:
-    """``relu(x, out)`` for these very arrays, as a call with no arguments that
-    repeats it (the same floats; the views made once)."""
+    """:func:`relu` for these very arrays, as a call with no arguments that repeats
+    it (the views made once)."""
     k = _TILE_ELEMENTS
+    maximum = np.maximum
     if (type(x) is np.ndarray and type(out) is np.ndarray and x.dtype == out.dtype
             and x.shape == out.shape and x.flags.c_contiguous and out.flags.c_contiguous
             and x.size >= 2 * k):
@@ -79,13 +66,13 @@ def relu_bound(x: np.ndarray, out: np.ndarray) -> Callable[[], object]:
         zeros = zeros_row(k, x.dtype)
         a, b = fx[:full].reshape(-1, k), fo[:full].reshape(-1, k)
         if full == x.size:
-            return lambda: np.maximum(a, zeros, out=b)
+            return lambda: maximum(a, zeros, out=b)
         c, d, z = fx[full:], fo[full:], zeros[:x.size - full]
-        return lambda: (np.maximum(a, zeros, out=b), np.maximum(c, z, out=d))
+        return lambda: (maximum(a, zeros, out=b), maximum(c, z, out=d))
     if x.ndim == 2 and x.shape[1] <= k and x.dtype == out.dtype:
         zeros = zeros_row(x.shape[1], x.dtype)
-        return lambda: np.maximum(x, zeros, out=out)
-    return lambda: np.maximum(x, 0.0, out=out)
+        return lambda: maximum(x, zeros, out=out)
+    return lambda: maximum(x, 0.0, out=out)
 
 
 def _tiled_ok(x: np.ndarray, v: np.ndarray, out: np.ndarray) -> bool:

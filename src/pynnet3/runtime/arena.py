@@ -255,6 +255,14 @@ def _propagate_op(c: NnetComputation, cmd, mats: dict, components: dict | None, 
         mats[("s", cmd.out_value)], overwrite)
     if op is None:
         op = _prepare(c, cmd, view_of=_view_key)
+    return _kernel_op(op, node, comp, kernel)
+
+
+def _kernel_op(op, node: str, comp, kernel):
+    """The arena's op for a propagate of ``comp`` at ``node``: ``kernel`` while the
+    run's computer has that component and its parameter arrays are the bound ones,
+    else ``op`` (the ordinary call), the arena then marked stale; ``op`` watched
+    (:func:`_watched`) where no kernel was bound."""
     if kernel is None:
         return _watched(op, node, comp)
 
@@ -323,11 +331,4 @@ def _row_block_op(c: NnetComputation, copy, cmd, mats: dict, components: dict | 
     kernel = None if comp is None else bind_row_block(
         comp, mats[("s", cmd.in_value)], block, mats[("s", copy.src)],
         c.indexes[copy.table], copy.alpha, mats[("s", cmd.out_value)])
-    if kernel is None:
-        return _watched(op, node, comp)
-
-    def propagate_row_block(M, be, x):
-        if x._components[node] is not comp or not kernel():
-            op(M, be, x)  # (the component or its parameter arrays replaced since)
-            x._arena_stale()
-    return propagate_row_block
+    return _kernel_op(op, node, comp, kernel)

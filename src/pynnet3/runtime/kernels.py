@@ -124,11 +124,16 @@ def _linear(comp, pre, iv, ov, overwrite):
 @register_kernel(AffineReluComponent, BlockAffineReluComponent)
 def _affine_relu(comp, pre, iv, ov, overwrite):
     """The fused affine + ReLU: its linear layer's kernel, then the floor."""
-    linear, floor = comp.linear, comp.floor
     if overwrite:
         return None
-    inner = bind_propagate(linear, pre, iv, ov, False)
-    relu = _floor(comp, ov)
+    return _then_floor(comp, bind_propagate(comp.linear, pre, iv, ov, False), ov)
+
+
+def _then_floor(comp, inner: Kernel | None, out: np.ndarray) -> Kernel | None:
+    """The fused affine + ReLU's kernel: ``inner`` (its linear layer's, bound), then
+    the floor on ``out``, while the layer and the floor are the bound ones."""
+    linear, floor = comp.linear, comp.floor
+    relu = _floor(comp, out)
     if inner is None or relu is None:
         return None
 
@@ -177,18 +182,8 @@ def bind_row_block(comp, in_value: np.ndarray, block: tuple[int, int], src: np.n
     bound, for AffineComponent / NaturalGradientAffineComponent and the fused
     affine + ReLU over one; None otherwise."""
     if type(comp) in (AffineReluComponent, BlockAffineReluComponent):
-        linear, floor = comp.linear, comp.floor
-        inner = bind_row_block(linear, in_value, block, src, table, alpha, out_value)
-        relu = _floor(comp, out_value)
-        if inner is None or relu is None:
-            return None
-
-        def run() -> bool:
-            if comp.linear is not linear or comp.floor is not floor or not inner():
-                return False
-            relu()
-            return True
-        return run
+        return _then_floor(comp, bind_row_block(comp.linear, in_value, block, src, table,
+                                                alpha, out_value), out_value)
     if type(comp) not in (AffineComponent, NaturalGradientAffineComponent):
         return None
     w, b, out = comp.linear_params, comp.bias_params, out_value
