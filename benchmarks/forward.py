@@ -43,8 +43,7 @@ from gemm import best_ms, gemm_runner, gemm_shapes
 from realistic import NETS, kaldi_ms, print_head, reference_dir, scaling_request
 
 import pynnet3
-from pynnet3.cache.caching_compiler import FEW_SEQUENCES_RULES
-from pynnet3.cache.running import FEW_SEQUENCES
+from pynnet3.cache.caching_compiler import FEW_SEQUENCES, FEW_SEQUENCES_RULES
 from pynnet3.runtime.computer import NnetComputer
 
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 import numpy as np
 
 import pynnet3
-from pynnet3.cache.caching_compiler import NetworkOptions, cache_for, few_sequences_cache
-from pynnet3.cache.running import FEW_SEQUENCES
+from pynnet3.cache.caching_compiler import (
+    FEW_SEQUENCES,
+    NetworkOptions,
+    cache_for,
+    few_sequences_cache,
+)
 from tests.compiler import nets as N
 
 LSTM = N.FAST_LSTMP.format(x="input", delay=-1)

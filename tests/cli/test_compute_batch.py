@@ -350,12 +350,12 @@ def test_recurrent_last_chunk_padded_gives_the_same_rows(tmp_path, capsys):
 
 @needs_reference
 def test_few_chunks_per_request_split_the_recurrent_product(tmp_path, capsys, monkeypatch):
-    """Up to SPLIT_RECURRENT_UP_TO chunks per request, compute splits an LSTM's input
+    """Up to FEW_SEQUENCES chunks per request, compute splits an LSTM's input
     product from its recurrent one (split-recurrent-affine); outputs equal the
     unsplit batched run's to float rounding, and the padded last chunks still make
     one computation per chunk shape."""
     import pynnet3.graphopt as graphopt
-    from pynnet3.cli.compute import SPLIT_RECURRENT_UP_TO
+    from pynnet3.cache.caching_compiler import FEW_SEQUENCES as SPLIT_RECURRENT_UP_TO
     from tests.reference import REF
 
     model = REF / "realistic" / "tdnn_lstm" / "model.txt"

@@ -464,7 +464,12 @@ def cache_for(nnet, network_optimize=None, derivatives: bool = False) -> Caching
     return cc
 
 
-#: the rule ``few_sequences_cache`` adds to the default network options
+#: requests of at most this many sequences (and the rules added for them): a
+#: recurrent layer's step of a few rows is a product bound by reading its weights,
+#: and taking its input's product out of the step pays (tdnn_lstm at 1 sequence ~40%
+#: less time). ``pynnet3.run(..., network_optimize=True)`` (few_sequences_cache) and
+#: ``pynnet3 compute`` (chunks per request) use them.
+FEW_SEQUENCES = 8
 FEW_SEQUENCES_RULES = ("split-recurrent-affine",)
 
 

@@ -9,15 +9,7 @@ from ..computation import NnetComputation
 from ..errors import RuntimeInputError
 from ..runtime.computer import RunResult, run_dtype
 from ..runtime.computer import run as run_computation
-from .caching_compiler import cache_for, few_sequences_cache
-
-#: ``run(..., network_optimize=True)`` on a request of at most this many sequences
-#: (no derivatives, no statistics stored) compiles for the network with
-#: ``split-recurrent-affine`` on, as ``pynnet3 compute`` does for up to 8 chunks per
-#: request: a recurrent layer's step of a few rows is then a product bound by reading
-#: its weights, and taking its input's product out of the step pays (tdnn_lstm at 1
-#: sequence ~40% less time).
-FEW_SEQUENCES = 8
+from .caching_compiler import FEW_SEQUENCES, cache_for, few_sequences_cache
 
 
 def _sequences(request) -> int:

@@ -43,13 +43,6 @@ from .jobs import (
 )
 
 DEFAULT_BATCH_SIZE = 32  # chunks per request (--batch-size)
-# Up to this many chunks per request, a recurrent layer's input product is split from
-# its recurrent one (split-recurrent-affine): a step's product with one or a few rows
-# is a matrix-vector product bound by reading the weights, so the input's part goes
-# into one GEMM over all frames. tdnn_lstm over compute-timing's feats.ark, one
-# thread: --batch-size=1 1.52-1.71 -> 1.20-1.37 s CPU; at 32 no gain (0.55-0.60 ->
-# 0.59-0.64 s); the 150-frame request of 1 and 8 sequences 35% and 18% faster.
-SPLIT_RECURRENT_UP_TO = 8
 
 
 def _say(kind: str, message: str) -> None:
@@ -77,12 +70,16 @@ def _load_model(args):
         nnet = read_model(args.model)
     nnet.set_test_mode(True)  # (in place: the network was just read, nothing shares it)
     if args.network_optimize:
+        from ..cache.caching_compiler import FEW_SEQUENCES, FEW_SEQUENCES_RULES
         from ..graphopt import NetworkOptions
 
         batch = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
-        few = batch <= SPLIT_RECURRENT_UP_TO and not args.looped
+        # (up to FEW_SEQUENCES chunks per request an LSTM's input product is taken
+        # out of its steps: tdnn_lstm --batch-size=1 over compute-timing's
+        # feats.ark 1.52-1.71 -> 1.20-1.37 s CPU; at 32 no gain)
+        few = batch <= FEW_SEQUENCES and not args.looped
         nnet = optimize_network(nnet, NetworkOptions(
-            enable_rules=("split-recurrent-affine",) if few else ()))
+            enable_rules=FEW_SEQUENCES_RULES if few else ()))
     return nnet, log_priors
 
 

@@ -142,7 +142,8 @@ def bind(c: NnetComputation, program: Program, dtype, limit: int = ARENA_FLOATS,
                                      sm.col_offset:sm.col_offset + sm.num_cols]
         return mats
 
-    ops: list[tuple] = []
+    arena = Arena([], 0)  # (made first: its ops mark it stale)
+    ops = arena.ops
     for prepare, idx in program.recipe:
         step = [cmds[j] for j in idx if j is not None]
         if any(cmd.type in _UNBOUND for cmd in step):
@@ -193,21 +194,23 @@ def bind(c: NnetComputation, program: Program, dtype, limit: int = ARENA_FLOATS,
             continue
         fast = None
         if prepare is _prepare:
-            fast = _plain_op(c, cmd, mats, components)
+            fast = _plain_op(c, cmd, mats, components, op, arena)
         elif prepare is _prepare_overwrite:
-            fast = _propagate_op(c, cmd, mats, components, op, overwrite=True)
+            fast = _propagate_op(c, cmd, mats, components, op, arena, overwrite=True)
         elif prepare is _prepare_row_block:
-            fast = _row_block_op(c, step[0], cmd, mats, components, op)
+            fast = _row_block_op(c, step[0], cmd, mats, components, op, arena)
         ops.append((fast or op, mats))
-    return Arena(ops, floats)
+    arena.floats = floats
+    return arena
 
 
-def _plain_op(c: NnetComputation, cmd, mats: dict, components: dict | None):
+def _plain_op(c: NnetComputation, cmd, mats: dict, components: dict | None, op,
+              arena: Arena):
     """A leaner op for a command on fixed views (the NumPy backend's arithmetic,
     called straight), or None."""
     t = cmd.type
     if t is CT.PROPAGATE:
-        return _propagate_op(c, cmd, mats, components, None, overwrite=False)
+        return _propagate_op(c, cmd, mats, components, op, arena, overwrite=False)
     if t in (CT.MATRIX_COPY, CT.MATRIX_ADD) and cmd.dst and cmd.src:
         d, s, alpha = mats[("s", cmd.dst)], mats[("s", cmd.src)], cmd.alpha
         if t is CT.MATRIX_COPY:  # (NumpyBackend.copy)
@@ -238,7 +241,7 @@ def _plain_op(c: NnetComputation, cmd, mats: dict, components: dict | None):
 
 
 def _propagate_op(c: NnetComputation, cmd, mats: dict, components: dict | None, op,
-                  overwrite: bool):
+                  arena: Arena, overwrite: bool):
     """A PROPAGATE (plain: no memo, statistics or column-block table) through its
     component's bound kernel (runtime/kernels.py), the ordinary op when the run's
     computer has another component at the node or the kernel declines; None where
@@ -253,23 +256,21 @@ def _propagate_op(c: NnetComputation, cmd, mats: dict, components: dict | None, 
     kernel = None if comp is None else bind_propagate(
         comp, c.precomputed[cmd.precomputed], mats[("s", cmd.in_value)],
         mats[("s", cmd.out_value)], overwrite)
-    if op is None:
-        op = _prepare(c, cmd, view_of=_view_key)
-    return _kernel_op(op, node, comp, kernel)
+    return _kernel_op(op, node, comp, kernel, arena)
 
 
-def _kernel_op(op, node: str, comp, kernel):
+def _kernel_op(op, node: str, comp, kernel, arena: Arena):
     """The arena's op for a propagate of ``comp`` at ``node``: ``kernel`` while the
     run's computer has that component and its parameter arrays are the bound ones,
     else ``op`` (the ordinary call), the arena then marked stale; ``op`` watched
     (:func:`_watched`) where no kernel was bound."""
     if kernel is None:
-        return _watched(op, node, comp)
+        return _watched(op, node, comp, arena)
 
     def propagate(M, be, x):
         if x._components[node] is not comp or not kernel():
             op(M, be, x)  # (the component or its parameter arrays replaced since)
-            x._arena_stale()
+            arena.stale = True
     return propagate
 
 
@@ -280,7 +281,7 @@ def _state(comp) -> tuple:
             comp.__dict__.get("linear"))
 
 
-def _watched(op, node: str, comp):
+def _watched(op, node: str, comp, arena: Arena):
     """``op`` for a component whose class has a binder that declined (a parameter
     array of another dtype, say): it marks the arena stale once the component or
     its parameter arrays are replaced, so a later binding may succeed; None for a
@@ -295,7 +296,7 @@ def _watched(op, node: str, comp):
         op(M, be, x)
         if x._components[node] is not comp or any(
                 a is not b for a, b in zip(_state(comp), before, strict=True)):
-            x._arena_stale()
+            arena.stale = True
     return propagate
 
 
@@ -317,7 +318,8 @@ def _provide(view: np.ndarray, is_deriv: bool, node: str):
     return provide
 
 
-def _row_block_op(c: NnetComputation, copy, cmd, mats: dict, components: dict | None, op):
+def _row_block_op(c: NnetComputation, copy, cmd, mats: dict, components: dict | None, op,
+                  arena: Arena):
     """A propagate planned by program.row_block_plans (a repeated-row input block)
     through its component's bound row-block kernel; None where nothing is bound."""
     if components is None:
@@ -331,4 +333,17 @@ def _row_block_op(c: NnetComputation, copy, cmd, mats: dict, components: dict | 
     kernel = None if comp is None else bind_row_block(
         comp, mats[("s", cmd.in_value)], block, mats[("s", copy.src)],
         c.indexes[copy.table], copy.alpha, mats[("s", cmd.out_value)])
-    return _kernel_op(op, node, comp, kernel)
+    return _kernel_op(op, node, comp, kernel, arena)
+
+
+def after_run(program: Program, dtype, arena: Arena) -> None:
+    """Once a run of ``arena`` (``program``'s for ``dtype``) is over: when one of
+    its kernels could not run, have the program bound anew at the next run, at
+    most :data:`REBINDS` times per program and dtype."""
+    if not arena.stale:
+        return
+    key = ("rebinds", dtype)
+    done = program.arenas.get(key, 0)
+    if done < REBINDS:
+        program.arenas[key] = done + 1
+        program.arenas[dtype] = True

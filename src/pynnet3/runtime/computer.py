@@ -23,6 +23,7 @@ from ..computation import Command, NnetComputation
 from ..computation import CommandType as CT
 from ..errors import PynnetError, RuntimeInputError
 from ..index import unique_keys
+from .arena import after_run, bind
 from .backend import get_backend
 from .numpy_backend import NumpyBackend
 from .program import Program, program_for, step_ops
@@ -480,14 +481,19 @@ class NnetComputer:
             for op in program.ops:
                 op(matrices, be, self)
         except KeyError as e:
-            # (what _sub reports: a command reading a matrix that is not allocated)
-            m = e.args[0] if e.args else None
-            if type(m) is int and m not in matrices and m in program.matrix_ids:
-                raise PynnetError(f"internal: a command uses matrix m{m}, which is not "
-                                  "allocated at this point") from None
+            self._report_unallocated(e, matrices)
             raise
         finally:
             self._checked = self._result = None
+
+    def _report_unallocated(self, e: KeyError, matrices: dict) -> None:
+        """A prepared op's KeyError for a matrix id that is not allocated as the
+        PynnetError :meth:`_sub` raises (what _execute would have reported); other
+        KeyErrors are the caller's to re-raise."""
+        m = e.args[0] if e.args else None
+        if type(m) is int and m not in matrices and 0 < m < len(self.c.matrices):
+            raise PynnetError(f"internal: a command uses matrix m{m}, which is not "
+                              "allocated at this point") from None
 
     def _arena(self, program: Program):
         """The program bound to kept buffers (runtime/arena.py) for this run's dtype,
@@ -498,8 +504,6 @@ class NnetComputer:
             if entry is None:
                 program.arenas[self.dtype] = True
                 return None
-            from .arena import bind
-
             entry = program.arenas[self.dtype] = bind(
                 self.c, program, self.dtype, components=self._components) or False
         return entry or None
@@ -508,30 +512,14 @@ class NnetComputer:
         """:meth:`_run_program` through the arena's bound ops."""
         be = self.backend
         self._checked, self._result = checked, result
-        self._current_arena = arena
         try:
             for op, matrices in arena.ops:
                 self.matrices = matrices  # (what an op's fallback reads)
                 op(matrices, be, self)
         finally:
             self.matrices = {}
-            self._checked = self._result = self._current_arena = None
-            if arena.stale:  # (a kernel could not run: bind anew next run, a few times)
-                from .arena import REBINDS
-
-                program, key = self._program, ("rebinds", self.dtype)
-                done = program.arenas.get(key, 0)
-                if done < REBINDS:
-                    program.arenas[key] = done + 1
-                    program.arenas[self.dtype] = True
-
-    def _arena_stale(self) -> None:
-        """Called by an arena's op whose kernel could not run (the component or its
-        parameter arrays replaced since binding): the program is bound anew at the
-        next run (a bounded number of times)."""
-        arena = self.__dict__.get("_current_arena")
-        if arena is not None:
-            arena.stale = True
+            self._checked = self._result = None
+            after_run(self._program, self.dtype, arena)
 
     def _hand_over(self, cmd: Command):
         """The output matrix itself, taken out of the computer, when a PROVIDE_OUTPUT
@@ -642,12 +630,8 @@ class NnetComputer:
                 else:
                     try:
                         op(matrices, be, self)
-                    except KeyError as e:  # (as _run_program reports it)
-                        m = e.args[0] if e.args else None
-                        if type(m) is int and m not in matrices \
-                                and 0 < m < len(self.c.matrices):
-                            raise PynnetError(f"internal: a command uses matrix m{m}, which "
-                                              "is not allocated at this point") from None
+                    except KeyError as e:
+                        self._report_unallocated(e, matrices)
                         raise
                 self.pc += 1
 

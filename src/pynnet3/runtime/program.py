@@ -33,8 +33,8 @@ class Program:
     components, memos): those come from the computer each call, so computers of one
     computation share it."""
 
-    __slots__ = ("ops", "recipe", "arenas", "accepts", "has_backward", "looped",
-                 "matrix_ids", "steps", "__weakref__")
+    __slots__ = ("ops", "recipe", "arenas", "accepts", "has_backward", "looped", "steps",
+                 "__weakref__")
 
     def __init__(self, c: NnetComputation):
         cmds = c.commands
@@ -42,7 +42,6 @@ class Program:
         self.has_backward = any(cmd.type in (CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE)
                                 for cmd in cmds)
         self.looped = any(cmd.type is CT.GOTO_LABEL for cmd in cmds)
-        self.matrix_ids = frozenset(range(1, len(c.matrices)))
         self.recipe, self.arenas, self.steps = [], {}, None
         if self.looped:
             self.ops = []

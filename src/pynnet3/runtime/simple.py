@@ -447,6 +447,13 @@ def _descriptor_right(desc, right: dict) -> tuple[float, list[tuple[str, int]]]:
     return required, [(n, o) for n, o, opt in terms if opt]
 
 
+def _rows_of(features: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``features[rows]`` for a chunk's non-decreasing rows: a view when they are a
+    plain run of frames, a gather where clipped edges repeat one."""
+    first, last = int(rows[0]), int(rows[-1])
+    return features[first:last + 1] if last - first == len(rows) - 1 else features[rows]
+
+
 def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
                 features: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """Run equal-shaped ``chunks`` as the sequences of one request on ``d``'s network
@@ -461,18 +468,13 @@ def run_chunks(d: DecodableNnetSimple, chunks: list[ChunkPlan],
     computation = d.compiler.compile(request)
     if features is None:
         features = [d.features] * n
-    if n == 1:  # (a plain run of frames as a view: the computer copies its inputs)
-        first, last = int(c0.rows[0]), int(c0.rows[-1])
-        f = features[0]
-        inputs = {"input": f[first:last + 1] if last - first == len(c0.rows) - 1
-                  else f[c0.rows]}
+    if n == 1:  # (a view where it can be: the computer copies its inputs)
+        inputs = {"input": _rows_of(features[0], c0.rows)}
     else:
         dtype = np.result_type(*features)
         x = np.empty((len(c0.rows), n, features[0].shape[1]), dtype=dtype)
         for k, (f, c) in enumerate(zip(features, chunks, strict=True)):
-            first, last = int(c.rows[0]), int(c.rows[-1])
-            # (a plain run of frames is a strided copy; clipped edges are gathered)
-            x[:, k, :] = f[first:last + 1] if last - first == len(c.rows) - 1 else f[c.rows]
+            x[:, k, :] = _rows_of(f, c.rows)
         inputs = {"input": x.reshape(-1, x.shape[2])}
     if c0.ivector is not None:
         inputs["ivector"] = c0.ivector[None] if n == 1 else np.stack([c.ivector for c in chunks])
