@@ -1,16 +1,20 @@
-"""Review of the trainer (issue 18): where component statistics go in a training step
-(the trainer used to store them straight into the model).
+"""Review of the trainer (issues 18 and the LSTM-training review): where component
+statistics go in a training step.
 
-Kaldi's NnetComputer stores statistics (kStoreStats: nonlinearity value/derivative sums
-and counts, BatchNorm count and sums, self-repair counters) into ``nnet_to_update``,
-i.e. the trainer's delta network; UpdateNnetWithMaxChange's AddNnetComponents then adds
-each non-updatable component's stats to the model times ``scale`` (``1 - momentum``
-times the global max-param-change factor), and ScaleNnet(momentum) keeps ``momentum``
-times them in the delta (nnet-compute.cc, nnet-utils.cc AddNnetComponents). With
-``store-component-stats=true`` (Kaldi's default) and momentum > 0 or the global
-max-change active, the model's stats after a step are those scaled counts, not the
-minibatch's. Expected values below follow from that arithmetic: 4 sequences x 8
-frames = 32 rows reach the ReLU and the BatchNorm; BatchNorm's count is then scaled by
+Kaldi's NnetTrainer::TrainInternal makes its NnetComputer with the model as a
+pointer (``NnetComputer(opts, computation, nnet_, delta_nnet_)``), and that
+constructor stores statistics in ``nnet`` itself, not in ``nnet_to_update``
+(nnet-compute.h: "this version will, for storing statistics ... use 'nnet'
+instead of 'nnet_to_update'"; nnet-compute.cc: kPropagate stores into
+``nnet_to_store_stats_``, and a non-updatable component's backprop gets it as
+``to_update``). So the stats of non-updatable components (nonlinearity value /
+derivative sums and counts, BatchNorm count and sums, self-repair counters) reach the
+model at full weight whatever the momentum, max-change or backstitch scales, and a
+backward's self-repair sees its own forward's stats. (An earlier review routed them
+through the delta network; Kaldi's train-cli/xvector run, momentum 0.5, ends with
+log-softmax ``<OderivCount>`` 24 = 3 x 8 rows at full weight, which that routing
+cannot give.) Expected values follow from that arithmetic: 4 sequences x 8 frames =
+32 rows reach the ReLU and the BatchNorm; BatchNorm's count is then scaled by
 batchnorm-stats-scale 0.8 (ScaleBatchnormStats runs after the update)."""
 
 from __future__ import annotations
@@ -63,32 +67,32 @@ def test_plain_step_stores_the_minibatch_stats():
 
 
 
-def test_momentum_scales_the_stats_reaching_the_model():
+def test_momentum_does_not_scale_the_stats_reaching_the_model():
     nnet, _ = _step(momentum=0.5)
-    assert nnet.components["relu"].count == pytest.approx(0.5 * 32.0)
-    assert nnet.components["bn"].count == pytest.approx(0.8 * 0.5 * 32.0)
+    assert nnet.components["relu"].count == 32.0
+    assert nnet.components["bn"].count == pytest.approx(0.8 * 32.0)
 
 
-
-def test_global_max_change_scales_the_stats_reaching_the_model():
+def test_global_max_change_does_not_scale_the_stats_reaching_the_model():
     nnet, stats = _step(max_param_change=1e-4)
     assert stats.global_scale < 0.01
-    assert nnet.components["relu"].count == pytest.approx(stats.global_scale * 32.0, rel=1e-5)
+    assert nnet.components["relu"].count == 32.0
+    assert nnet.components["bn"].count == pytest.approx(0.8 * 32.0)
 
 
-def test_momentum_carries_the_stats_in_the_delta():
-    # step 1: model 0.5 * 32, delta keeps 0.5 * 32; step 2: delta 16 + 32, model + 0.5 * 48
+def test_momentum_carries_no_stats_to_the_next_step():
+    # each step stores its 32 rows once; BatchNorm's count is scaled after each step
     nnet, _ = _steps(2, momentum=0.5)
-    assert nnet.components["relu"].count == pytest.approx(16.0 + 0.5 * 48.0)
-    assert nnet.components["bn"].count == pytest.approx(0.8 * (0.8 * 16.0 + 0.5 * 48.0))
+    assert nnet.components["relu"].count == 64.0
+    assert nnet.components["bn"].count == pytest.approx(0.8 * (0.8 * 32.0 + 32.0))
 
 
-def test_backstitch_passes_add_minus_s_then_one_plus_s_times_their_stats():
-    # both passes see the same minibatch: -0.3 * 32 + 1.3 * 32 rows
+def test_backstitch_passes_each_store_their_stats():
+    # both passes store the minibatch; ScaleBatchnormStats runs once, after the second
     nnet, stats = _step(backstitch_training_scale=0.3, backstitch_training_interval=1)
     assert stats.backstitch_outputs
-    assert nnet.components["relu"].count == pytest.approx(32.0)
-    assert nnet.components["bn"].count == pytest.approx(0.8 * 32.0)
+    assert nnet.components["relu"].count == 64.0
+    assert nnet.components["bn"].count == pytest.approx(0.8 * 64.0)
 
 
 def test_no_stats_stored_leaves_them_alone():
@@ -112,13 +116,32 @@ def _affine_after(num_steps: int, self_repair_scale: float) -> np.ndarray:
     return nnet.components["affine"].params()["linear_params"].copy()
 
 
-def test_first_minibatch_backprop_sees_no_stats_of_its_own():
-    """Kaldi's self-repair reads the model's stats, which do not hold the minibatch
-    being trained (it went to the delta), so with stats zeroed at the start the first
-    step repairs nothing (RepairGradients returns at count 0); the trainer used to
-    repair there from the stats its own forward had just stored."""
-    np.testing.assert_array_equal(_affine_after(1, 0.5), _affine_after(1, 0.0))
-    assert not np.array_equal(_affine_after(2, 0.5), _affine_after(2, 0.0))
+def test_first_minibatch_backprop_sees_its_own_forward_stats():
+    """Kaldi's self-repair reads the stats of the model that runs the backprop, which
+    already hold the minibatch's own forward (stored into nnet_ itself), so with
+    stats zeroed at the start the first step can repair already: RepairGradients
+    returns early only at count 0, and the count it sees is the 32 rows just stored."""
+    np.testing.assert_raises(AssertionError, np.testing.assert_array_equal,
+                             _affine_after(1, 0.5), _affine_after(1, 0.0))
+    rng = np.random.default_rng(0)
+    egs = [NnetExample([NnetIo.from_matrix("input", -1, rng.standard_normal((10, 4), np.float32)),
+                        NnetIo.from_labels("output", 3, 0, rng.integers(0, 3, 8))])
+           for _ in range(4)]
+    nnet = Nnet.from_config(_CONFIG, seed=0)
+    relu = nnet.components["relu"]
+    seen = []
+    plain_backprop = relu.backprop
+
+    def recording(*args, **kwargs):
+        seen.append(relu.count)
+        return plain_backprop(*args, **kwargs)
+
+    relu.backprop = recording
+    mb = example_minibatch(nnet, merge_examples(egs))
+    trainer = Trainer(nnet, TrainerOptions(momentum=0.5))
+    trainer.train_step(mb.request, mb.inputs, mb.supervision)
+    trainer.train_step(mb.request, mb.inputs, mb.supervision)
+    assert seen == [32.0, 64.0]
 
 
 def test_a_failed_step_leaves_no_statistics_behind():
@@ -140,7 +163,7 @@ def test_a_failed_step_leaves_no_statistics_behind():
             with pytest.raises(RuntimeInputError, match="supervision"):
                 trainer.train_step(mb.request, mb.inputs,
                                    {"output": mb.supervision["output"][:, :2]})
-            assert nnet.components["relu"].count == pytest.approx(16.0)
+            assert nnet.components["relu"].count == 32.0
         trainer.train_step(mb.request, mb.inputs, mb.supervision)
         return nnet
 

@@ -1,18 +1,24 @@
-"""Component statistics a training step stores, routed as Kaldi's delta network does.
+"""Component statistics a training step stores: straight into the model, as Kaldi's.
 
-Kaldi's NnetComputer stores statistics (kStoreStats: nonlinearity value/derivative
-sums and counts, self-repair counters, BatchNorm count and sums, truncation and
-clipping counters) into the network being updated, i.e. the trainer's delta network.
-UpdateNnetWithMaxChange then adds each non-updatable component of the delta to the
-model times ``scale`` (``1 - momentum``, or the backstitch scale, times the global
-max-param-change factor; nothing when the change was not finite), and the delta
-keeps ``momentum`` times them (ScaleNnet). pynnet3's computer stores into the model
-itself; :class:`StoredStats` moves each step's increment out of the model into a
-delta of its own and adds it back with Kaldi's factor.
+Kaldi's NnetTrainer::TrainInternal makes its NnetComputer with the model as a
+*pointer* (``NnetComputer(opts, computation, nnet_, delta_nnet_)``), the constructor
+that stores statistics in ``nnet`` instead of ``nnet_to_update`` (nnet-compute.h).
+So the forward's StoreStats (nonlinearity value/derivative sums and counts,
+BatchNorm count and sums) and the backprop statistics of non-updatable components
+(their ``to_update`` is ``nnet_to_store_stats_``, nnet-compute.cc: self-repair
+counters, output-derivative sums, BackpropTruncation's clipped/zeroed counts) go
+into the model at weight one, when they are computed: a backward's self-repair
+sees its own forward's statistics, and momentum, max-change and the backstitch
+scales never touch them (the delta network's copies of these components hold zero
+statistics from ``ScaleNnet(0.0)``, so AddNnetComponents adds nothing to them).
+Kaldi's own runs show it: ``kaldi-reference/train-cli/xvector`` (momentum 0.5)
+ends with ``<OderivCount>`` 24 on its log-softmax, three stored minibatches of 8
+rows at full weight. Only an updatable component's backprop statistics go to the
+delta (LstmNonlinearity's: ``Trainer.delta_stats``).
 
-Invariant: outside a step, ``delta[name]`` holds what Kaldi's delta network holds
-in that component's statistics (``Component::Scale`` / ``Add`` semantics, from
-:mod:`pynnet3.train.average`).
+pynnet3's computer stores into the model as well; what is left here is a step that
+fails part way (Kaldi dies then): :class:`StoredStats` puts the statistics the
+failed pass had stored back as they were, so a failed call changes nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import copy
 
 from ..components.batchnorm import BatchNormComponent
 from ..components.fused import AffineReluComponent
-from .average import _INT_STATS, _SUM_STATS, _stat_names, add_component, scale_component
+from .average import _INT_STATS, _SUM_STATS, _stat_names
 
 _PART = "#relu"  # a fused kernel's ReLU part (components/fused.py) keeps its statistics
 
@@ -33,9 +39,8 @@ def _stores(c) -> bool:
 
 def stats_components(nnet) -> list[tuple[str, object]]:
     """``(name, component)`` of the non-updatable components that store statistics
-    (updatable ones: LstmNonlinearity's travel with its gradient in the trainer), and
-    ``("<kernel>#relu", part)`` for the ReLU inside a fused kernel, whose statistics
-    Kaldi's delta network would hold in that ReLU."""
+    in a pass (an updatable one's change only with the update), and
+    ``("<kernel>#relu", part)`` for the ReLU inside a fused kernel."""
     out = []
     for name, c in nnet.components.items():
         relu = c._relu() if isinstance(c, AffineReluComponent) else None
@@ -54,56 +59,21 @@ def _component(nnet, name: str):
 
 
 class StoredStats:
-    """The statistics part of Kaldi's delta network (see the module doc)."""
+    """Undo for the statistics a forward/backward pass stores (see the module doc)."""
 
     def __init__(self):
-        self.delta: dict[str, object] = {}
         self._before: dict[str, object] = {}
-        self._step: dict[str, object] = {}  # this step's increments, until commit()
 
-    def before_pass(self, nnet, storing: bool) -> None:
-        """Call before a forward/backward pass that stores stats when ``storing``."""
-        self._before = ({name: copy.deepcopy(c) for name, c in stats_components(nnet)}
-                        if storing else {})
-
-    def after_pass(self, nnet) -> None:
-        """Move what the pass stored out of the model (into the step's increments)."""
-        for name, before in self._before.items():
-            comp = _component(nnet, name)
-            increment = copy.deepcopy(comp)
-            add_component(increment, -1.0, before)
-            comp.__dict__.update(before.__dict__)  # (the model as before the pass)
-            if name in self._step:
-                add_component(self._step[name], 1.0, increment)
-            else:
-                self._step[name] = increment
-        self._before = {}
+    def begin(self, nnet) -> None:
+        """Call before a forward/backward pass: remember the model's statistics."""
+        self._before = {name: copy.deepcopy(c) for name, c in stats_components(nnet)}
 
     def commit(self) -> None:
-        """The step's passes all ran: their increments join the delta."""
-        for name, increment in self._step.items():
-            if name in self.delta:
-                add_component(self.delta[name], 1.0, increment)
-            else:
-                self.delta[name] = increment
-        self._step = {}
+        """The pass ran: what it stored stays in the model."""
+        self._before = {}
 
     def abort(self, nnet) -> None:
-        """A pass failed: the model's stats as before it, the step's increments
-        dropped (a failed step leaves no statistics behind)."""
+        """The pass failed: the model's statistics as before it."""
         for name, before in self._before.items():
             _component(nnet, name).__dict__.update(before.__dict__)
-        self._before, self._step = {}, {}
-
-    def add_to(self, nnet, factor: float) -> None:
-        """The update: the model's statistics += ``factor`` * the delta's."""
-        for name, d in self.delta.items():
-            add_component(_component(nnet, name), factor, d)
-
-    def scale(self, momentum: float) -> None:
-        """After the update: keep ``momentum`` times the delta (0 clears it)."""
-        if momentum == 0.0:
-            self.delta.clear()
-            return
-        for d in self.delta.values():
-            scale_component(d, momentum)
+        self._before = {}
