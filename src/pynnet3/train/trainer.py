@@ -316,7 +316,7 @@ class Trainer:
         comps = self._step_components()
         if l2:
             apply_l2_regularization(self.nnet, l2_scale * num_n * opts.l2_regularize_factor,
-                                    self.delta, comps)
+                                    self.delta, comps, self.delta_stats)
         result = update_with_max_change(self.nnet, self.delta, opts.max_param_change,
                                         max_change_scale, scale, comps)
         stats.max_change_scales = result.scales

@@ -45,11 +45,17 @@ def learning_rates(comp) -> dict[str, float]:
     return {key: float(comp.learning_rate) for key in comp.params()}
 
 
-def apply_l2_regularization(nnet, l2_scale: float, delta: dict, comps=None) -> None:
+def apply_l2_regularization(nnet, l2_scale: float, delta: dict, comps=None,
+                            delta_stats: dict | None = None) -> None:
     """Kaldi's ApplyL2Regularization: ``delta += -2 * l2_scale * lr * l2-regularize *
     params`` for each updatable component with ``l2-regularize`` set. Kaldi calls it
     with ``l2_scale = num sequences * l2-regularize-factor``. (``comps``: the network's
-    :func:`updatable_components`, where the caller has them.)"""
+    :func:`updatable_components`, where the caller has them.)
+
+    Kaldi does it with ``Component::Add``, and LstmNonlinearityComponent::Add adds the
+    statistics too: its delta's value/derivative sums, self-repair totals and count
+    (``delta_stats[name]``, as :func:`add_backprop_stats` takes them) gain the same
+    multiple of the model's, when ``delta_stats`` is given."""
     if l2_scale == 0.0:
         return
     for name, comp in comps if comps is not None else updatable_components(nnet):
@@ -61,6 +67,21 @@ def apply_l2_regularization(nnet, l2_scale: float, delta: dict, comps=None) -> N
         for key, p in comp.params().items():
             if scale != 0.0:
                 delta[name][key] += scale * p.astype(np.float32, copy=False)
+        if (delta_stats is not None and scale != 0.0
+                and comp.type_name == "LstmNonlinearityComponent"):
+            _add_lstm_model_stats(delta_stats.setdefault(name, {}), float(scale), comp)
+
+
+def _add_lstm_model_stats(stats: dict, alpha: float, comp) -> None:
+    """``stats += alpha * comp's statistics`` as sums (the component keeps averages)."""
+    count = float(comp.count)
+    cells = comp.value_avg.shape[1]
+    mine = {"value_sum": comp.value_avg.astype(np.float64) * count,
+            "deriv_sum": comp.deriv_avg.astype(np.float64) * count,
+            "self_repair_total": comp.self_repair_prob.astype(np.float64) * count * cells,
+            "count": count}
+    for key, value in mine.items():
+        stats[key] = stats.get(key, 0.0 * value) + alpha * value
 
 
 @dataclass
