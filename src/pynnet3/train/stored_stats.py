@@ -1,18 +1,22 @@
-"""Component statistics a training step stores, routed as Kaldi's delta network does.
+"""Component statistics a training step stores: straight into the model, as Kaldi's.
 
-Kaldi's NnetComputer stores statistics (kStoreStats: nonlinearity value/derivative
-sums and counts, self-repair counters, BatchNorm count and sums, truncation and
-clipping counters) into the network being updated, i.e. the trainer's delta network.
-UpdateNnetWithMaxChange then adds each non-updatable component of the delta to the
-model times ``scale`` (``1 - momentum``, or the backstitch scale, times the global
-max-param-change factor; nothing when the change was not finite), and the delta
-keeps ``momentum`` times them (ScaleNnet). pynnet3's computer stores into the model
-itself; :class:`StoredStats` moves each step's increment out of the model into a
-delta of its own and adds it back with Kaldi's factor.
+NnetTrainer builds its NnetComputer as ``NnetComputer(opts, computation, nnet_,
+delta_nnet_)``: the constructor that takes the model by pointer, which stores
+statistics (kStoreStats in the forward pass, and what the non-updatable
+components' Backprop stores: ReLU output-derivative sums, self-repair counters)
+into ``nnet_`` itself, not into the delta network (nnet-compute.h: "this version
+will, for storing statistics, use 'nnet' instead of 'nnet_to_update'";
+nnet-training.cc TrainInternal says the same). So a step's statistics reach the
+model in full, whatever the momentum or the max-change factors, the backward
+pass's self-repair already sees this minibatch's forward statistics, and
+ScaleBatchnormStats then scales them with the rest. (Only updatable components'
+Backprop statistics, LstmNonlinearity's, go to the delta: the trainer's
+``delta_stats``.)
 
-Invariant: outside a step, ``delta[name]`` holds what Kaldi's delta network holds
-in that component's statistics (``Component::Scale`` / ``Add`` semantics, from
-:mod:`pynnet3.train.average`).
+pynnet3's computer stores into the model as well; :class:`StoredStats` only
+keeps a step that fails midway (e.g. supervision of the wrong shape, after the
+forward stored its statistics) from leaving anything behind: the model's
+statistics as before the pass are put back.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import copy
 
 from ..components.batchnorm import BatchNormComponent
 from ..components.fused import AffineReluComponent
-from .average import _INT_STATS, _SUM_STATS, _stat_names, add_component, scale_component
+from .average import _INT_STATS, _SUM_STATS, _stat_names
 
 _PART = "#relu"  # a fused kernel's ReLU part (components/fused.py) keeps its statistics
 
@@ -34,8 +38,7 @@ def _stores(c) -> bool:
 def stats_components(nnet) -> list[tuple[str, object]]:
     """``(name, component)`` of the non-updatable components that store statistics
     (updatable ones: LstmNonlinearity's travel with its gradient in the trainer), and
-    ``("<kernel>#relu", part)`` for the ReLU inside a fused kernel, whose statistics
-    Kaldi's delta network would hold in that ReLU."""
+    ``("<kernel>#relu", part)`` for the ReLU inside a fused kernel."""
     out = []
     for name, c in nnet.components.items():
         relu = c._relu() if isinstance(c, AffineReluComponent) else None
@@ -54,56 +57,25 @@ def _component(nnet, name: str):
 
 
 class StoredStats:
-    """The statistics part of Kaldi's delta network (see the module doc)."""
+    """Puts the model's statistics back when a training pass fails (see the module
+    doc); a pass that completes leaves what it stored in the model."""
 
     def __init__(self):
-        self.delta: dict[str, object] = {}
         self._before: dict[str, object] = {}
-        self._step: dict[str, object] = {}  # this step's increments, until commit()
 
     def before_pass(self, nnet, storing: bool) -> None:
-        """Call before a forward/backward pass that stores stats when ``storing``."""
+        """Call before a pass whose forward stores statistics when ``storing``:
+        remember the model's. (Without ``storing`` a pass that fails, i.e. fails
+        before its backward, has stored nothing.)"""
         self._before = ({name: copy.deepcopy(c) for name, c in stats_components(nnet)}
                         if storing else {})
 
-    def after_pass(self, nnet) -> None:
-        """Move what the pass stored out of the model (into the step's increments)."""
-        for name, before in self._before.items():
-            comp = _component(nnet, name)
-            increment = copy.deepcopy(comp)
-            add_component(increment, -1.0, before)
-            comp.__dict__.update(before.__dict__)  # (the model as before the pass)
-            if name in self._step:
-                add_component(self._step[name], 1.0, increment)
-            else:
-                self._step[name] = increment
+    def commit(self) -> None:
+        """The pass ran: what it stored stays in the model."""
         self._before = {}
 
-    def commit(self) -> None:
-        """The step's passes all ran: their increments join the delta."""
-        for name, increment in self._step.items():
-            if name in self.delta:
-                add_component(self.delta[name], 1.0, increment)
-            else:
-                self.delta[name] = increment
-        self._step = {}
-
     def abort(self, nnet) -> None:
-        """A pass failed: the model's stats as before it, the step's increments
-        dropped (a failed step leaves no statistics behind)."""
+        """The pass failed: the model's statistics as before it."""
         for name, before in self._before.items():
             _component(nnet, name).__dict__.update(before.__dict__)
-        self._before, self._step = {}, {}
-
-    def add_to(self, nnet, factor: float) -> None:
-        """The update: the model's statistics += ``factor`` * the delta's."""
-        for name, d in self.delta.items():
-            add_component(_component(nnet, name), factor, d)
-
-    def scale(self, momentum: float) -> None:
-        """After the update: keep ``momentum`` times the delta (0 clears it)."""
-        if momentum == 0.0:
-            self.delta.clear()
-            return
-        for d in self.delta.values():
-            scale_component(d, momentum)
+        self._before = {}

@@ -113,7 +113,8 @@ class Trainer:
         # the statistics Kaldi's delta network collects in backprop (LstmNonlinearity):
         # added to the model with the parameter delta's factor, carried like it
         self.delta_stats: dict[str, dict] = {}
-        # the other components' stored statistics, which Kaldi keeps in the delta too
+        # the other components' statistics go straight into the model, as Kaldi's
+        # (this only puts them back when a step fails midway)
         self.stored_stats = StoredStats()
         self.objective_info: dict[str, ObjectiveInfo] = {}
         self.max_change_counts = MaxChangeCounts()
@@ -202,7 +203,6 @@ class Trainer:
                 for collected in self.delta_stats.values():
                     for key in collected:
                         collected[key] = collected[key] * opts.momentum
-                self.stored_stats.scale(opts.momentum)
             else:
                 self._zero_delta()
         stats.objective = sum(o.objective for o in stats.outputs.values())
@@ -276,11 +276,8 @@ class Trainer:
         for name, value in inputs.items():
             computer.accept_input(name, value)
         computer.run_until_io()
-        # (the forward's stats leave the model now: the backward's self-repair reads
-        # the model's stats without this minibatch, as Kaldi's does)
-        self.stored_stats.after_pass(nnet)
-        self.stored_stats.before_pass(nnet, bool(computation.request and
-                                                 computation.request.store_component_stats))
+        # (the forward's stats stay in the model: the backward's self-repair reads them
+        # with this minibatch's, as Kaldi's, whose NnetComputer stores into nnet_)
         outputs = {}
         request = computation.request
         # (a network with no updatable component compiles without a backward pass:
@@ -297,7 +294,6 @@ class Trainer:
                 computer.accept_input(spec.name, deriv, is_deriv=True)
         while not computer.finished:
             computer.run_until_io()
-        self.stored_stats.after_pass(nnet)
         for name, comp in comps:
             lrs = learning_rates(comp)
             delta = self.delta.get(name)
@@ -327,7 +323,6 @@ class Trainer:
         stats.max_change_scales = result.scales
         stats.global_scale = result.global_scale
         if result.applied:
-            self.stored_stats.add_to(self.nnet, scale * result.global_scale)
             for name, collected in self.delta_stats.items():
                 add_backprop_stats(self.nnet.components[name], result.factors[name],
                                    collected)
@@ -347,7 +342,6 @@ class Trainer:
             for a in d.values():
                 a[...] = 0.0
         self.delta_stats.clear()
-        self.stored_stats.scale(0.0)
 
 
 def _num_sequences(request) -> int:
