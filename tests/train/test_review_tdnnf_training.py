@@ -368,3 +368,33 @@ def test_floating_orthonormal_constraint_matches_kaldis_formula():
         got = m.copy()
         constrain_orthonormal_matrix(got, 2.0)
         np.testing.assert_allclose(got, kaldi_constrain_orthonormal(m, 2.0), rtol=0, atol=2e-6)
+
+
+def test_dropout_at_proportion_zero_changes_nothing_in_training():
+    """tdnnf-layer with dropout puts a GeneralDropoutComponent (continuous) after the
+    BatchNorm, into the bypass sum. Kaldi's Propagate/Backprop copy and return
+    before drawing a mask when dropout-proportion is 0 (and no SpecAugment), which is
+    what a dropout schedule gives at its ends: two steps equal the network without it."""
+    with_dropout = TDNNF.replace(
+        "input=Sum(Scale(0.66, tdnn1.batchnorm), tdnnf2.batchnorm)",
+        "input=Sum(Scale(0.66, tdnn1.batchnorm), tdnnf2.dropout)").replace(
+        "component name=tdnnf2.noop ",
+        "component name=tdnnf2.dropout type=GeneralDropoutComponent dim=8 "
+        "dropout-proportion=0.0 continuous=true\n"
+        "component-node name=tdnnf2.dropout component=tdnnf2.dropout input=tdnnf2.batchnorm\n"
+        "component name=tdnnf2.noop ")
+    nets = [_net(), Nnet.from_config(with_dropout.format(affine_max_change=0.75), seed=11)]
+    nets[1].set_learning_rate(0.05)
+    for name, _ in UPDATABLE:  # (the same initial parameters)
+        for key, p in nets[1].components[name].params().items():
+            p[...] = nets[0].components[name].params()[key]
+    trainers = [Trainer(n, TrainerOptions(momentum=0.5)) for n in nets]
+    for step in range(2):
+        req, x, sup = _minibatch(step)
+        for tr in trainers:
+            tr.train_step(req, {"input": x}, {"output": sup},
+                          orthonormal_constraint_applied_to=["tdnnf2.linear"])
+    for name, _ in UPDATABLE:
+        for key, p in nets[0].components[name].params().items():
+            np.testing.assert_allclose(nets[1].components[name].params()[key], p,
+                                       rtol=1e-6, atol=1e-7)
