@@ -1,10 +1,12 @@
 """Merging examples into minibatches, as Kaldi's ``nnet3-merge-egs`` does.
 
 :func:`merge_examples` is Kaldi's ``MergeExamples``: the NnetIo of the same name of
-all examples are stacked (names in sorted order), example ``i`` gets ``n = i`` in
-the merged indexes (its own ``n`` must be 0), full and compressed features become
-one full matrix (compressed ones with Kaldi's decompressed values), sparse ones
-stay sparse; with ``compress`` the full result is compressed again.
+all examples are stacked (names in sorted order), example ``i``'s indexes get
+``n + i * stride`` (``stride`` = 1 + the first example's largest ``n``: 1 for single
+examples, the minibatch size for merged ones, which merge again as in Kaldi), full
+and compressed features become one full matrix (compressed ones with Kaldi's
+decompressed values), sparse ones stay sparse; with ``compress`` the full result is
+compressed again.
 
 :class:`ExampleMerger` is Kaldi's ``ExampleMerger``: examples of the same structure
 (names, indexes, feature sizes) are collected until the minibatch size for their
@@ -97,6 +99,12 @@ def merge_examples(egs: list[NnetExample], compress: bool = False) -> NnetExampl
     if not egs:
         raise FormatError("merging an empty list of examples")
     names = sorted({io.name for eg in egs for io in eg.io})
+    # Kaldi's MergeIo (since 2020, chain2): an example's sequences are numbered
+    # 0 .. stride-1, stride = 1 + the largest n of the first example's first NnetIo
+    # (1 for single examples), and example i's n become n + i * stride, so merged
+    # minibatches merge again (nnet3-merge-egs on merged egs).
+    first = egs[0].io[0].indexes if egs[0].io else np.zeros((0, 3), np.int32)
+    stride = 1 + max(0, int(first[:, 0].max())) if len(first) else 1
     parts: dict[str, list[tuple[int, NnetIo]]] = {name: [] for name in names}
     for n, eg in enumerate(egs):
         for io in eg.io:
@@ -110,11 +118,17 @@ def merge_examples(egs: list[NnetExample], compress: bool = False) -> NnetExampl
             raise DimensionError(f"merging examples: NnetIo {name!r} has different dims "
                                  f"{sorted(dims)}")
         for _, io in ios:
-            if len(io.indexes) and (io.indexes[:, 0] != 0).any():
-                raise FormatError(f"merging examples: NnetIo {name!r} has n != 0 (merging "
-                                  "already-merged examples is not supported, as in Kaldi)")
-        indexes = np.concatenate([io.indexes for _, io in ios]).astype(np.int32)
-        indexes[:, 0] = np.repeat([n for n, _ in ios], [len(io.indexes) for _, io in ios])
+            if len(io.indexes) and (io.indexes[:, 0] >= stride).any():
+                raise FormatError(f"merging examples: NnetIo {name!r} has n = "
+                                  f"{int(io.indexes[:, 0].max())}, but the first example's "
+                                  f"sequences are n < {stride} (Kaldi merges examples of "
+                                  "the same number of sequences)")
+        indexes = np.concatenate([io.indexes for _, io in ios]).astype(np.int64)
+        indexes[:, 0] += stride * np.repeat([n for n, _ in ios],
+                                            [len(io.indexes) for _, io in ios])
+        if len(indexes) and indexes[:, 0].max() > 2**31 - 1:
+            raise FormatError(f"merging examples: NnetIo {name!r}: n beyond the int32 range")
+        indexes = indexes.astype(np.int32)
         feats = [io.features for _, io in ios]
         if all(isinstance(f, SparseMatrix) or general_matrix_shape(f)[0] == 0 for f in feats):
             features = SparseMatrix.append_rows([f for f in feats if isinstance(f, SparseMatrix)])
@@ -196,8 +210,10 @@ class ExampleMerger:
         specific = []
         n_in = n_disc = size_in = n_mb = n_kept = n_types = 0
         for (eg_size, _), st in sorted(self._stats.items(), key=lambda kv: kv[0][0]):
-            sizes = "".join(f"{mb}->{count}," for mb, count in
-                            sorted(st.written.items(), reverse=True))
+            # (Kaldi prints its unordered_map<int32, int32>: libstdc++, with which Kaldi
+            # is built, lists up to 13 keys newest first, i.e. the sizes in the reverse
+            # order of their first minibatch; beyond 13 in hash order, not reproduced)
+            sizes = "".join(f"{mb}->{count}," for mb, count in reversed(st.written.items()))
             specific.append(f"{eg_size}={{{sizes}d={st.num_discarded}}}")
             n_disc += st.num_discarded
             size_in += st.num_discarded * eg_size

@@ -84,7 +84,9 @@ class TrainerOptions:
             (self.print_interval > 0, "print-interval must be > 0"),
             (self.learning_rate is None or self.learning_rate >= 0.0,
              "learning-rate must be >= 0"),
-            (self.backstitch_training_scale == 0.0 or self.momentum == 0.0,
+            # (Kaldi asserts this where it backstitches, only for a scale > 0; a
+            # scale <= 0 trains without backstitch, any momentum)
+            (self.backstitch_training_scale <= 0.0 or self.momentum == 0.0,
              "backstitch training is incompatible with momentum > 0"),
         )
         for ok, message in checks:
