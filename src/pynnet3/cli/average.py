@@ -16,7 +16,7 @@ def _cmd_average(args) -> int:
                          "model to write (see pynnet3 average --help)")
     inputs, out = args.models[:-1], args.models[-1]
     _, total = kaldi_weights(args.weights, len(inputs))
-    if total is not None:
+    if total is not None and abs(total - 1.0) > 0.01:  # (Kaldi's GetWeights threshold)
         print(f"WARNING (pynnet3 average) Normalizing weights to sum to one, sum was "
               f"{total:.6g}", file=sys.stderr)
     read = [read_model_or_am(path) for path in inputs]
@@ -40,7 +40,7 @@ def add_average_command(sub, command, kaldi_bool) -> None:
                 "options and learning rates are the first model's. The last argument is\n"
                 "the output, written atomically; when the first model is an acoustic model\n"
                 "(final.mdl) the output is one, with its transition model and priors.",
-                usage="pynnet3 average [-h] [--binary=true|false] [--weights=W1:W2:...] "
+                usage="pynnet3 average [-h] [--binary=true|false] [--weights=W1:W2:...] [options] "
                       "MODEL1 [MODEL2 ...] OUT")
     s.add_argument("models", nargs="+", metavar="MODEL",
                    help="models to average (Kaldi nnet3, text or binary, gzipped or not), "
@@ -50,4 +50,10 @@ def add_average_command(sub, command, kaldi_bool) -> None:
     s.add_argument("--weights", default="", metavar="W1:W2:...",
                    help="colon-separated weights, one per input model, normalized to sum "
                         "to one (default: equal weights)")
+    s.add_argument("--num-threads", dest="num_threads", type=int, default=-1, metavar="INT",
+                   help="accepted for Kaldi compatibility (Kaldi's threads that read the "
+                        "models; pynnet3 reads them in turn) (default: -1)")
+    from .kaldi_options import add_standard_options
+
+    add_standard_options(s, kaldi_bool)
     s.set_defaults(fn=_cmd_average)

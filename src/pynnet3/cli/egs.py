@@ -53,7 +53,8 @@ def add_egs_commands(sub, command, kaldi_bool) -> None:
                 "Merge Kaldi nnet3 examples (NnetExample archives, egs.*.ark) into\n"
                 "minibatches, as Kaldi's nnet3-merge-egs does: examples with the same\n"
                 "structure (names, indexes, sizes) are grouped; example i of a minibatch\n"
-                "gets n = i; compressed and full features become one full matrix, sparse\n"
+                "gets n = i (an already-merged one of S sequences n + i*S, so minibatches\n"
+                "merge again); compressed and full features become one full matrix, sparse\n"
                 "supervision stays sparse. Output keys are merged-<count>-<size>.\n"
                 "Exit status 1 when no minibatch was written.")
     s.add_argument("egs_rspecifier", metavar="EGS-RSPECIFIER",
@@ -75,4 +76,12 @@ def add_egs_commands(sub, command, kaldi_bool) -> None:
                    metavar="BOOL", help="deprecated in Kaldi; accepted and ignored")
     s.add_argument("--discard-partial-minibatches", dest="discard_partial_minibatches",
                    default=None, metavar="BOOL", help="deprecated in Kaldi; accepted and ignored")
+    s.add_argument("--multilingual-eg", dest="multilingual_eg", type=kaldi_bool,
+                   default=False, metavar="true|false",
+                   help="accepted; as in Kaldi's nnet3-merge-egs it changes nothing (only "
+                        "nnet3-chain-merge-egs names minibatches by language) "
+                        "(default: false)")
+    from .kaldi_options import add_standard_options
+
+    add_standard_options(s, kaldi_bool)
     s.set_defaults(fn=_cmd_merge_egs)

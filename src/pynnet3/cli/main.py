@@ -16,6 +16,7 @@ import sys
 from ..errors import PynnetError
 from ..gcpause import pause_start_up, start_up_done
 from ..runtime.allocator import tune_malloc
+from .kaldi_options import KALDI_STYLE_COMMANDS, KaldiOptionError, kaldi_argv
 
 # (.files, and NumPy and the network with it, load when a command runs: the console
 # script pauses the garbage collector first, see entry_point)
@@ -436,7 +437,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     try:
-        args = build_parser(argv[0] if argv else None).parse_args(argv)
+        parser = build_parser(argv[0] if argv else None)
+        if argv and argv[0] in KALDI_STYLE_COMMANDS:  # (Kaldi's option conventions)
+            sub = parser._subparsers._group_actions[0].choices[argv[0]]
+            try:
+                argv = kaldi_argv(sub, argv, kaldi_bool)
+            except KaldiOptionError as e:
+                raise UsageError(f"pynnet3 {argv[0]}: error: {e}") from None
+        args = parser.parse_args(argv)
     except UsageError as e:
         print(one_line(str(e)), file=sys.stderr)
         return 1

@@ -80,7 +80,8 @@ def _cmd_train(args) -> int:
     options = TrainerOptions.from_flags(trainer_flags(args))
     nnet, am = read_model_or_am(args.model)
     # (--optimization.min-deriv-time etc. shape the training computations, as in Kaldi)
-    compiler = CachingCompiler(nnet, optimize=optimize_options_from_args(args))
+    compiler = CachingCompiler(nnet, optimize=optimize_options_from_args(args),
+                               capacity=args.cache_capacity, use_shortcut=args.use_shortcut)
     examples = read_examples(args.egs_rspecifier)
     group = _Group.start(args) if args.distributed else None
     if group is not None:
@@ -313,7 +314,24 @@ def add_train_command(sub, command, kaldi_bool) -> None:
                    help="accepted and ignored (Kaldi's compiled-computation cache)")
     g.add_argument("--binary-write-cache", dest="binary_write_cache", type=kaldi_bool,
                    default=True, metavar="true|false", help="accepted and ignored")
+    g.add_argument("--compiler.use-shortcut", dest="use_shortcut", type=kaldi_bool,
+                   default=True, metavar="true|false",
+                   help="compile minibatches of regular structure for 2 sequences and "
+                        "expand (Kaldi's shortcut) (default: true)")
+    g.add_argument("--compiler.cache-capacity", dest="cache_capacity", type=int, default=64,
+                   metavar="INT", help="computations the compiler keeps (default: 64)")
+    g.add_argument("--computation.debug", dest="computation_debug", type=kaldi_bool,
+                   default=False, metavar="true|false",
+                   help="accepted and ignored (Kaldi's per-command debug output)")
+    c = s.add_argument_group("CUDA allocator options (accepted and ignored, as in a Kaldi "
+                             "build without CUDA)")
+    c.add_argument("--cuda-memory-proportion", dest="cuda_memory_proportion", type=float,
+                   default=0.5, metavar="FLOAT", help="(default: 0.5)")
+    c.add_argument("--cuda-cache-memory", dest="cuda_cache_memory", type=kaldi_bool,
+                   default=True, metavar="true|false", help="(default: true)")
+    from .kaldi_options import add_standard_options
     from .main import add_optimize_flags  # (main is loaded: it is building the parser)
 
+    add_standard_options(s, kaldi_bool, verbose=False)
     add_optimize_flags(s)
     s.set_defaults(fn=_cmd_train)

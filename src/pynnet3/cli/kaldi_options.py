@@ -1,0 +1,102 @@
+"""Kaldi's command-line conventions (util/parse-options.cc) for the commands that
+stand in for Kaldi programs (train, merge-egs, average), on top of argparse.
+
+Kaldi's ParseOptions, unlike argparse: reads ``--config=FILE`` (lines ``--x=y``,
+``#`` comments; the command line overrides them), normalizes option names
+(``--max_param_change`` is ``--max-param-change``; case is ignored), takes a bare
+boolean option as true (``--binary`` is ``--binary=true``) and registers the
+standard options ``--config``, ``--print-args`` and ``--verbose`` in every program.
+:func:`kaldi_argv` rewrites such a command line into one argparse reads the same
+way; :func:`add_standard_options` adds the standard options.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# Commands whose command lines follow Kaldi's conventions (main() applies kaldi_argv).
+KALDI_STYLE_COMMANDS = ("train", "merge-egs", "average")
+
+
+class KaldiOptionError(Exception):
+    """A bad --config file (argparse's usage errors are reported the same way)."""
+
+
+def add_standard_options(s: argparse.ArgumentParser, kaldi_bool, verbose: bool = True) -> None:
+    """Kaldi's standard options: ``--config`` (expanded by :func:`kaldi_argv`; here
+    only for --help), ``--print-args`` (accepted: pynnet3 does not echo its command
+    line), ``--verbose`` (unless the command has its own)."""
+    g = s.add_argument_group("standard options (as every Kaldi program has)")
+    g.add_argument("--config", dest="kaldi_config", action="append", default=None,
+                   metavar="FILE",
+                   help="read options from FILE, one '--x=y' per line ('#' starts a "
+                        "comment); options on the command line override them")
+    g.add_argument("--print-args", dest="print_args", type=kaldi_bool, default=True,
+                   metavar="true|false", help="accepted for Kaldi compatibility (pynnet3 "
+                                              "does not print its command line)")
+    if verbose:
+        g.add_argument("--verbose", type=int, default=0, metavar="INT",
+                       help="verbose level (accepted; this command logs the same at any "
+                            "level) (default: 0)")
+
+
+def _bool_options(parser: argparse.ArgumentParser, kaldi_bool) -> set[str]:
+    return {opt for action in parser._actions if action.type is kaldi_bool
+            for opt in action.option_strings}
+
+
+def _normalize(arg: str) -> tuple[str, str | None]:
+    """``(--normalized-name, value or None)`` of a ``--name[=value]`` argument."""
+    key, eq, value = arg[2:].partition("=")
+    return "--" + key.replace("_", "-").lower(), (value if eq else None)
+
+
+def _config_lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as e:
+        raise KaldiOptionError(f"cannot open config file {path!r}: {e.strerror or e}") from None
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not line.startswith("--"):
+            raise KaldiOptionError(f"reading config file {path!r}: line {number} does not "
+                                   "look like a line from a Kaldi command-line program's "
+                                   "config file: should be of the form --x=y")
+        out.append(line)
+    return out
+
+
+def kaldi_argv(parser: argparse.ArgumentParser, argv: list[str], kaldi_bool) -> list[str]:
+    """``argv`` (the command first) rewritten as Kaldi's ParseOptions reads it: the
+    lines of each ``--config=FILE`` first (the command line then overrides them, as
+    Kaldi reads config files before the command line), option names normalized,
+    bare boolean options made ``=true``. Options stop at a lone ``--``, which is
+    kept; everything else is unchanged."""
+    bools = _bool_options(parser, kaldi_bool)
+    command, rest = argv[0], list(argv[1:])
+    end = rest.index("--") if "--" in rest else len(rest)
+    config: list[str] = []
+    out: list[str] = []
+    for i, arg in enumerate(rest):
+        if i >= end or not arg.startswith("--") or arg == "--":
+            out.append(arg)
+            continue
+        key, value = _normalize(arg)
+        if key == "--config" and value is not None:
+            config += [_rewrite(line, bools) for line in _config_lines(value)]
+        out.append(_rewrite(arg, bools))
+    return [command] + config + out
+
+
+def _rewrite(arg: str, bools: set[str]) -> str:
+    key, value = _normalize(arg)
+    if value is None:
+        return key + "=true" if key in bools else key
+    return f"{key}={value}"
+
+
+__all__ = ["KALDI_STYLE_COMMANDS", "KaldiOptionError", "add_standard_options", "kaldi_argv"]
