@@ -138,20 +138,26 @@ class CompressedMatrix:
         heads = np.stack(h, axis=1).astype("<u2")                   # (cols, 4)
         p0, p25, p75, p100 = (min_value + (range_ * _U16_SCALE) * hk.astype(np.float32)
                               for hk in h)                           # Uint16ToFloat
+        # each entry through its own quarter's formula only (as Kaldi's FloatToChar
+        # branches): its column's base, width and step count gathered by quarter
         v = m.T                                                      # (cols, rows)
+        quarter = (v >= p25[:, None]).astype(np.intp) + (v >= p75[:, None])
+        base = np.stack([p0, p25, p75], axis=1)                      # (cols, 3)
+        width = np.stack([p25 - p0, p75 - p25, p100 - p75], axis=1)
+        pick = np.take_along_axis
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            low = _round(((v - p0[:, None]) / (p25 - p0)[:, None]) * np.float32(64), 0.5)
-            mid = 64 + _round(((v - p25[:, None]) / (p75 - p25)[:, None])
-                              * np.float32(128), 0.5)
-            high = 192 + _round(((v - p75[:, None]) / (p100 - p75)[:, None])
-                                * np.float32(63), 0.5)
-        below25, below75 = v < p25[:, None], v < p75[:, None]
-        chars = np.where(below25, np.clip(low, 0, 64),
-                         np.where(below75, np.clip(mid, 64, 192), np.clip(high, 192, 255)))
+            scaled = ((v - pick(base, quarter, axis=1)) / pick(width, quarter, axis=1)) \
+                * _QUARTER_STEPS[quarter]
+        chars = np.clip(_round(scaled, 0.5) + _QUARTER_START[quarter],
+                        _QUARTER_START[quarter], _QUARTER_END[quarter])
         return cls(fmt, header + heads.tobytes() + chars.astype("u1").tobytes())
 
 
 _INT_MIN = -2**31
+# FloatToChar's quarters (below p25, below p75, the rest): steps, first and last code
+_QUARTER_STEPS = np.array([64, 128, 63], np.float32)
+_QUARTER_START = np.array([0, 64, 192], np.int64)
+_QUARTER_END = np.array([64, 192, 255], np.int64)
 
 
 def _round(x: np.ndarray, half: float) -> np.ndarray:
