@@ -17,6 +17,7 @@ import math
 import operator
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from .io.model_file import (
     parse_model_bytes,
     write_model_parts,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 NODE_KINDS = ("input-node", "component-node", "dim-range-node", "output-node")
 
@@ -367,15 +371,50 @@ class Nnet:
         """Kaldi's SetLearningRate: each updatable component's learning rate becomes
         ``learning_rate * learning-rate-factor`` (a float32, as Kaldi stores it); a
         CompositeComponent hands its own rate on to its updatable sub-components."""
-        def set_rate(c, lr: float) -> None:
-            c.learning_rate = float(np.float32(lr) * np.float32(c.learning_rate_factor))
-            for sub in getattr(c, "sub_components", list)():
-                if sub.is_updatable():
-                    set_rate(sub, c.learning_rate)
-
         for c in self.components.values():
             if c.is_updatable():
-                set_rate(c, learning_rate)
+                set_underlying_learning_rate(c, learning_rate)
+
+    # -- orphans (Kaldi's FindOrphanNodes / FindOrphanComponents) ---------------------
+    def orphan_nodes(self, keep: Iterable[str] = ()) -> list[str]:
+        """Names of the nodes that no output node (nor a node named in ``keep``)
+        depends on, in network order; orphan input nodes included (callers decide
+        whether to keep them)."""
+        by_name = self.node_map
+        needed: set[str] = set()
+        stack = [n.name for n in self.nodes if n.kind == "output-node"]
+        stack += [k for k in keep if k in by_name]
+        while stack:
+            name = stack.pop()
+            if name in needed:
+                continue
+            needed.add(name)
+            stack.extend(by_name[name].inputs())
+        return [n.name for n in self.nodes if n.name not in needed]
+
+    def orphan_components(self) -> list[str]:
+        """Names of the components no component-node uses, in component order."""
+        used = {n.component for n in self.nodes if n.kind == "component-node"}
+        return [c for c in self.components if c not in used]
+
+    def remove_orphan_nodes(self, remove_orphan_inputs: bool = False) -> list[str]:
+        """Kaldi's Nnet::RemoveOrphanNodes: remove the nodes no output depends on
+        (input nodes only with ``remove_orphan_inputs``); returns their names.
+        Components stay (see :meth:`remove_orphan_components`)."""
+        orphans = [o for o in self.orphan_nodes()
+                   if remove_orphan_inputs or self.node(o).kind != "input-node"]
+        if orphans:
+            gone = set(orphans)
+            self.nodes = [n for n in self.nodes if n.name not in gone]
+        return orphans
+
+    def remove_orphan_components(self) -> list[str]:
+        """Kaldi's Nnet::RemoveOrphanComponents: remove the components no node
+        uses; returns their names."""
+        orphans = self.orphan_components()
+        for name in orphans:
+            del self.components[name]
+        return orphans
 
     def copy(self) -> Nnet:
         import copy
@@ -492,6 +531,18 @@ class _SizeCheckedDraws:
         if name.startswith("__"):  # (copy / pickle probes: not the generator's)
             raise AttributeError(name)
         return getattr(self._rng, name)
+
+
+def set_underlying_learning_rate(comp: Component, learning_rate: float) -> None:
+    """Kaldi's UpdatableComponent::SetUnderlyingLearningRate on one component: its
+    learning rate becomes ``learning_rate * learning-rate-factor`` (a float32, as
+    Kaldi stores it); a CompositeComponent hands its own rate on to its updatable
+    sub-components."""
+    comp.learning_rate = float(np.float32(learning_rate)
+                               * np.float32(comp.learning_rate_factor))
+    for sub in getattr(comp, "sub_components", list)():
+        if sub.is_updatable():
+            set_underlying_learning_rate(sub, comp.learning_rate)
 
 
 def _moduli(e):

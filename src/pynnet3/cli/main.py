@@ -49,16 +49,55 @@ def _cmd_init(args) -> int:
 
 
 def _cmd_copy(args) -> int:
-    from .files import read_model, write_model
+    """nnet3-copy's order: --nnet-config, --learning-rate, --scale, --edits-config,
+    --edits, then test modes and --prepare-for-test. The edits are read and parsed
+    before the model, so a bad one fails before any work."""
+    from .files import read_config, read_model, write_model
     from .network import network_options_from_args, prepare_for_test
 
+    edits = []
+    if args.edits_config:
+        from ..edits import parse_edits
+
+        edits += parse_edits(*read_config(args.edits_config))
+    if args.edits:
+        from ..edits import edits_from_option, parse_edits
+
+        edits += parse_edits(edits_from_option(args.edits), "--edits")
+    nnet_config = read_config(args.nnet_config) if args.nnet_config else None
     nnet = read_model(args.input)
+    if nnet_config is not None:
+        text, name = nnet_config
+        nnet.read_config(text, source=name)
+    if args.learning_rate is not None and args.learning_rate >= 0:
+        nnet.set_learning_rate(args.learning_rate)
+    if args.scale != 1.0:
+        from ..train.average import scale_component
+
+        for comp in nnet.components.values():
+            scale_component(comp, args.scale)
+    if edits:
+        from ..edits import apply_edits
+
+        for level, message in apply_edits(nnet, edits):
+            print(f"{level} (pynnet3 copy) {message}", file=sys.stderr)
     if args.set_test_mode is not None:
         nnet.set_test_mode(args.set_test_mode)
     if args.prepare_for_test:
         nnet = prepare_for_test(nnet, network_options_from_args(args))
     write_model(nnet, args.output, args.binary)
     return 0
+
+
+def _finite_float(text: str) -> float:
+    """A flag's number: finite (nan and inf are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def _cmd_show(args) -> int:
@@ -264,14 +303,50 @@ def _add_init(sub, command, kaldi_bool) -> None:
 def _add_copy(sub, command, kaldi_bool) -> None:
     from .network import add_network_flags
 
-    s = command(sub, "copy", "copy a model, converting text/binary (like nnet3-copy)",
+    s = command(sub, "copy", "copy a model, converting text/binary, editing it (like "
+                "nnet3-copy)",
                 "Read a model and write it again, converting between text and binary,\n"
-                "as Kaldi's nnet3-copy does.")
+                "as Kaldi's nnet3-copy does. On the way, in this order: --nnet-config\n"
+                "adds or replaces nodes and components, --learning-rate and --scale\n"
+                "change every component, --edits-config then --edits apply Kaldi's edit\n"
+                "directives (one per line, or separated by ';'):\n"
+                "  convert-to-fixed-affine [name=PATTERN]\n"
+                "  remove-orphan-nodes [remove-orphan-inputs=true|false]\n"
+                "  remove-orphan-components\n"
+                "  remove-orphans [remove-orphan-inputs=true|false]\n"
+                "  set-learning-rate [name=PATTERN] learning-rate=LR\n"
+                "  set-learning-rate-factor [name=PATTERN] learning-rate-factor=F\n"
+                "  rename-node old-name=NAME new-name=NAME\n"
+                "  remove-output-nodes name=PATTERN\n"
+                "  set-dropout-proportion [name=PATTERN] proportion=P\n"
+                "  apply-svd name=PATTERN [bottleneck-dim=D] [energy-threshold=E]\n"
+                "            [shrinkage-threshold=S]\n"
+                "  reduce-rank name=PATTERN rank=R\n"
+                "PATTERN matches component names (output node names for\n"
+                "remove-output-nodes); '*' matches any characters, the default is '*'.\n"
+                "Then --set-test-mode and --prepare-for-test.",
+                usage="pynnet3 copy [options] IN OUT")
     s.add_argument("input", metavar="IN",
                    help="model to read: Kaldi nnet3, text or binary (detected)")
     s.add_argument("output", metavar="OUT", help="where to write the model")
     s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
                    help=_BINARY_HELP)
+    s.add_argument("--nnet-config", dest="nnet_config", default="", metavar="CONFIG",
+                   help="config file (as for init) whose lines add or replace components "
+                        "and nodes of the model (default: none)")
+    s.add_argument("--learning-rate", dest="learning_rate", type=_finite_float, default=None,
+                   metavar="LR",
+                   help="if >= 0, set the learning rate of every updatable component to LR "
+                        "(times its learning-rate-factor) (default: unchanged)")
+    s.add_argument("--scale", type=_finite_float, default=1.0, metavar="S",
+                   help="scale the parameters (and statistics) of every component by S "
+                        "(default: 1.0)")
+    s.add_argument("--edits-config", dest="edits_config", default="", metavar="FILE",
+                   help="file of edit directives (listed above), applied in order after "
+                        "--nnet-config (default: none)")
+    s.add_argument("--edits", default="", metavar="'DIRECTIVE; ...'",
+                   help="edit directives on the command line, separated by ';', applied "
+                        "after --edits-config, e.g. --edits=remove-orphans (default: none)")
     s.add_argument("--set-test-mode", dest="set_test_mode", type=kaldi_bool, default=None,
                    metavar="true|false",
                    help="switch BatchNorm and dropout components to test mode (true) or "

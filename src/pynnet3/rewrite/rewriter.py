@@ -179,28 +179,19 @@ class NetworkRewriter:
 
     def remove_orphans(self) -> int:
         """Remove nodes no output depends on (inputs and preserved nodes stay) and
-        components no node uses, as Kaldi's RemoveOrphanNodes / Components.
+        components no node uses, as Kaldi's RemoveOrphanNodes / Components
+        (:meth:`Nnet.orphan_nodes` / :meth:`Nnet.orphan_components`).
         Returns how many things were removed."""
-        g = self.graph
-        needed: set[str] = set()
-        stack = [gn.name for gn in g if gn.kind == "output-node" or gn.name in self.preserve]
-        while stack:
-            name = stack.pop()
-            if name in needed:
-                continue
-            needed.add(name)
-            stack.extend(g[name].source_names)
         removed = 0
-        keep = [n for n in self.nnet.nodes if n.name in needed or n.kind == "input-node"]
-        if len(keep) != len(self.nnet.nodes):
-            for n in self.nnet.nodes:
-                if n.name not in needed and n.kind != "input-node":
-                    self._changed("remove-node", n.name, "orphan")
-                    removed += 1
-            self.nnet.nodes = keep
-        used = {n.component for n in self.nnet.nodes if n.kind == "component-node"}
-        for cname in [c for c in self.nnet.components if c not in used]:
-            del self.nnet.components[cname]
+        orphans = [name for name in self.nnet.orphan_nodes(keep=self.preserve)
+                   if self.nnet.node(name).kind != "input-node"]
+        if orphans:
+            gone = set(orphans)
+            self.nnet.nodes = [n for n in self.nnet.nodes if n.name not in gone]
+            for name in orphans:
+                self._changed("remove-node", name, "orphan")
+                removed += 1
+        for cname in self.nnet.remove_orphan_components():
             self._changed("remove-component", cname, "orphan")
             removed += 1
         return removed
