@@ -125,6 +125,31 @@ def test_written_stats_kept_until_stats_change():
     assert comp.count == 5 and serialize(comp)[0] != text
 
 
+def test_stats_read_as_doubles_and_written_from_sums_as_kaldi():
+    """As Kaldi's BatchNormComponent: <StatsMean>/<StatsVar> parsed into doubles and
+    kept as count-scaled sums; once the file's values are forgotten (what the command
+    line tools do before writing), written as float32(sum) * float32(1/count) (minus
+    mean^2 for the variance), which need not give the same decimals back."""
+    text = (b"<BatchNormComponent> <Dim> 2 <BlockDim> 2 <Epsilon> 0.001 <TargetRms> 1 "
+            b"<TestMode> F <Count> 3 <StatsMean>  [ 0.1234567 -2.345678 ]\n"
+            b"<StatsVar>  [ 1.000001 0.0001234567 ]\n</BatchNormComponent> ")
+    comp = read_component(make_reader(text))
+    mean = np.array([0.1234567, -2.345678])  # (the decimals as doubles)
+    var = np.array([1.000001, 0.0001234567])
+    np.testing.assert_array_equal(comp.stats_sum, mean * 3)
+    np.testing.assert_array_equal(comp.stats_sumsq, (var + mean * mean) * 3)
+    comp.forget_file_stats()
+    inv = np.float32(1.0 / 3)
+    m32 = (mean * 3).astype(np.float32) * inv
+    v32 = ((var + mean * mean) * 3).astype(np.float32) * inv - m32 * m32
+    out = serialize(comp)[0]
+    got = [part.split(b"]")[0].split() for part in out.split(b"[")[1:3]]
+    # (Kaldi's text streams print 7 significant digits)
+    assert got == [[f"{float(v):.7g}".encode() for v in m32],
+                   [f"{float(v):.7g}".encode() for v in v32]]
+    assert out != text
+
+
 def test_test_mode_without_stats_invents_them():
     """As Kaldi (with a warning); from a fixed seed, so that two processes (or a
     network and its optimized copy) compute the same outputs."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from ..am import AcousticModel
-from .files import STDIO, read_model_bytes, write_model
+from .files import read_model_bytes, write_model
 
 
 def read_am_file(path: str) -> AcousticModel:
@@ -23,13 +23,7 @@ def _cmd_am_info(args) -> int:
 
 def _cmd_am_copy(args) -> int:
     am = read_am_file(args.input)
-    if args.raw:
-        write_model(am.nnet, args.output, args.binary)
-    elif args.output == STDIO:
-        sys.stdout.buffer.write(am.to_bytes(args.binary))
-        sys.stdout.flush()
-    else:
-        am.write(args.output, binary=args.binary)
+    write_model(am.nnet, args.output, args.binary, None if args.raw else am)
     return 0
 
 

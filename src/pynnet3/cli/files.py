@@ -92,7 +92,14 @@ def read_model_or_am(path: str):
 
 def write_model(nnet: Nnet, path: str, binary: bool, am=None) -> None:
     """Write ``nnet`` to ``path`` (atomically) or to stdout for ``-``; with ``am`` (an
-    AcousticModel) as an acoustic model: its transition model and priors, ``nnet``."""
+    AcousticModel) as an acoustic model: its transition model and priors, ``nnet``.
+    The bytes are those Kaldi's tools write: BatchNorm statistics written from their
+    sums, not as they were read (components/batchnorm.py)."""
+    for comp in nnet.components.values():
+        for part in (comp, *(getattr(comp, "components", None) or ())):
+            forget = getattr(part, "forget_file_stats", None)
+            if forget is not None:
+                forget()
     if am is not None:
         from ..am import AcousticModel
 

@@ -50,7 +50,8 @@ def _cmd_init(args) -> int:
 
 def _cmd_copy(args) -> int:
     """nnet3-copy's order: --nnet-config, --learning-rate, --scale, --edits-config,
-    --edits, then test modes and --prepare-for-test. The edits are read and parsed
+    --edits, then BatchNorm's test mode (--batchnorm-test-mode, unless
+    --prepare-for-test), --set-test-mode and --prepare-for-test. The edits are read and parsed
     before the model, so a bad one fails before any work."""
     from .files import read_config, read_model, write_model
     from .network import network_options_from_args, prepare_for_test
@@ -81,6 +82,9 @@ def _cmd_copy(args) -> int:
 
         for level, message in apply_edits(nnet, edits):
             print(f"{level} (pynnet3 copy) {message}", file=sys.stderr)
+    if not args.prepare_for_test:
+        # (as nnet3-copy: every copy sets BatchNorm's test mode, false by default)
+        nnet.set_batchnorm_test_mode(args.batchnorm_test_mode)
     if args.set_test_mode is not None:
         nnet.set_test_mode(args.set_test_mode)
     if args.prepare_for_test:
@@ -324,7 +328,8 @@ def _add_copy(sub, command, kaldi_bool) -> None:
                 "  reduce-rank name=PATTERN rank=R\n"
                 "PATTERN matches component names (output node names for\n"
                 "remove-output-nodes); '*' matches any characters, the default is '*'.\n"
-                "Then --set-test-mode and --prepare-for-test.",
+                "Then --batchnorm-test-mode (unless --prepare-for-test),\n"
+                "--set-test-mode and --prepare-for-test.",
                 usage="pynnet3 copy [options] IN OUT")
     s.add_argument("input", metavar="IN",
                    help="model to read: Kaldi nnet3, text or binary (detected)")
@@ -347,10 +352,16 @@ def _add_copy(sub, command, kaldi_bool) -> None:
     s.add_argument("--edits", default="", metavar="'DIRECTIVE; ...'",
                    help="edit directives on the command line, separated by ';', applied "
                         "after --edits-config, e.g. --edits=remove-orphans (default: none)")
+    s.add_argument("--batchnorm-test-mode", dest="batchnorm_test_mode", type=kaldi_bool,
+                   default=False, metavar="true|false",
+                   help="as nnet3-copy: BatchNorm components' test mode is set to this "
+                        "value unless --prepare-for-test is given (default: false, as "
+                        "Kaldi's: a plain copy puts BatchNorm in training mode)")
     s.add_argument("--set-test-mode", dest="set_test_mode", type=kaldi_bool, default=None,
                    metavar="true|false",
                    help="switch BatchNorm and dropout components to test mode (true) or "
-                        "training mode (false) (default: leave them as they are)")
+                        "training mode (false), after --batchnorm-test-mode (default: "
+                        "leave them as they are)")
     s.add_argument("--prepare-for-test", dest="prepare_for_test", type=kaldi_bool,
                    default=False, metavar="true|false",
                    help="as nnet3-copy --prepare-for-test: test modes, then the network "

@@ -9,11 +9,16 @@
 With ``block-dim < dim`` each row is seen as ``dim/block-dim`` rows of
 ``block-dim`` columns (spatial batch norm), so statistics are shared by blocks.
 
-The file stores ``<Count>`` (double) and ``<StatsMean>`` / ``<StatsVar>``; Kaldi
-keeps sums in memory and re-derives mean/variance on writing, which can move a
-value by a float rounding step. We keep the mean/variance exactly as read and
-write them back unchanged until the statistics change (new stats, zeroing, or
-invented test-mode stats), so a read->write round trip is byte-identical.
+The file stores ``<Count>`` (double) and ``<StatsMean>`` / ``<StatsVar>``. Kaldi
+reads the mean and variance as doubles (a text file's decimals straight into
+float64), keeps count-scaled sums, and writes mean/variance again from the sums
+in float32 arithmetic, which can move a value by a float rounding step. The sums
+here are Kaldi's (so is the test-mode transform made from them); the file's
+mean/variance are also kept and written back unchanged until the statistics change
+(new stats, zeroing, invented test-mode stats) or :meth:`forget_file_stats` is
+called, so a read->write round trip is byte-identical. The command-line tools call
+it before writing: their files are the bytes Kaldi's tools write (``nnet3-copy``'s
+output, checked against Kaldi's).
 """
 
 from __future__ import annotations
@@ -112,32 +117,36 @@ class BatchNormComponent(Component):
         return cls(0)
 
     def _read_stats(self, r) -> None:
-        """<StatsMean> and <StatsVar>, kept as read until the stats change."""
+        """<StatsMean> and <StatsVar>, as doubles (Kaldi reads them into double vectors):
+        the sums are made from them in read_end, their float32 values kept for writing
+        back."""
         stats = []
         for tag in ("<StatsMean>", "<StatsVar>"):
             r.expect_token(tag)
             pos = r.pos
-            v = r.read_vector()
+            v = r.read_double_vector()  # (Kaldi's Vector<double>)
             check_finite(r, tag, v, pos)
             if v.shape[0] != self.block_dim:
                 raise r.error(f"{tag} has dim {v.shape[0]}, expected {self.block_dim}",
                               pos=pos)
             stats.append(v)
-        self._written_stats = (stats[0], stats[1])
+        self._file_doubles = (stats[0], stats[1])
 
     def read_end(self, r) -> None:
         super().read_end(r)
-        self._set_stats_from_file(*self._written_stats)
-
-    def _set_stats_from_file(self, mean: np.ndarray, var: np.ndarray) -> None:
-        """Sums as Kaldi rebuilds them (in double) from the stored mean/variance."""
-        self._written_stats = (mean, var)
-        m = mean.astype(np.float64)
-        self.stats_sum = m * self.count
-        self.stats_sumsq = (var.astype(np.float64) + m * m) * self.count
+        mean, var = self.__dict__.pop("_file_doubles")
+        self._written_stats = (mean.astype(np.float32), var.astype(np.float32))
+        # Kaldi's Read: sum = mean * count, sumsq = (var + mean^2) * count, in double
+        self.stats_sum = mean * self.count
+        self.stats_sumsq = (var + mean * mean) * self.count
         # In test mode with count 0 this invents random stats (and forgets the
         # file's mean/variance), as Kaldi does on reading such a file.
         self._compute_derived(None)
+
+    def forget_file_stats(self) -> None:
+        """Write mean/variance from the sums from now on, as Kaldi's Write does,
+        instead of as they were read (see the module doc)."""
+        self._written_stats = None
 
     def _write_stats(self, w) -> None:
         mean, var = self._written_stats or self._mean_var_from_sums()

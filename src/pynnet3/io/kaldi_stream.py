@@ -149,6 +149,11 @@ class KaldiReader:
     def read_vector(self) -> np.ndarray:
         raise NotImplementedError
 
+    def read_double_vector(self) -> np.ndarray:
+        """A vector read as Kaldi reads one into a ``Vector<double>``: float64 (text
+        parsed straight into doubles, a binary FV widened)."""
+        raise NotImplementedError
+
     def read_int_vector(self) -> np.ndarray:
         raise NotImplementedError
 
@@ -214,14 +219,15 @@ class TextReader(KaldiReader):
         self.pos = end + 1
         return self.data[tok_start + 1:end], tok_start
 
-    def _parse_numbers(self, body: bytes, start: int, what: str) -> np.ndarray:
-        fast = _float32_numbers(body)
+    def _parse_numbers(self, body: bytes, start: int, what: str,
+                       dtype=np.float32) -> np.ndarray:
+        fast = _float32_numbers(body) if dtype == np.float32 else None
         if fast is not None:
             return fast[0]
         words = body.split()
         try:
             with np.errstate(over="ignore"):
-                values = np.array(words, dtype=np.float64).astype(np.float32)
+                values = np.array(words, dtype=np.float64).astype(dtype)
         except ValueError:
             i = next(i for i, w in enumerate(words) if not _is_float(w))
             raise self.error(f"bad number in {what}", token=_word(words[i]),
@@ -264,6 +270,10 @@ class TextReader(KaldiReader):
     def read_vector(self) -> np.ndarray:
         body, start = self._bracketed("vector")
         return self._parse_numbers(body, start, "vector")
+
+    def read_double_vector(self) -> np.ndarray:
+        body, start = self._bracketed("vector")
+        return self._parse_numbers(body, start, "vector", np.float64)
 
     def read_int_vector(self) -> np.ndarray:
         body, start = self._bracketed("integer vector")
@@ -548,6 +558,13 @@ class BinaryReader(KaldiReader):
         return values.reshape(rows, cols)
 
     def read_vector(self) -> np.ndarray:
+        return self._vector(np.float32)
+
+    def read_double_vector(self) -> np.ndarray:
+        return self._vector(np.float64)
+
+    def _vector(self, out_dtype) -> np.ndarray:
+        """An FV or DV vector as ``out_dtype``."""
         dtype, start = self._header({"FV": "<f4", "DV": "<f8"})
         dim = self.read_int()
         if dim < 0:
@@ -555,7 +572,7 @@ class BinaryReader(KaldiReader):
         width = np.dtype(dtype).itemsize
         data_start = self.pos
         raw = self._take(dim * width, f"a vector of {dim}")
-        values = np.frombuffer(raw, dtype=dtype).astype(np.float32)
+        values = np.frombuffer(raw, dtype=dtype).astype(out_dtype)
         self._check_finite(values, data_start, width, "vector")
         return values
 
