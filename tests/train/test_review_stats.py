@@ -49,7 +49,8 @@ def _steps(num_steps: int, **options):
     nnet = Nnet.from_config(_CONFIG, seed=0)
     nnet.set_learning_rate(0.01)
     mb = example_minibatch(nnet, merge_examples(egs))
-    trainer = Trainer(nnet, TrainerOptions(**options))
+    # (random_stats=False: every step stores and repairs, so the counts are exact)
+    trainer = Trainer(nnet, TrainerOptions(**{"random_stats": False, **options}))
     for _ in range(num_steps):
         stats = trainer.train_step(mb.request, mb.inputs, mb.supervision)
     return nnet, stats
@@ -110,7 +111,7 @@ def _affine_after(num_steps: int, self_repair_scale: float) -> np.ndarray:
                                             f"self-repair-scale={self_repair_scale}"), seed=0)
     nnet.set_learning_rate(0.01)
     mb = example_minibatch(nnet, merge_examples(egs))
-    trainer = Trainer(nnet)
+    trainer = Trainer(nnet, TrainerOptions(random_stats=False))
     for _ in range(num_steps):
         trainer.train_step(mb.request, mb.inputs, mb.supervision)
     return nnet.components["affine"].params()["linear_params"].copy()
@@ -138,7 +139,7 @@ def test_first_minibatch_backprop_sees_its_own_forward_stats():
 
     relu.backprop = recording
     mb = example_minibatch(nnet, merge_examples(egs))
-    trainer = Trainer(nnet, TrainerOptions(momentum=0.5))
+    trainer = Trainer(nnet, TrainerOptions(momentum=0.5, random_stats=False))
     trainer.train_step(mb.request, mb.inputs, mb.supervision)
     trainer.train_step(mb.request, mb.inputs, mb.supervision)
     assert seen == [32.0, 64.0]
@@ -173,3 +174,22 @@ def test_a_failed_step_leaves_no_statistics_behind():
     np.testing.assert_array_equal(a.components["bn"].stats_sum, b.components["bn"].stats_sum)
     np.testing.assert_array_equal(a.components["affine"].params()["linear_params"],
                                   b.components["affine"].params()["linear_params"])
+
+
+def test_random_stats_draw_as_kaldi():
+    """By default the trainer makes Kaldi's draws (from a generator of its own):
+    forward statistics stored on about every other minibatch but always the first,
+    backprop statistics on about three in four but always the first; outside a
+    step the components draw nothing (rng None)."""
+    assert TrainerOptions().random_stats
+    nnet, _ = _steps(1, random_stats=True)
+    relu = nnet.components["relu"]
+    assert relu.count == 32.0 and relu.oderiv_count == 32.0 and relu.rng is None
+    nnet, _ = _steps(200, random_stats=True)
+    relu = nnet.components["relu"]
+    stored, stored_back = relu.count / 32.0, relu.oderiv_count / 32.0
+    # binomial(199, 1/2) + 1 and binomial(199, 3/4) + 1: far outside these is a bug
+    assert 70 < stored < 131 and 130 < stored_back < 181, (stored, stored_back)
+    assert relu.rng is None
+    nnet, _ = _steps(40, random_stats=False)
+    assert nnet.components["relu"].count == 40 * 32.0

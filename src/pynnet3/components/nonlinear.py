@@ -21,9 +21,10 @@ it only when the backprop has a component "to update"; here that is signalled by
 ``grad is not None`` (then the component's own stats counters are updated, as Kaldi
 does when the stats go to the model itself). Kaldi applies it at random on about
 half of the minibatches and stores stats on about half (backprop stats: 3/4) of
-them; with ``rng`` (a ``numpy.random.Generator``) set we do the same, with
-``rng = None`` (default) the repair and the stats storage always happen, which is
-deterministic and is exactly Kaldi's math on the minibatches where it repairs.
+them; with ``rng`` (a ``numpy.random.Generator``) set we do the same (the trainer
+sets it for its steps: ``TrainerOptions.random_stats``), with ``rng = None``
+(default) the repair and the stats storage always happen, which is deterministic
+and is exactly Kaldi's math on the minibatches where it repairs.
 """
 
 from __future__ import annotations

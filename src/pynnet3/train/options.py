@@ -36,6 +36,12 @@ class TrainerOptions:
     kaldi-reference options files give and what ``nnet3-copy --learning-rate`` does
     to the model first): when set, the trainer starts with
     ``nnet.set_learning_rate(learning_rate)``.
+    ``random_stats`` (pynnet3's): Kaldi's draws in the nonlinearities (Sigmoid, Tanh,
+    RectifiedLinear, ClipGradient), from the trainer's generator: statistics stored on
+    about every other minibatch (always the first), backprop statistics on three in
+    four, self-repair on half of them at twice the scale, so its expected strength is
+    the configured one. False: all of them on every minibatch (deterministic, with
+    twice Kaldi's expected self-repair).
     """
 
     zero_component_stats: bool = True
@@ -49,6 +55,7 @@ class TrainerOptions:
     max_param_change: float = 2.0
     srand: int = 0
     learning_rate: float | None = None
+    random_stats: bool = True
 
     @classmethod
     def from_flags(cls, flags: dict) -> TrainerOptions:

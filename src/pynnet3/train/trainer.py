@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cache import CachingCompiler
+from ..components.fused import AffineReluComponent
 from ..components.preconditioning import PreconditionedGrad
 from ..computation import CommandType as CT
 from ..errors import RuntimeInputError
@@ -107,6 +108,9 @@ class Trainer:
                          else CachingCompiler(nnet, optimize=True))
         self.rng = np.random.default_rng(self.options.srand)
         self.srand_seed = int(self.rng.integers(0, 100001))  # Kaldi: RandInt(0, 100000)
+        # (the nonlinearities' coins: a generator of their own, so that the network's
+        # shape does not change the orthonormal constraint's draws)
+        self.stats_rng = np.random.default_rng([self.options.srand, 1])
         self.num_minibatches_processed = 0
         self.preconditioners: dict[str, dict] = {}
         self.delta: dict[str, dict[str, np.ndarray]] = {}
@@ -244,11 +248,17 @@ class Trainer:
         """Run the computation with gradient targets that accumulate
         ``momentum * delta + lr * (preconditioned) gradient`` into ``self.delta``."""
         self.stored_stats.begin(self.nnet)
+        drawing = _drawing_components(self.nnet) if self.options.random_stats else []
+        for comp in drawing:  # (Kaldi's coins for stats and self-repair, this step only)
+            comp.rng = self.stats_rng
         try:
             outputs = self._run_passes(computation, inputs, supervision)
         except BaseException:
             self.stored_stats.abort(self.nnet)
             raise
+        finally:
+            for comp in drawing:
+                comp.rng = None
         self.stored_stats.commit()
         return outputs
 
@@ -341,6 +351,20 @@ class Trainer:
             for a in d.values():
                 a[...] = 0.0
         self.delta_stats.clear()
+
+
+def _drawing_components(nnet) -> list:
+    """The components whose statistics and self-repair Kaldi decides by a random draw
+    (those with an ``rng`` slot, left None outside a step), a fused kernel's ReLU and
+    a composite's parts included."""
+    out = []
+    for comp in nnet.components.values():
+        parts = [comp, *(getattr(comp, "components", None) or ())]
+        relu = comp._relu() if isinstance(comp, AffineReluComponent) else None
+        if relu is not None:
+            parts.append(relu)
+        out += [p for p in parts if "rng" in vars(p) and p.rng is None]
+    return out
 
 
 def _num_sequences(request) -> int:
