@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import pynnet3
-from pynnet3.cli.main import main
+from tests.cli.test_cli import assert_one_line_error as _one_line_error
+from tests.cli.test_cli import run
 
 CONFIG = """\
 input-node name=input dim=4
@@ -30,19 +31,8 @@ output-node name=output-aux input=a3
 """.replace("\\\n", "")
 
 
-def run(argv, capsys):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def assert_one_line_error(rc, err, *fragments):
-    assert rc == 1
-    lines = err.strip("\n").split("\n")
-    assert len(lines) == 1, err
-    assert "pynnet3 copy: error" in lines[0] and "Traceback" not in err
-    for f in fragments:
-        assert f in lines[0], (f, lines[0])
+    _one_line_error(rc, err, "pynnet3 copy: error", *fragments)
 
 
 @pytest.fixture
