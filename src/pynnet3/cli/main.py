@@ -192,6 +192,12 @@ def optimize_options_from_args(args):
 
     given = {f.name: getattr(args, "opt_" + f.name) for f in fields(OptimizeOptions)
              if getattr(args, "opt_" + f.name, None) is not None}
+    # Kaldi's defaults of the deriv-time options are the int32 extremes, meaning "no
+    # limit": given (a Kaldi config file may spell them out), they are unset here too
+    for name, unset in (("min_deriv_time", -2**31), ("max_deriv_time", 2**31 - 1),
+                        ("max_deriv_time_relative", 2**31 - 1)):
+        if given.get(name) == unset:
+            del given[name]
     return OptimizeOptions(**given)
 
 
