@@ -477,3 +477,21 @@ def test_copy_reads_a_kaldi_style_options_file(files, monkeypatch, tmp_path):
     assert rc == 0, err
     nnet = nnet_from_bytes(got)
     assert "Soft_Max" in {n.name for n in nnet.nodes} and got.startswith(b"<Nnet3>")
+
+
+def test_options_that_change_no_output_leave_the_resume_fingerprint(tmp_path):
+    """compute --jobs --resume: a shard finished before is kept when only --verbose,
+    --print-args, --config (its lines are in the options), the debug or CUDA options
+    differ; an option that changes the outputs still starts it again."""
+    from pynnet3.cli.scaleout import _fingerprint
+
+    model = str(tmp_path / "m.raw")
+    base = {"model": model, "apply_exp": False, "verbose": 0, "print_args": True,
+            "kaldi_config": None, "debug_computation": False, "computation_debug": False,
+            "cuda_use_tensor_cores": False, "cuda_use_tf32_compute": False}
+    same = dict(base, verbose=3, print_args=False, kaldi_config=["x.conf"],
+                debug_computation=True, computation_debug=True, cuda_use_tensor_cores=True,
+                cuda_use_tf32_compute=True)
+    assert _fingerprint(base, ["a x\n"], 0, 2) == _fingerprint(same, ["a x\n"], 0, 2)
+    assert _fingerprint(base, ["a x\n"], 0, 2) != _fingerprint(dict(base, apply_exp=True),
+                                                               ["a x\n"], 0, 2)
