@@ -50,11 +50,14 @@ import numpy as np
 
 from .components.affine import (
     AffineComponent,
+    BlockAffineComponent,
     FixedAffineComponent,
     LinearComponent,
     NaturalGradientAffineComponent,
+    RepeatedAffineComponent,
 )
 from .components.base import Component, UpdatableComponent
+from .components.composite import CompositeComponent
 from .components.dropout import DropoutComponent, DropoutMaskComponent, GeneralDropoutComponent
 from .config import ConfigLine, is_valid_name, split_config_lines
 from .descriptor import Descriptor, NodeRef
@@ -453,5 +456,38 @@ _APPLY: dict[str, Callable[[Nnet, EditDirective, list[EditLog]], None]] = {
 }
 _DIRECTIVES = tuple(_APPLY)
 
-__all__ = ["EditDirective", "EditLog", "apply_edits", "edits_from_option",
+
+# -- nnet3-am-copy --convert-repeated-to-block ----------------------------------------------
+
+
+def _block_from_repeated(c: RepeatedAffineComponent) -> BlockAffineComponent:
+    """Kaldi's BlockAffineComponent(const RepeatedAffineComponent&): the block's
+    parameters repeated num_repeats times, stacked, and the learning-rate settings."""
+    block = BlockAffineComponent(np.tile(c.linear_params, (c.num_repeats, 1)),
+                                 np.tile(c.bias_params, c.num_repeats), c.num_repeats)
+    for attr in ("learning_rate", "learning_rate_factor", "is_gradient", "max_change",
+                 "l2_regularize"):
+        setattr(block, attr, getattr(c, attr))
+    return block
+
+
+def convert_repeated_to_block(nnet: Nnet) -> int:
+    """Kaldi's ConvertRepeatedToBlockAffine, in place: every RepeatedAffineComponent
+    and NaturalGradientRepeatedAffineComponent, also inside a CompositeComponent,
+    becomes the BlockAffineComponent computing the same function. Returns how many
+    were converted."""
+    count = 0
+    for name, c in list(nnet.components.items()):
+        if isinstance(c, RepeatedAffineComponent):
+            nnet.components[name] = _block_from_repeated(c)
+            count += 1
+        elif isinstance(c, CompositeComponent):
+            for i, sub in enumerate(c.components):
+                if isinstance(sub, RepeatedAffineComponent):
+                    c.components[i] = _block_from_repeated(sub)
+                    count += 1
+    return count
+
+__all__ = ["EditDirective", "EditLog", "apply_edits", "convert_repeated_to_block",
+           "edits_from_option",
            "name_matches_pattern", "parse_edits"]

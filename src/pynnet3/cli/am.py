@@ -22,30 +22,94 @@ def _cmd_am_info(args) -> int:
 
 
 def _cmd_am_copy(args) -> int:
+    """nnet3-am-copy's order: --set-raw-nnet, --nnet-config,
+    --convert-repeated-to-block, --learning-rate, --edits-config, --edits, the context
+    recomputed (AmNnetSimple::SetContext), --scale, --prepare-for-test. The edits are
+    parsed before the model is read, so a bad one fails before any work."""
+    from .files import read_config, read_model
+    from .network import network_options_from_args, prepare_for_test
+
+    edits = []
+    if args.edits_config:
+        from ..edits import parse_edits
+
+        edits += parse_edits(*read_config(args.edits_config))
+    if args.edits:
+        from ..edits import edits_from_option, parse_edits
+
+        edits += parse_edits(edits_from_option(args.edits), "--edits")
+    nnet_config = read_config(args.nnet_config) if args.nnet_config else None
     am = read_am_file(args.input)
-    write_model(am.nnet, args.output, args.binary, None if args.raw else am)
+    if args.set_raw_nnet:
+        am.nnet = read_model(args.set_raw_nnet)
+        if am.priors.size and am.priors.size != am.num_pdfs:  # (as AmNnetSimple::SetNnet)
+            _say("WARNING", f"Removing priors since there is a dimension mismatch after "
+                            f"changing the nnet: {am.priors.size} vs. {am.num_pdfs}")
+            am.priors = am.priors[:0]
+    nnet = am.nnet
+    if nnet_config is not None:
+        text, name = nnet_config
+        nnet.read_config(text, source=name)
+    if args.convert_repeated_to_block:
+        from ..edits import convert_repeated_to_block
+
+        convert_repeated_to_block(nnet)
+    if args.learning_rate is not None and args.learning_rate >= 0:
+        nnet.set_learning_rate(args.learning_rate)
+    if edits:
+        from ..edits import apply_edits
+
+        for level, message in apply_edits(nnet, edits):
+            _say(level, message)
+    # (AmNnetSimple::Read and SetContext: the context is the network's, whatever the
+    # file said)
+    am.left_context, am.right_context = nnet.context()
+    if args.scale != 1.0:
+        from ..train.average import scale_component
+
+        for comp in nnet.components.values():
+            scale_component(comp, args.scale)
+    if args.prepare_for_test:
+        nnet = prepare_for_test(nnet, network_options_from_args(args))
+    write_model(nnet, args.output, args.binary, None if args.raw else am)
     return 0
+
+
+def _say(level: str, message: str) -> None:
+    print(f"{level} (pynnet3 am-copy) {message}", file=sys.stderr)
 
 
 def add_am_commands(sub, command, kaldi_bool) -> None:
     """Add ``am-info`` and ``am-copy`` to the subparsers ``sub`` (``command`` makes
     one, as main.py's ``_command``)."""
+    from .kaldi_options import add_standard_options
+    from .main import _finite_float  # (main is loaded: it is building the parser)
+    from .network import add_network_flags
+
     s = command(sub, "am-info", "print an acoustic model's transition model, priors and "
                 "network (like nnet3-am-info)",
                 "Print a summary of an acoustic model (final.mdl): the transition model\n"
                 "(phones, pdfs, transition states and transition-ids), the input and\n"
                 "iVector dims, the left/right context, the priors (dim, sum, min, max),\n"
-                "then the network as 'pynnet3 info' prints it.")
+                "then the network as 'pynnet3 info' prints it.",
+                usage="pynnet3 am-info [options] MODEL")
     s.add_argument("model", metavar="MODEL",
                    help="acoustic model: Kaldi final.mdl, text or binary (detected); "
                         "'-' reads stdin")
+    add_standard_options(s, kaldi_bool)
     s.set_defaults(fn=_cmd_am_info)
 
-    s = command(sub, "am-copy", "copy an acoustic model, converting text/binary or "
-                "extracting its network (like nnet3-am-copy)",
+    s = command(sub, "am-copy", "copy an acoustic model, converting text/binary, editing "
+                "it or extracting its network (like nnet3-am-copy)",
                 "Read an acoustic model (final.mdl) and write it again, converting between\n"
-                "text and binary, as Kaldi's nnet3-am-copy does. With --raw=true write\n"
-                "only its network, a raw nnet3 model.")
+                "text and binary, as Kaldi's nnet3-am-copy does. On the way, in this\n"
+                "order: --set-raw-nnet replaces its network, --nnet-config adds or\n"
+                "replaces nodes and components, --convert-repeated-to-block,\n"
+                "--learning-rate, --edits-config then --edits (the edit directives of\n"
+                "'pynnet3 copy'), the left/right context is recomputed from the network,\n"
+                "then --scale and --prepare-for-test. With --raw=true write only its\n"
+                "network, a raw nnet3 model.",
+                usage="pynnet3 am-copy [options] IN OUT")
     s.add_argument("input", metavar="IN",
                    help="acoustic model to read: Kaldi final.mdl, text or binary "
                         "(detected); '-' reads stdin")
@@ -54,4 +118,34 @@ def add_am_commands(sub, command, kaldi_bool) -> None:
                    help="write Kaldi's binary (true) or text (false) format (default: true)")
     s.add_argument("--raw", type=kaldi_bool, default=False, metavar="true|false",
                    help="write only the network, as a raw nnet3 model (default: false)")
+    s.add_argument("--set-raw-nnet", dest="set_raw_nnet", default="", metavar="MODEL",
+                   help="replace the network with this raw model (the priors are dropped, "
+                        "with a warning, when its output dim differs) (default: none)")
+    s.add_argument("--nnet-config", dest="nnet_config", default="", metavar="CONFIG",
+                   help="config file (as for init) whose lines add or replace components "
+                        "and nodes of the network (default: none)")
+    s.add_argument("--convert-repeated-to-block", dest="convert_repeated_to_block",
+                   type=kaldi_bool, default=False, metavar="true|false",
+                   help="turn every (NaturalGradient)RepeatedAffineComponent, also inside "
+                        "CompositeComponents, into the equal BlockAffineComponent "
+                        "(default: false)")
+    s.add_argument("--learning-rate", dest="learning_rate", type=_finite_float, default=None,
+                   metavar="LR",
+                   help="if >= 0, set the learning rate of every updatable component to LR "
+                        "(times its learning-rate-factor) (default: unchanged)")
+    s.add_argument("--edits-config", dest="edits_config", default="", metavar="FILE",
+                   help="file of edit directives (see pynnet3 copy --help) (default: none)")
+    s.add_argument("--edits", default="", metavar="'DIRECTIVE; ...'",
+                   help="edit directives separated by ';', applied after --edits-config "
+                        "(default: none)")
+    s.add_argument("--scale", type=_finite_float, default=1.0, metavar="S",
+                   help="scale the parameters (and statistics) of every component by S "
+                        "(default: 1.0)")
+    s.add_argument("--prepare-for-test", dest="prepare_for_test", type=kaldi_bool,
+                   default=False, metavar="true|false",
+                   help="BatchNorm and dropout in test mode, then the network optimizer (in "
+                        "place of Kaldi's CollapseModel; the result is a model Kaldi reads) "
+                        "(default: false)")
+    add_network_flags(s, kaldi_bool)
+    add_standard_options(s, kaldi_bool)
     s.set_defaults(fn=_cmd_am_copy)

@@ -95,7 +95,7 @@ def _options(args):
                          acoustic_scale=args.acoustic_scale)
 
 
-def _looped_info(args, nnet):
+def _looped_info(args, nnet, optimize):
     """The looped computation for ``--looped=true`` (compiled once for the run)."""
     from ..runtime.looped import LoopedDecodingInfo, LoopedOptions
 
@@ -112,7 +112,7 @@ def _looped_info(args, nnet):
     options = LoopedOptions(frames_per_chunk=args.frames_per_chunk,
                             frame_subsampling_factor=args.frame_subsampling_factor,
                             extra_left_context_initial=max(args.extra_left_context_initial, 0),
-                            acoustic_scale=1.0)
+                            acoustic_scale=1.0, optimize=optimize)
     return LoopedDecodingInfo(nnet, options)
 
 
@@ -148,6 +148,29 @@ def _lookup_table(rspecifier: str, flag: str):
     return table, ""
 
 
+def read_utt2spk(rspecifier: str) -> dict[str, str]:
+    """Kaldi's token table (``ark:data/utt2spk``: lines ``UTT SPK``) as a dict, for
+    nnet3-compute's --utt2spk; ``ark:-`` and ``'ark:command |'`` are read too."""
+    from ..io.ark import parse_specifier
+    from .files import read_bytes
+
+    spec = parse_specifier(rspecifier)
+    if spec.kind != "ark":
+        raise PynnetError(f"--utt2spk: expected an archive of 'utterance speaker' lines, "
+                          f"e.g. ark:data/utt2spk, got {rspecifier!r}")
+    data, name = read_bytes(spec.targets[0])
+    table: dict[str, str] = {}
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        words = line.split()
+        if not words:
+            continue
+        if len(words) != 2:
+            raise FormatError(f"line {number}: expected 'utterance speaker', got "
+                              f"{line.strip()!r}", name)
+        table[words[0]] = words[1]
+    return table
+
+
 def cmd_compute(args, stats: dict | None = None) -> int:
     """Run ``compute`` (``args`` from its parser); the exit status. ``stats`` receives
     the counts (:func:`pynnet3.cli.jobs.run_table_job`)."""
@@ -168,9 +191,12 @@ def cmd_compute(args, stats: dict | None = None) -> int:
     backend, device = choose_backend(args.use_gpu, args.backend, _say)
     apply_num_threads(args.num_threads, backend, device)
     options = _options(args)
+    from .main import optimize_options_from_args
+
+    optimize = optimize_options_from_args(args)  # (--optimization.*)
     nnet, log_priors = _load_model(args)
     if args.looped:
-        looped = _looped_info(args, nnet)
+        looped = _looped_info(args, nnet, optimize)
         fpc = looped.frames_per_chunk
     else:
         looped = None
@@ -180,8 +206,10 @@ def cmd_compute(args, stats: dict | None = None) -> int:
         _say("note", f"increasing --frames-per-chunk from {options.frames_per_chunk} to {fpc} "
                      f"to make it a multiple of --frame-subsampling-factor="
                      f"{options.frame_subsampling_factor} and the network's modulus")
-    compiler = CachingCompiler(nnet)
+    compiler = CachingCompiler(nnet, optimize=optimize)
     ivectors, iv_broken = _lookup_table(args.ivectors, "--ivectors")
+    # (as Kaldi's RandomAccessBaseFloatVectorReaderMapped: used with --ivectors only)
+    utt2spk = read_utt2spk(args.utt2spk) if args.utt2spk and args.ivectors else None
     online, online_broken = _lookup_table(args.online_ivectors, "--online-ivectors")
 
     def inputs(key: str, feats: np.ndarray) -> dict:
@@ -189,9 +217,16 @@ def cmd_compute(args, stats: dict | None = None) -> int:
             raise PynnetError("zero-length utterance")
         kwargs = {}
         if ivectors is not None:
-            if key not in ivectors:
-                raise PynnetError("no iVector available for this utterance" + iv_broken)
-            kwargs["ivector"] = ivectors[key]
+            speaker = key
+            if utt2spk is not None:
+                if key not in utt2spk:
+                    raise PynnetError(f"utterance not in the --utt2spk map {args.utt2spk!r}")
+                speaker = utt2spk[key]
+            if speaker not in ivectors:
+                raise PynnetError("no iVector available for this utterance"
+                                  + (f" (speaker {speaker})" if speaker != key else "")
+                                  + iv_broken)
+            kwargs["ivector"] = ivectors[speaker]
         if online is not None:
             if key not in online:
                 raise PynnetError("no online iVectors available for this utterance"
@@ -322,6 +357,11 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
     s.add_argument("--ivectors", default="", metavar="RSPECIFIER",
                    help="one iVector (vector) per utterance, e.g. scp:ivectors.scp "
                         "(default: none)")
+    s.add_argument("--utt2spk", default="", metavar="RSPECIFIER",
+                   help="with --ivectors: look iVectors up by speaker, the utterance's "
+                        "speaker from this table (ark:data/utt2spk); an utterance not in "
+                        "it fails (Kaldi's nnet3-compute stops the run) (default: none, "
+                        "iVectors by utterance)")
     s.add_argument("--online-ivectors", dest="online_ivectors", default="",
                    metavar="RSPECIFIER",
                    help="online iVectors: a matrix per utterance, one row every "
@@ -370,6 +410,10 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
                         "as an LSTM's); one computation for every chunk instead of one per "
                         "last-chunk length; other networks compute it short, as Kaldi does "
                         "(default: true)")
+    from .kaldi_options import add_cuda_device_options, add_debug_options, add_standard_options
+    from .main import add_optimize_flags  # (main is loaded: it is building the parser)
+
+    add_debug_options(s, kaldi_bool)
     s.add_argument("--jobs", type=int, default=1, metavar="INT",
                    help="split the scp of FEATS-RSPECIFIER as split_scp.pl does and run "
                         "this many workers on a local Ray cluster (127.0.0.1, stopped at "
@@ -387,4 +431,7 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
                    help="with --jobs / --ray-address: skip the shards that a previous run "
                         "with the same model, options and utterances finished "
                         "(default: false)")
+    add_cuda_device_options(s, kaldi_bool)
+    add_standard_options(s, kaldi_bool)
+    add_optimize_flags(s)
     s.set_defaults(fn=cmd_compute)

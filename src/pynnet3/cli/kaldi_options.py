@@ -1,5 +1,6 @@
 """Kaldi's command-line conventions (util/parse-options.cc) for the commands that
-stand in for Kaldi programs (train, merge-egs, average), on top of argparse.
+stand in for Kaldi programs (info, init, copy, am-info, am-copy, compute,
+xvector-compute, merge-egs, train, average), on top of argparse.
 
 Kaldi's ParseOptions, unlike argparse: reads ``--config=FILE`` (lines ``--x=y``,
 ``#`` comments; the command line overrides them), normalizes option names
@@ -14,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 
-# Commands whose command lines follow Kaldi's conventions (main() applies kaldi_argv).
-KALDI_STYLE_COMMANDS = ("train", "merge-egs", "average")
+# Commands whose command lines follow Kaldi's conventions (main() applies kaldi_argv):
+# each stands in for a Kaldi program (nnet3-info, nnet3-init, ...) and accepts every
+# option that program registers.
+KALDI_STYLE_COMMANDS = ("info", "init", "copy", "am-info", "am-copy", "compute",
+                        "xvector-compute", "train", "merge-egs", "average")
 
 
 class KaldiOptionError(Exception):
@@ -38,6 +42,32 @@ def add_standard_options(s: argparse.ArgumentParser, kaldi_bool, verbose: bool =
         g.add_argument("--verbose", type=int, default=0, metavar="INT",
                        help="verbose level (accepted; this command logs the same at any "
                             "level) (default: 0)")
+
+
+def add_cuda_device_options(s: argparse.ArgumentParser, kaldi_bool) -> None:
+    """CuDevice::RegisterDeviceOptions (registered by a Kaldi program built with CUDA):
+    accepted; pynnet3's GPU computes in float32 whatever they say."""
+    g = s.add_argument_group("CUDA device options (Kaldi's, in a build with CUDA; accepted "
+                             "and not used: pynnet3's GPU always computes in float32)")
+    g.add_argument("--cuda-use-tensor-cores", dest="cuda_use_tensor_cores", type=kaldi_bool,
+                   default=False, metavar="true|false",
+                   help="Kaldi: FP16 tensor math (accepted; not used) (default: false)")
+    g.add_argument("--cuda-use-tf32-compute", dest="cuda_use_tf32_compute", type=kaldi_bool,
+                   default=False, metavar="true|false",
+                   help="Kaldi: TF32 tensor math (accepted; not used) (default: false)")
+
+
+def add_debug_options(g, kaldi_bool) -> None:
+    """NnetSimpleComputationOptions' --debug-computation and NnetComputeOptions'
+    --computation.debug, on the group (or parser) ``g``: accepted, no effect."""
+    g.add_argument("--debug-computation", dest="debug_computation", type=kaldi_bool,
+                   default=False, metavar="true|false",
+                   help="Kaldi: very verbose debug output of the computation (accepted; "
+                        "pynnet3 prints none, results are the same) (default: false)")
+    g.add_argument("--computation.debug", dest="computation_debug", type=kaldi_bool,
+                   default=False, metavar="true|false",
+                   help="Kaldi's NnetComputeOptions debug (accepted; pynnet3 prints no "
+                        "per-command debug output, results are the same) (default: false)")
 
 
 def _bool_options(parser: argparse.ArgumentParser, kaldi_bool) -> set[str]:
@@ -99,4 +129,5 @@ def _rewrite(arg: str, bools: set[str]) -> str:
     return f"{key}={value}"
 
 
-__all__ = ["KALDI_STYLE_COMMANDS", "KaldiOptionError", "add_standard_options", "kaldi_argv"]
+__all__ = ["KALDI_STYLE_COMMANDS", "KaldiOptionError", "add_cuda_device_options",
+           "add_debug_options", "add_standard_options", "kaldi_argv"]

@@ -39,11 +39,20 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_init(args) -> int:
+    """nnet3-init: CONFIG OUT, or EXISTING-MODEL CONFIG OUT (the config's lines add
+    or replace nodes and components of the existing model)."""
     from ..nnet import Nnet
-    from .files import read_config, write_model
+    from .files import read_config, read_model, write_model
 
-    text, name = read_config(args.config)
-    nnet = Nnet.from_config(text, seed=args.srand, source=name)
+    if args.existing is None:
+        text, name = read_config(args.config)
+        nnet = Nnet.from_config(text, seed=args.srand, source=name)
+    else:
+        import numpy as np
+
+        nnet = read_model(args.existing)
+        text, name = read_config(args.config)
+        nnet.read_config(text, rng=np.random.default_rng(args.srand), source=name)
     write_model(nnet, args.out, args.binary)
     return 0
 
@@ -183,6 +192,12 @@ def optimize_options_from_args(args):
 
     given = {f.name: getattr(args, "opt_" + f.name) for f in fields(OptimizeOptions)
              if getattr(args, "opt_" + f.name, None) is not None}
+    # Kaldi's defaults of the deriv-time options are the int32 extremes, meaning "no
+    # limit": given (a Kaldi config file may spell them out), they are unset here too
+    for name, unset in (("min_deriv_time", -2**31), ("max_deriv_time", 2**31 - 1),
+                        ("max_deriv_time_relative", 2**31 - 1)):
+        if given.get(name) == unset:
+            del given[name]
     return OptimizeOptions(**given)
 
 
@@ -282,25 +297,39 @@ _BINARY_HELP = "write the model in Kaldi's binary (true) or text (false) format 
 
 
 def _add_info(sub, command, kaldi_bool) -> None:
+    from .kaldi_options import add_standard_options
+
     s = command(sub, "info", "print a model's nodes, components, dims and context "
                 "(like nnet3-info)",
                 "Print a model's nodes, components, dimensions, left/right context and\n"
-                "parameter count, as Kaldi's nnet3-info does.")
+                "parameter count, as Kaldi's nnet3-info does.",
+                usage="pynnet3 info [options] MODEL")
     s.add_argument("model", metavar="MODEL",
                    help="model file: Kaldi nnet3, text or binary (detected)")
+    add_standard_options(s, kaldi_bool)
     s.set_defaults(fn=_cmd_info)
 
 
 def _add_init(sub, command, kaldi_bool) -> None:
+    from .kaldi_options import add_standard_options
+
     s = command(sub, "init", "initialize a network from a config (like nnet3-init)",
                 "Build a network from a Kaldi nnet3 config with randomly initialized\n"
-                "parameters and write it, as Kaldi's nnet3-init does.")
+                "parameters and write it, as Kaldi's nnet3-init does. Given an existing\n"
+                "model first, the config's lines add or replace nodes and components of\n"
+                "that model instead (nnet3-init 1.raw nnet.config 2.raw).",
+                usage="pynnet3 init [options] [EXISTING-MODEL] CONFIG OUT")
+    s.add_argument("existing", nargs="?", default=None, metavar="EXISTING-MODEL",
+                   help="a model (Kaldi nnet3, text or binary) the config adds to "
+                        "(default: none, a new network)")
     s.add_argument("config", metavar="CONFIG", help="config file (Kaldi nnet3 config lines)")
     s.add_argument("out", metavar="OUT", help="where to write the model")
     s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
                    help=_BINARY_HELP)
     s.add_argument("--srand", type=int, default=0, metavar="INT",
-                   help="random seed for the initial parameters (default: 0)")
+                   help="random seed for the initial parameters (pynnet3's generator: "
+                        "the values differ from Kaldi's for the same seed) (default: 0)")
+    add_standard_options(s, kaldi_bool)
     s.set_defaults(fn=_cmd_init)
 
 
@@ -368,6 +397,9 @@ def _add_copy(sub, command, kaldi_bool) -> None:
                         "optimizer (folds BatchNorm, dropout, fixed scales into affine "
                         "layers; the result is a model Kaldi reads) (default: false)")
     add_network_flags(s, kaldi_bool)
+    from .kaldi_options import add_standard_options
+
+    add_standard_options(s, kaldi_bool)
     s.set_defaults(fn=_cmd_copy)
 
 

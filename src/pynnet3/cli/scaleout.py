@@ -42,7 +42,11 @@ from .jobs import Terminated, say, sigterm_stops, stopped
 _ONE_THREAD = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
                                       "MKL_NUM_THREADS")}
 # options that say how the run is spread, not what it computes
-_NOT_FINGERPRINTED = ("fn", "features", "output", "jobs", "ray_address", "resume")
+_NOT_FINGERPRINTED = ("fn", "features", "output", "jobs", "ray_address", "resume",
+                      # (Kaldi's options that change no output; --config's lines are
+                      # in the options they set)
+                      "kaldi_config", "print_args", "verbose", "debug_computation",
+                      "computation_debug", "cuda_use_tensor_cores", "cuda_use_tf32_compute")
 
 
 def split_scp(lines: list[str], num_parts: int) -> list[list[str]]:

@@ -122,7 +122,16 @@ def cmd_xvector_compute(args) -> int:
     nnet.set_test_mode(True)
     if args.network_optimize:
         nnet = optimize_network(nnet)
-    compiler = CachingCompiler(nnet, capacity=args.cache_capacity)
+    from .main import optimize_options_from_args
+
+    compiler = CachingCompiler(nnet, optimize=optimize_options_from_args(args),
+                               capacity=args.cache_capacity, use_shortcut=args.use_shortcut)
+    for flag, value in (("--cached-compiler-in", args.cached_compiler_in),
+                        ("--cached-compiler-out", args.cached_compiler_out)):
+        if value:
+            _say("note", f"{flag}={value} not used: pynnet3 cannot read or write Kaldi's "
+                         "compiled-computation cache (it compiles anew; the x-vectors "
+                         "are the same)")
     start_up_done()  # (the console script's pause of the garbage collector ends here)
 
     def process(key: str, feats: np.ndarray) -> np.ndarray:
@@ -189,4 +198,42 @@ def add_xvector_command(sub, command, kaldi_bool) -> None:
                    help="run the network optimizer on the model first, as the Kaldi "
                         "program runs CollapseModel; outputs equal up to float rounding "
                         "(default: true)")
+    s.add_argument("--use-shortcut", dest="use_shortcut", type=kaldi_bool, default=True,
+                   metavar="true|false",
+                   help="Kaldi's compiler shortcut (CachingOptimizingCompilerOptions): compile "
+                        "requests of regular structure for 2 sequences and expand; "
+                        "x-vector requests have one sequence, so the same either way "
+                        "(default: true)")
+    s.add_argument("--cached-compiler-in", dest="cached_compiler_in", default="",
+                   metavar="FILE",
+                   help="Kaldi: read the compiled-computation cache from FILE (accepted; "
+                        "not used: a note says so, and pynnet3 compiles anew with the same "
+                        "results) (default: none)")
+    s.add_argument("--cached-compiler-out", dest="cached_compiler_out", default="",
+                   metavar="FILE",
+                   help="Kaldi: write the compiled-computation cache to FILE (accepted; "
+                        "not used: a note says so, and no file is written) (default: none)")
+    from .kaldi_options import add_cuda_device_options, add_debug_options, add_standard_options
+    from .main import add_optimize_flags  # (main is loaded: it is building the parser)
+
+    g = s.add_argument_group(
+        "decoding options nnet3-xvector-compute registers (Kaldi's "
+        "NnetSimpleComputationOptions) but does not use: accepted, no effect")
+    for flag, default, what in (
+            ("--extra-left-context", 0, "extra left context"),
+            ("--extra-right-context", 0, "extra right context"),
+            ("--extra-left-context-initial", -1, "extra left context of the first chunk"),
+            ("--extra-right-context-final", -1, "extra right context of the last chunk"),
+            ("--frame-subsampling-factor", 1, "output frame subsampling"),
+            ("--frames-per-chunk", 50, "frames per decoding chunk (--chunk-size is "
+                                       "this command's)")):
+        g.add_argument(flag, dest=flag[2:].replace("-", "_"), type=int, default=default,
+                       metavar="INT", help=f"{what} (no effect) (default: {default})")
+    g.add_argument("--acoustic-scale", dest="acoustic_scale", type=float, default=1.0,
+                   metavar="FLOAT", help="acoustic scale (no effect: the x-vectors are not "
+                                         "scaled) (default: 1.0)")
+    add_debug_options(g, kaldi_bool)
+    add_cuda_device_options(s, kaldi_bool)
+    add_standard_options(s, kaldi_bool)
+    add_optimize_flags(s)
     s.set_defaults(fn=cmd_xvector_compute)
