@@ -26,18 +26,11 @@ def _cmd_am_copy(args) -> int:
     --convert-repeated-to-block, --learning-rate, --edits-config, --edits, the context
     recomputed (AmNnetSimple::SetContext), --scale, --prepare-for-test. The edits are
     parsed before the model is read, so a bad one fails before any work."""
+    from .editing import apply_read_edits, read_edits, scale_network
     from .files import read_config, read_model
     from .network import network_options_from_args, prepare_for_test
 
-    edits = []
-    if args.edits_config:
-        from ..edits import parse_edits
-
-        edits += parse_edits(*read_config(args.edits_config))
-    if args.edits:
-        from ..edits import edits_from_option, parse_edits
-
-        edits += parse_edits(edits_from_option(args.edits), "--edits")
+    edits = read_edits(args)
     nnet_config = read_config(args.nnet_config) if args.nnet_config else None
     am = read_am_file(args.input)
     if args.set_raw_nnet:
@@ -56,19 +49,11 @@ def _cmd_am_copy(args) -> int:
         convert_repeated_to_block(nnet)
     if args.learning_rate is not None and args.learning_rate >= 0:
         nnet.set_learning_rate(args.learning_rate)
-    if edits:
-        from ..edits import apply_edits
-
-        for level, message in apply_edits(nnet, edits):
-            _say(level, message)
+    apply_read_edits(nnet, edits, "am-copy")
     # (AmNnetSimple::Read and SetContext: the context is the network's, whatever the
     # file said)
     am.left_context, am.right_context = nnet.context()
-    if args.scale != 1.0:
-        from ..train.average import scale_component
-
-        for comp in nnet.components.values():
-            scale_component(comp, args.scale)
+    scale_network(nnet, args.scale)
     if args.prepare_for_test:
         nnet = prepare_for_test(nnet, network_options_from_args(args))
     write_model(nnet, args.output, args.binary, None if args.raw else am)
@@ -82,8 +67,8 @@ def _say(level: str, message: str) -> None:
 def add_am_commands(sub, command, kaldi_bool) -> None:
     """Add ``am-info`` and ``am-copy`` to the subparsers ``sub`` (``command`` makes
     one, as main.py's ``_command``)."""
+    from .editing import add_editing_flags
     from .kaldi_options import add_standard_options
-    from .main import _finite_float  # (main is loaded: it is building the parser)
     from .network import add_network_flags
 
     s = command(sub, "am-info", "print an acoustic model's transition model, priors and "
@@ -121,26 +106,12 @@ def add_am_commands(sub, command, kaldi_bool) -> None:
     s.add_argument("--set-raw-nnet", dest="set_raw_nnet", default="", metavar="MODEL",
                    help="replace the network with this raw model (the priors are dropped, "
                         "with a warning, when its output dim differs) (default: none)")
-    s.add_argument("--nnet-config", dest="nnet_config", default="", metavar="CONFIG",
-                   help="config file (as for init) whose lines add or replace components "
-                        "and nodes of the network (default: none)")
     s.add_argument("--convert-repeated-to-block", dest="convert_repeated_to_block",
                    type=kaldi_bool, default=False, metavar="true|false",
                    help="turn every (NaturalGradient)RepeatedAffineComponent, also inside "
                         "CompositeComponents, into the equal BlockAffineComponent "
                         "(default: false)")
-    s.add_argument("--learning-rate", dest="learning_rate", type=_finite_float, default=None,
-                   metavar="LR",
-                   help="if >= 0, set the learning rate of every updatable component to LR "
-                        "(times its learning-rate-factor) (default: unchanged)")
-    s.add_argument("--edits-config", dest="edits_config", default="", metavar="FILE",
-                   help="file of edit directives (see pynnet3 copy --help) (default: none)")
-    s.add_argument("--edits", default="", metavar="'DIRECTIVE; ...'",
-                   help="edit directives separated by ';', applied after --edits-config "
-                        "(default: none)")
-    s.add_argument("--scale", type=_finite_float, default=1.0, metavar="S",
-                   help="scale the parameters (and statistics) of every component by S "
-                        "(default: 1.0)")
+    add_editing_flags(s)
     s.add_argument("--prepare-for-test", dest="prepare_for_test", type=kaldi_bool,
                    default=False, metavar="true|false",
                    help="BatchNorm and dropout in test mode, then the network optimizer (in "

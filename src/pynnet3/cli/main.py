@@ -62,18 +62,11 @@ def _cmd_copy(args) -> int:
     --edits, then BatchNorm's test mode (--batchnorm-test-mode, unless
     --prepare-for-test), --set-test-mode and --prepare-for-test. The edits are read and parsed
     before the model, so a bad one fails before any work."""
+    from .editing import apply_read_edits, read_edits, scale_network
     from .files import read_config, read_model, write_model
     from .network import network_options_from_args, prepare_for_test
 
-    edits = []
-    if args.edits_config:
-        from ..edits import parse_edits
-
-        edits += parse_edits(*read_config(args.edits_config))
-    if args.edits:
-        from ..edits import edits_from_option, parse_edits
-
-        edits += parse_edits(edits_from_option(args.edits), "--edits")
+    edits = read_edits(args)
     nnet_config = read_config(args.nnet_config) if args.nnet_config else None
     nnet = read_model(args.input)
     if nnet_config is not None:
@@ -81,16 +74,8 @@ def _cmd_copy(args) -> int:
         nnet.read_config(text, source=name)
     if args.learning_rate is not None and args.learning_rate >= 0:
         nnet.set_learning_rate(args.learning_rate)
-    if args.scale != 1.0:
-        from ..train.average import scale_component
-
-        for comp in nnet.components.values():
-            scale_component(comp, args.scale)
-    if edits:
-        from ..edits import apply_edits
-
-        for level, message in apply_edits(nnet, edits):
-            print(f"{level} (pynnet3 copy) {message}", file=sys.stderr)
+    scale_network(nnet, args.scale)
+    apply_read_edits(nnet, edits, "copy")
     if not args.prepare_for_test:
         # (as nnet3-copy: every copy sets BatchNorm's test mode, false by default)
         nnet.set_batchnorm_test_mode(args.batchnorm_test_mode)
@@ -100,17 +85,6 @@ def _cmd_copy(args) -> int:
         nnet = prepare_for_test(nnet, network_options_from_args(args))
     write_model(nnet, args.output, args.binary)
     return 0
-
-
-def _finite_float(text: str) -> float:
-    """A flag's number: finite (nan and inf are refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
 
 
 def _cmd_show(args) -> int:
@@ -334,6 +308,7 @@ def _add_init(sub, command, kaldi_bool) -> None:
 
 
 def _add_copy(sub, command, kaldi_bool) -> None:
+    from .editing import add_editing_flags
     from .network import add_network_flags
 
     s = command(sub, "copy", "copy a model, converting text/binary, editing it (like "
@@ -365,22 +340,7 @@ def _add_copy(sub, command, kaldi_bool) -> None:
     s.add_argument("output", metavar="OUT", help="where to write the model")
     s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
                    help=_BINARY_HELP)
-    s.add_argument("--nnet-config", dest="nnet_config", default="", metavar="CONFIG",
-                   help="config file (as for init) whose lines add or replace components "
-                        "and nodes of the model (default: none)")
-    s.add_argument("--learning-rate", dest="learning_rate", type=_finite_float, default=None,
-                   metavar="LR",
-                   help="if >= 0, set the learning rate of every updatable component to LR "
-                        "(times its learning-rate-factor) (default: unchanged)")
-    s.add_argument("--scale", type=_finite_float, default=1.0, metavar="S",
-                   help="scale the parameters (and statistics) of every component by S "
-                        "(default: 1.0)")
-    s.add_argument("--edits-config", dest="edits_config", default="", metavar="FILE",
-                   help="file of edit directives (listed above), applied in order after "
-                        "--nnet-config (default: none)")
-    s.add_argument("--edits", default="", metavar="'DIRECTIVE; ...'",
-                   help="edit directives on the command line, separated by ';', applied "
-                        "after --edits-config, e.g. --edits=remove-orphans (default: none)")
+    add_editing_flags(s)
     s.add_argument("--batchnorm-test-mode", dest="batchnorm_test_mode", type=kaldi_bool,
                    default=False, metavar="true|false",
                    help="as nnet3-copy: BatchNorm components' test mode is set to this "
