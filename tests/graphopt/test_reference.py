@@ -1,7 +1,9 @@
-"""The network optimizer against Kaldi's CollapseModel (all four options) on the 4
-realistic networks of the reference data (README, "Model collapsing"): no more
-components than Kaldi's collapsed model, its decode outputs, and a decode
-computation that is no bigger than the unoptimized network's."""
+"""The network optimizer against Kaldi's CollapseModel (all four options) on every
+case of the reference data's ``collapsed/`` folder (README, "Model collapsing"; the
+model, request and inputs are the ones each case's ``stats.json`` names): no more
+components than Kaldi's collapsed model, its decode outputs, the optimized model
+written and read back, and a decode computation no bigger than the unoptimized
+network's."""
 
 from __future__ import annotations
 
@@ -14,13 +16,25 @@ import pynnet3
 from tests.graphopt.common import rel
 from tests.reference import REF, ref_params
 
-NAMES = ("tdnn_lstm", "tdnn_relu_bn", "tdnnf_chain", "xvector")
 TOL = 1e-4  # Kaldi's collapsed model in float32 against ours: rounding of the folds
 
 
 def _cases() -> list[str]:
-    return [n for n in NAMES if (REF / "collapsed" / n / "stats.json").is_file()
-            and (REF / "realistic" / n / "model.txt").is_file()]
+    """Every folder of ``collapsed/`` with a stats.json (not a fixed list of names:
+    a case added to the reference data is tested as it is)."""
+    root = REF / "collapsed"
+    if not root.is_dir():
+        return []
+    return sorted(p.parent.name for p in root.glob("*/stats.json"))
+
+
+def _stats(name: str) -> dict:
+    return json.loads((REF / "collapsed" / name / "stats.json").read_text())
+
+
+def _named_file(name: str, key: str):
+    """A file a case's stats.json names, relative to the case folder."""
+    return (REF / "collapsed" / name / _stats(name)[key]).resolve()
 
 
 # Acceptance criteria the current optimizer misses (strict: they fail loudly once fixed).
@@ -39,14 +53,13 @@ _memo: dict = {}
 def prepared(name: str):
     """(network in test mode, optimized network, report, request, inputs), once."""
     if name not in _memo:
-        nnet = pynnet3.read_nnet(REF / "realistic" / name / "model.txt")
+        nnet = pynnet3.read_nnet(_named_file(name, "model"))
         nnet.set_test_mode(True)
         report = pynnet3.NetworkReport()
         opt = pynnet3.optimize_network(nnet, report=report)
-        case = REF / "realistic" / name / "decode"
         request = pynnet3.ComputationRequest.from_json(
-            json.loads((case / "request.json").read_text()))
-        with np.load(case / "arrays.npz") as z:
+            json.loads(_named_file(name, "decode_request").read_text()))
+        with np.load(_named_file(name, "decode_inputs")) as z:
             inputs = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("input:")}
         _memo[name] = (nnet, opt, report, request, inputs)
     return _memo[name]
@@ -54,8 +67,7 @@ def prepared(name: str):
 
 @pytest.mark.parametrize("name", params("components"))
 def test_no_more_components_than_kaldi(name):
-    stats = json.loads((REF / "collapsed" / name / "stats.json").read_text())
-    before, after = stats["all_options"]["num_components"]
+    before, after = _stats(name)["all_options"]["num_components"]
     nnet, opt, report, _, _ = prepared(name)
     assert len(nnet.components) == before  # the same network Kaldi started from
     assert len(opt.components) <= after, (len(opt.components), after,
@@ -91,10 +103,10 @@ def test_decode_computation_no_bigger(name):
     assert ours["peak_memory_floats"] <= base["peak_memory_floats"], (ours, base)
 
 
-@pytest.mark.parametrize("name", ref_params(["tdnnf_chain"], "collapsed reference cases"))
+@pytest.mark.parametrize("name", params("reads_back"))
 def test_optimized_model_reads_back(name, tmp_path):
-    """The optimized TDNN-F (folded BatchNorms, pruned NoOps and dropout) written as a
-    Kaldi text model and read back gives Kaldi's collapsed outputs."""
+    """The optimized network (folded BatchNorms, pruned NoOps and dropout) written as
+    a Kaldi text model and read back gives Kaldi's collapsed outputs."""
     _, opt, _, request, inputs = prepared(name)
     path = tmp_path / "final.txt"
     opt.write(path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,14 +23,23 @@ from pynnet3.nnet import nnet_from_bytes
 from pynnet3.train import Trainer, TrainerOptions
 from tests.reference import REF, ref_params
 
-FOLDERS = ("tdnn_relu_bn", "tdnn_relu_bn_lr0.01")
-
 
 def _cases():
+    """Every (folder, variant) of training/ with Kaldi's model after the step: found,
+    not listed, so that an added case is tested as it is."""
     if not (REF / "training").is_dir():
         return []
-    return [(f, kind) for f in FOLDERS for kind in ("ng", "plain")
-            if (REF / "training" / f / f"model_after_{kind}.txt.gz").is_file()]
+    return [(p.parent.name, kind) for p in sorted((REF / "training").glob("*/options.json"))
+            for kind in ("ng", "plain") if (p.parent / f"model_after_{kind}.txt.gz").is_file()]
+
+
+def _example_folder(case: Path) -> Path:
+    """The folder with the step's request.json and arrays.npz: the case's own, or the
+    one its run_info.json's ``example`` names (``"../tdnn_relu_bn/ (...)"``)."""
+    if (case / "request.json").is_file():
+        return case
+    info = json.loads((case / "run_info.json").read_text())
+    return (case / info["example"].split()[0]).resolve()
 
 
 def _plain_copy(c: NaturalGradientAffineComponent) -> AffineComponent:
@@ -45,8 +55,9 @@ def _setup(folder: str, kind: str):
     case = REF / "training" / folder
     options = json.loads((case / "options.json").read_text())
     learning_rate = options.pop("learning-rate", None)
-    example = REF / "training" / "tdnn_relu_bn"
-    nnet = pynnet3.read_nnet(REF / "realistic" / "tdnn_relu_bn" / "model.txt")
+    example = _example_folder(case)
+    info = json.loads((case / "run_info.json").read_text())
+    nnet = pynnet3.read_nnet((case / info["model"]).resolve())
     nnet.set_batchnorm_test_mode(False)
     nnet.set_dropout_test_mode(False)
     if learning_rate is not None:
@@ -58,7 +69,8 @@ def _setup(folder: str, kind: str):
     request = pynnet3.ComputationRequest.from_json(
         json.loads((example / "request.json").read_text()))
     with np.load(example / "arrays.npz") as z:
-        x, y = z["input:input"], z["supervision:output"]
+        x = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("input:")}
+        y = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("supervision:")}
     return case, options, nnet, request, x, y
 
 
@@ -68,14 +80,14 @@ def test_kaldi_training_step(folder, kind):
     run_info = json.loads((case / "run_info.json").read_text())
     before = {n: {k: v.copy() for k, v in c.params().items()}
               for n, c in nnet.components.items() if c.is_updatable()}
-    assert len(before) == 7
+    assert before
     bn_before = {n: c.count for n, c in nnet.components.items()
                  if c.type_name == "BatchNormComponent"}
 
     trainer = Trainer(nnet, TrainerOptions.from_flags(options))
-    stats = trainer.train_step(request, inputs={"input": x}, supervision={"output": y})
+    stats = trainer.train_step(request, inputs=x, supervision=y)
 
-    example_info = json.loads((REF / "training" / "tdnn_relu_bn" / "run_info.json").read_text())
+    example_info = json.loads((_example_folder(case) / "run_info.json").read_text())
     assert stats.weight == example_info["objective_weight"]
     assert stats.objective == pytest.approx(example_info["objective_total"], rel=1e-5)
 
@@ -133,7 +145,7 @@ def test_natural_gradient_changes_the_step(folder, kind):
     before = {n: flat(c) for n, c in nnet.components.items() if c.is_updatable()}
     for net in (nnet, plain):
         Trainer(net, TrainerOptions.from_flags(options)).train_step(
-            request, inputs={"input": x}, supervision={"output": y})
+            request, inputs=x, supervision=y)
     info = json.loads((REF / "training" / folder / "run_info.json").read_text())
     for name, old in before.items():
         d_ng = flat(nnet.components[name]) - old
@@ -154,7 +166,7 @@ def test_kaldi_training_step_on_the_torch_backend(folder, kind):
     before = {n: {k: v.copy() for k, v in c.params().items()}
               for n, c in nnet.components.items() if c.is_updatable()}
     stats = Trainer(nnet, TrainerOptions.from_flags(options), backend="torch").train_step(
-        request, inputs={"input": x}, supervision={"output": y})
+        request, inputs=x, supervision=y)
     after = nnet_from_bytes(gzip.decompress((case / f"model_after_{kind}.txt.gz").read_bytes()))
     for name, old in before.items():
         ours = np.concatenate([(nnet.components[name].params()[k] - old[k]).ravel()
