@@ -57,6 +57,10 @@ _DEFAULT = [
     # matrices filled by copies
     ("splice_free_affine", "splice:splice_free_affine",
      lambda o: o.splice_free_affine and not o.optimize_looped_computation),
+    # beyond Kaldi: after splice_free_affine (whose in-place reads it must not undo),
+    # before merging (which removes the assignment it leaves)
+    ("hoist_output_permutations", "permute:hoist_output_permutations",
+     lambda o: o.hoist_output_permutations and not o.optimize_looped_computation),
     # extension makes more merges possible, so it comes first
     ("extend_matrices", "extend:extend_matrices",
      lambda o: o.extend_matrices and not o.optimize_looped_computation),

@@ -49,6 +49,11 @@ class OptimizeOptions:
     #: into a spliced derivative matrix (bit-identical forward values, derivatives to
     #: float rounding; optimize/splice.py)
     splice_free_affine: bool = True
+    #: forward-only: compute the values behind an output gathered into another row
+    #: order (batched decoding's n-major outputs) in the output's order, so that the
+    #: gathers filling them take permuted tables and the output's gather goes away
+    #: (optimize/permute.py)
+    hoist_output_permutations: bool = True
     #: training: free cheap forward values (BatchNorm, NoOp, fixed scales... outputs
     #: whose input stays alive) between the passes and recompute them, bit for bit,
     #: just before the backward pass reads them, where that lowers the peak memory
@@ -117,6 +122,9 @@ OPTION_HELP = {
     "splice_free_affine": "let affine components read their spliced input, and add their "
                           "input derivative, in place instead of through a spliced copy "
                           "(beyond Kaldi)",
+    "hoist_output_permutations": "forward-only: compute what an output reorders in the "
+                                 "output's row order, so its final gather goes away "
+                                 "(beyond Kaldi)",
     "recompute_cheap_values": "training: free cheap forward values (BatchNorm, NoOp, "
                               "scales) between the passes and recompute them exactly in "
                               "the backward pass, where that lowers the peak memory "
