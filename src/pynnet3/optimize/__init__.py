@@ -64,6 +64,9 @@ _DEFAULT = [
     # extension makes more merges possible, so it comes first
     ("extend_matrices", "extend:extend_matrices",
      lambda o: o.extend_matrices and not o.optimize_looped_computation),
+    # beyond Kaldi: the assignments it makes are for merging to remove
+    ("share_identical_gathers", "gathers:share_identical_gathers",
+     lambda o: o.share_identical_gathers and not o.optimize_looped_computation),
     ("variable_merging", "merging:variable_merging",
      lambda o: o.remove_assignments or o.backprop_in_place or o.propagate_in_place),
     # merging turns some row ops into ones that can be snipped or made matrix ops

@@ -54,6 +54,10 @@ class OptimizeOptions:
     #: gathers filling them take permuted tables and the output's gather goes away
     #: (optimize/permute.py)
     hoist_output_permutations: bool = True
+    #: a gather repeated with the same source rows and table (two layers reading one
+    #: descriptor) becomes an assignment from the first, which merging then removes
+    #: (optimize/gathers.py)
+    share_identical_gathers: bool = True
     #: training: free cheap forward values (BatchNorm, NoOp, fixed scales... outputs
     #: whose input stays alive) between the passes and recompute them, bit for bit,
     #: just before the backward pass reads them, where that lowers the peak memory
@@ -125,6 +129,8 @@ OPTION_HELP = {
     "hoist_output_permutations": "forward-only: compute what an output reorders in the "
                                  "output's row order, so its final gather goes away "
                                  "(beyond Kaldi)",
+    "share_identical_gathers": "make a repeated gather of the same rows an assignment "
+                               "from the first (beyond Kaldi)",
     "recompute_cheap_values": "training: free cheap forward values (BatchNorm, NoOp, "
                               "scales) between the passes and recompute them exactly in "
                               "the backward pass, where that lowers the peak memory "

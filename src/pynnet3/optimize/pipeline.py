@@ -160,7 +160,7 @@ TOLERATES_PENDING = frozenset({
     "addition.convert_addition_to_assignment", "row_ops.snip_row_ops",
     "row_ops.split_row_ops", "row_ops.replace_row_with_matrix_ops",
     "splice.splice_free_affine", "permute.hoist_output_permutations",
-    "extend.extend_matrices", "merging.variable_merging",
+    "extend.extend_matrices", "gathers.share_identical_gathers", "merging.variable_merging",
     "zeroing.remove_unnecessary_zeroing", "sizing.move_sizing_commands",
     "looped.optimize_looped_computation", "sizing.remove_unnecessary_allocation",
     "io_ops.consolidate_io_operations", "looped.fix_goto_label",

@@ -1,0 +1,101 @@
+"""Repeated gathers made assignments (beyond Kaldi).
+
+Two component nodes that read the same descriptor (the output layers of a chain
+model, both heads of an LSTM's projection) each get their input gathered: the
+same rows of the same source, by the same table, into two matrices. The second
+gather is the first's result again; as an assignment ``m2 = m1`` it is a plain
+copy, and variable merging (which runs next) usually removes it altogether, the
+two readers then sharing one matrix.
+
+Invariant: a gather becomes an assignment only when the earlier one wrote a whole
+matrix that nothing writes (or frees) before the later one, and nothing writes
+the source rows in between: ``m1`` then holds exactly what the later gather
+would write.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from ..computation import Command, NnetComputation
+from ..computation import CommandType as CT
+from .options import OptimizeOptions
+from .row_ops import _written_subs
+
+_GATHERS = (CT.COPY_ROWS, CT.COPY_ROWS_MULTI)
+
+
+def _whole(c: NnetComputation, s: int) -> bool:
+    sm = c.submatrices[s]
+    info = c.matrices[sm.matrix]
+    return (sm.row_offset, sm.num_rows, sm.col_offset, sm.num_cols) == (0, info.rows, 0,
+                                                                         info.cols)
+
+
+def _sources(c: NnetComputation, cmd: Command) -> set[int]:
+    """The matrices a gather reads."""
+    if cmd.type is CT.COPY_ROWS:
+        return {c.submatrices[cmd.src].matrix}
+    tab = c.indexes_multi[cmd.table]
+    return {c.submatrices[int(s)].matrix for s in np.unique(tab[tab[:, 0] > 0, 0])}
+
+
+def _key(c: NnetComputation, cmd: Command) -> tuple:
+    table = c.indexes[cmd.table] if cmd.type is CT.COPY_ROWS else c.indexes_multi[cmd.table]
+    sm = c.submatrices[cmd.dst]
+    src = c.submatrices[cmd.src] if cmd.type is CT.COPY_ROWS else None
+    return (cmd.type, cmd.alpha, src, sm.num_rows, sm.num_cols,
+            np.ascontiguousarray(table).tobytes())
+
+
+def _write_positions(c: NnetComputation) -> dict[int, list[int]] | None:
+    """Per matrix, the indexes of the commands that write (or free) it, in order;
+    None when some command's writes cannot be told."""
+    out: dict[int, list[int]] = {}
+    for k, cmd in enumerate(c.commands):
+        if cmd.type in (CT.DEALLOC_MATRIX, CT.SWAP_MATRIX):
+            mats = {cmd.matrix, cmd.src_matrix} - {0}
+        else:
+            subs = _written_subs(c, cmd)
+            if subs is None:
+                return None
+            mats = {c.submatrices[s].matrix for s in subs}
+        for m in mats:
+            out.setdefault(m, []).append(k)
+    return out
+
+
+def _untouched(writes: dict[int, list[int]], m: int, after: int, before: int) -> bool:
+    pos = writes.get(m, [])
+    i = bisect.bisect_right(pos, after)
+    return i == len(pos) or pos[i] >= before
+
+
+def share_identical_gathers(c: NnetComputation, nnet, options: OptimizeOptions) -> str:
+    """Make each repeated whole-matrix gather an assignment from the first (see the
+    module docstring)."""
+    if any(cmd.type is CT.GOTO_LABEL for cmd in c.commands):
+        return ""
+    writes = _write_positions(c)
+    if writes is None:
+        return ""
+    first: dict[tuple, int] = {}
+    done = 0
+    for j, cmd in enumerate(c.commands):
+        if cmd.type not in _GATHERS or not _whole(c, cmd.dst):
+            continue
+        key = _key(c, cmd)
+        i = first.get(key)
+        if i is None:
+            first[key] = j
+            continue
+        m1 = c.submatrices[c.commands[i].dst].matrix
+        if m1 == c.submatrices[cmd.dst].matrix or not all(
+                _untouched(writes, m, i, j) for m in (m1, *_sources(c, cmd))):
+            first[key] = j  # (a later repeat may still reuse this one)
+            continue
+        cmd.type, cmd.src, cmd.table, cmd.alpha = CT.MATRIX_COPY, c.whole(m1), -1, 1.0
+        done += 1
+    return f"{done} repeated gather(s) made assignments" if done else ""
