@@ -122,6 +122,8 @@ def _cmd_train(args) -> int:
                 for line in stats.log_lines:
                     if line not in phase:
                         _log(line)
+                for line in stats.warnings:
+                    _log(line, "WARNING")
                 if args.verbose >= 1:
                     _log(f"minibatch {trainer.num_minibatches_processed - 1} ({key}): objective "
                          f"{stats.objective_per_frame:.6g} over {stats.weight:.6g} frames",
