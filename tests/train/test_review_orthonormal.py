@@ -425,3 +425,70 @@ def test_two_backstitch_steps_with_the_orthonormal_constraint_match_kaldi(interv
     _, _, ref, log = _run(opts)
     assert log == ([True, True] if interval == 1 else
                    [ref.srand_seed % 2 == 0, ref.srand_seed % 2 == 1])
+
+
+# -- what Kaldi says and where it stops ------------------------------------------------------
+
+def test_floating_constraint_warns_as_kaldi_when_it_slows_down():
+    """ConstrainOrthonormalInternal warns (once, with the speed before halving) for
+    each matrix whose eigenvalue ratio is above 1.02, naming the component; the fixed
+    scales and a ratio below 1.02 say nothing."""
+    import re
+
+    opts = TrainerOptions(max_param_change=2.0)
+    nnet = _net()
+    trainer = Trainer(nnet, opts)
+    ref = KaldiTrainer(nnet, opts, trainer.srand_seed)
+    x, iv, sup = _minibatch(30)
+    stats = trainer.train_step(_request(), {"input": x.reshape(-1, DIM_IN), "ivector": iv},
+                               {"output": sup}, orthonormal_constraint_applied_to=CONSTRAINED)
+    ref.train(x, iv, sup, CONSTRAINED)
+    want = [(n, rs[0]) for n, rs in ref.ratios.items() if rs and rs[0] > 1.02]
+    assert {n for n, _ in want} == {"tdnnf2.affine", "prefinal.affine"}  # (not tdnnf2.linear)
+    pattern = (r"Ratio is (\S+), multiplying update speed \(currently 0\.125\) by 0\.5; "
+               r"component is (\S+)")
+    got = [re.fullmatch(pattern, w).groups() for w in stats.warnings]
+    assert [n for _, n in got] == [n for n, _ in want]
+    for (ratio, _), (_, r) in zip(got, want, strict=True):
+        assert float(ratio) == pytest.approx(r, rel=2e-5)
+
+
+def test_cli_prints_the_constraint_warnings(tmp_path, capsys):
+    from pynnet3.cli.main import main
+    from pynnet3.io.egs import ExampleWriter, NnetExample, NnetIo
+    from pynnet3.io.egs_merge import merge_examples
+
+    nnet = _net()
+    nnet.write(tmp_path / "in.mdl", binary=True)
+    with ExampleWriter(f"ark:{tmp_path / 'egs.ark'}") as writer:
+        for b in range(12):  # (each constrained matrix is drawn about one step in four)
+            x, iv, sup = _minibatch(b)
+            egs = [NnetExample([NnetIo.from_matrix("input", -LEFT, x[n]),
+                                NnetIo.from_matrix("ivector", 0, iv[n:n + 1]),
+                                NnetIo.from_labels("output", NUM_OUT, 0,
+                                                   sup[n * T:(n + 1) * T].argmax(1))])
+                   for n in range(N)]
+            writer.write(f"mb{b}", merge_examples(egs))
+    assert main(["train", "--use-gpu=no", str(tmp_path / "in.mdl"),
+                 f"ark:{tmp_path / 'egs.ark'}", str(tmp_path / "out.mdl")]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING (pynnet3 train) Ratio is " in err
+    assert "by 0.5; component is prefinal.affine" in err
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_floating_constraint_on_a_matrix_not_finite_stops_training(bad):
+    """Kaldi's KALDI_ASSERT(ratio > 0.9): a floating-scale matrix holding a NaN or an
+    infinity has a NaN ratio, and nnet3-train stops there (a fixed scale has no such
+    check: its NaNs stay)."""
+    from pynnet3.errors import TrainingError
+    from pynnet3.train.update import constrain_orthonormal
+
+    nnet = _net()
+    nnet.components["prefinal.affine"].linear_params[0, 0] = bad
+    nnet.components["prefinal-l"].params_[0, 0] = bad
+    rng = np.random.default_rng(0)
+    with np.errstate(invalid="ignore"):
+        assert constrain_orthonormal(nnet, rng, ["prefinal-l"]) == ["prefinal-l"]
+    with pytest.raises(TrainingError, match="'prefinal.affine'"):
+        constrain_orthonormal(nnet, rng, ["prefinal.affine"])
