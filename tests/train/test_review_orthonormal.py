@@ -211,6 +211,7 @@ class KaldiTrainer:
         self.minibatches = 0
         self.ratios: dict[str, list] = {n: [] for n in CONSTRAINED}
         self.factors: list = []
+        self.too_big: list = []  # (name, norm, scale, max-change, max-change scale, factor)
 
     # forward and backward ---------------------------------------------------------------
     def _gradients(self, x, iv, sup):
@@ -300,6 +301,8 @@ class KaldiTrainer:
             mc, norm = self.max_change[n], math.sqrt(sq[n])
             factors[n] = (mc * max_change_scale / (norm * abs(scale))
                           if mc != 0.0 and norm * abs(scale) > mc * max_change_scale else 1.0)
+            if factors[n] < 1.0:
+                self.too_big.append((n, norm, scale, mc, max_change_scale, factors[n]))
         total = math.sqrt(sum(factors[n] ** 2 * sq[n] for n in LAYERS)) * abs(scale)
         limit = self.opts.max_param_change * max_change_scale
         glob = limit / total if self.opts.max_param_change != 0.0 and total > limit else 1.0
@@ -362,12 +365,18 @@ class KaldiTrainer:
 SCHEDULE = [CONSTRAINED, ["tdnnf2.affine", "prefinal-l", "prefinal.affine", "output.affine"]]
 
 
-def _run(opts: TrainerOptions, schedule=SCHEDULE):
+def _run(opts: TrainerOptions, schedule=SCHEDULE, max_change: dict | None = None):
+    """Train the network two steps with the trainer and the reference side by side,
+    checking each step; ``max_change``: per-component max-change values to set first.
+    Returns the network, the trainer, the reference, whether each step backstitched
+    and the trainer's TrainStats."""
     nnet = _net()
+    for name, value in (max_change or {}).items():
+        nnet.components[name].max_change = value
     trainer = Trainer(nnet, opts)
     ref = KaldiTrainer(nnet, opts, trainer.srand_seed)
     req = _request()
-    log = []
+    log, all_stats = [], []
     for step, constrained in enumerate(schedule):
         x, iv, sup = _minibatch(30 + step)
         before = _weights(nnet)
@@ -394,7 +403,8 @@ def _run(opts: TrainerOptions, schedule=SCHEDULE):
             np.testing.assert_allclose(bn.stats_sum, s, rtol=1e-5, atol=1e-5 * count)
             np.testing.assert_allclose(bn.stats_sumsq, sq, rtol=1e-5, atol=1e-5 * count)
         log.append(backstitch)
-    return nnet, trainer, ref, log
+        all_stats.append(stats)
+    return nnet, trainer, ref, log, all_stats
 
 
 def _regimes(ref: KaldiTrainer) -> set:
@@ -409,7 +419,7 @@ def test_two_steps_with_the_orthonormal_constraint_match_kaldi(momentum, max_par
                                                                 bn_scale):
     opts = TrainerOptions(momentum=momentum, max_param_change=max_param_change,
                           l2_regularize_factor=0.5, batchnorm_stats_scale=bn_scale)
-    _, _, ref, log = _run(opts)
+    _, _, ref, log, _ = _run(opts)
     assert log == [False, False]
     # all three update-speed regimes of the floating constraint were exercised
     assert _regimes(ref) == {0, 1, 2}
@@ -422,12 +432,33 @@ def test_two_backstitch_steps_with_the_orthonormal_constraint_match_kaldi(interv
     opts = TrainerOptions(backstitch_training_scale=0.3, backstitch_training_interval=interval,
                           max_param_change=0.6, l2_regularize_factor=0.5,
                           batchnorm_stats_scale=0.7)
-    _, _, ref, log = _run(opts)
+    _, _, ref, log, _ = _run(opts)
     assert log == ([True, True] if interval == 1 else
                    [ref.srand_seed % 2 == 0, ref.srand_seed % 2 == 1])
 
 
 # -- what Kaldi says and where it stops ------------------------------------------------------
+
+@pytest.mark.parametrize("backstitch", [0.0, 0.3])
+def test_max_change_verbose_lines_as_kaldis(backstitch):
+    """UpdateNnetWithMaxChange's VLOG(2) line for each component it scales down, in
+    both backstitch passes too: the delta's norm, the scale it is added with (``1 -
+    momentum``; ``-s`` then ``1 + s``), max-change and its scale (1; ``s`` then
+    ``1 + s``), the factor."""
+    import re
+
+    opts = TrainerOptions(backstitch_training_scale=backstitch, max_param_change=0.0,
+                          momentum=0.0 if backstitch else 0.5)
+    _, _, ref, _, all_stats = _run(opts, max_change={"tdnn1.affine": 0.05,
+                                                     "output.affine": 0.02})
+    pattern = (r"Parameters in (\S+) change too big: (\S+) \* (\S+) > max-change \* "
+               r"max-change-scale=(\S+) \* (\S+), scaling by (\S+)")
+    got = [re.fullmatch(pattern, line).groups() for st in all_stats for line in st.verbose_lines]
+    assert len(got) == len(ref.too_big) >= (8 if backstitch else 4)
+    for g, (name, norm, scale, mc, mcs, factor) in zip(got, ref.too_big, strict=True):
+        assert g[0] == name
+        np.testing.assert_allclose([float(v) for v in g[1:]], [norm, scale, mc, mcs, factor],
+                                   rtol=2e-5)
 
 def test_floating_constraint_warns_as_kaldi_when_it_slows_down():
     """ConstrainOrthonormalInternal warns (once, with the speed before halving) for

@@ -59,8 +59,10 @@ class TrainStats:
     max-change log line ('' when neither max-change was active);
     ``orthonormal_constrained``: components constrained this step; ``log_lines``:
     what Kaldi's trainer logs during this step (a phase's average objective when
-    one ended, the max-change line); ``warnings``: what it warns of (the orthonormal
-    constraint's eigenvalue ratio, ConstrainOrthonormalInternal). With
+    one ended, the max-change line); ``verbose_lines``: what it logs at --verbose=2
+    (a line per component whose max-change was active, each update of the step);
+    ``warnings``: what it warns of (a change not applied, the orthonormal
+    constraint's eigenvalue ratio). With
     backstitch, the objectives are the first pass's, ``backstitch_outputs`` the
     second's, and the max-change figures the second update's."""
 
@@ -74,6 +76,7 @@ class TrainStats:
     orthonormal_constrained: list[str] = field(default_factory=list)
     backstitch_outputs: dict[str, OutputObjective] = field(default_factory=dict)
     log_lines: list[str] = field(default_factory=list)
+    verbose_lines: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -332,6 +335,7 @@ class Trainer:
         result = update_with_max_change(self.nnet, self.delta, opts.max_param_change,
                                         max_change_scale, scale, comps)
         stats.max_change_scales = result.scales
+        stats.verbose_lines += result.verbose_lines
         stats.global_scale = result.global_scale
         if result.applied:
             for name, collected in self.delta_stats.items():

@@ -94,13 +94,15 @@ class MaxChangeResult:
     """What UpdateNnetWithMaxChange decided: ``scales[name]`` the per-component
     max-change factor (1.0 where not active), ``global_scale`` the max-param-change
     factor (1.0 where not active), ``applied`` False when the change was not finite
-    (then nothing was added, as Kaldi), ``message`` Kaldi's log line ('' if none)."""
+    (then nothing was added, as Kaldi), ``message`` Kaldi's log line ('' if none),
+    ``verbose_lines`` its VLOG(2) line for each component scaled down."""
 
     scales: dict[str, float] = field(default_factory=dict)
     global_scale: float = 1.0
     factors: dict[str, float] = field(default_factory=dict)  # what multiplied each delta
     applied: bool = True
     message: str = ""
+    verbose_lines: list[str] = field(default_factory=list)
 
 
 def update_with_max_change(nnet, delta: dict, max_param_change: float,
@@ -130,6 +132,10 @@ def update_with_max_change(nnet, delta: dict, max_param_change: float,
         if max_change != 0.0 and norm * abs(scale) > max_change * max_change_scale:
             factor = max_change * max_change_scale / (norm * abs(scale))
             num_applied += 1
+            result.verbose_lines.append(
+                f"Parameters in {name} change too big: {norm:.6g} * {scale:.6g} > "
+                f"max-change * max-change-scale={max_change:.6g} * {max_change_scale:.6g}, "
+                f"scaling by {factor:.6g}")
         result.scales[name] = factor
         if i == 0 or factor < min_scale:
             min_scale, min_name, min_max_change = factor, name, max_change
