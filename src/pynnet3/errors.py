@@ -82,6 +82,12 @@ class RuntimeInputError(PynnetError):
     """Inputs handed to ``pynnet3.run`` are wrong: missing, wrong shape, non-finite."""
 
 
+class TrainingError(PynnetError):
+    """Training cannot go on where Kaldi's trainer stops on an assertion (e.g. a
+    parameter matrix under an orthonormal constraint that is no longer finite); the
+    message names the component."""
+
+
 class CheckError(PynnetError):
     """The computation checker found a violated invariant."""
 

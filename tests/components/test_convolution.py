@@ -270,7 +270,8 @@ def test_config_init():
     assert comp.input_dim == 40
     assert comp.output_dim == 3 * 2 * 3  # x steps 3, y steps 2, 3 filters
     assert comp.filter_params.shape == (3, 12) and comp.bias_params.shape == (3,)
-    assert comp.input_vectorization == 1 and comp.learning_rate == 0.001
+    # (BaseFloat: the learning rate as float32 holds it)
+    assert comp.input_vectorization == 1 and comp.learning_rate == float(np.float32(0.001))
     big = make_conv(num_filters=400, seed=1)
     assert big.filter_params.std() == pytest.approx(1 / np.sqrt(12), rel=0.05)
     assert big.bias_params.std() == pytest.approx(1.0, rel=0.15)
@@ -279,7 +280,7 @@ def test_config_init():
             "filt-x-step=1 filt-y-step=1 num-filters=2 param-stddev=0 bias-stddev=0 "
             "learning-rate=0.1 max-change=0.5"), np.random.default_rng(0))
     assert np.all(c.filter_params == 0) and np.all(c.bias_params == 0)
-    assert c.learning_rate == 0.1 and c.max_change == 0.5
+    assert c.learning_rate == float(np.float32(0.1)) and c.max_change == 0.5
     pool = make_pool()
     assert pool.input_dim == 48 and pool.output_dim == 2 * 2 * 3
 

@@ -117,11 +117,13 @@ def _cmd_train(args) -> int:
                 for line in phase:
                     _log(line)
                 if args.verbose >= 2:
-                    for line in max_change_lines(nnet, stats, options):
+                    for line in stats.verbose_lines:
                         _log(line, "VLOG[2]")
                 for line in stats.log_lines:
                     if line not in phase:
                         _log(line)
+                for line in stats.warnings:
+                    _log(line, "WARNING")
                 if args.verbose >= 1:
                     _log(f"minibatch {trainer.num_minibatches_processed - 1} ({key}): objective "
                          f"{stats.objective_per_frame:.6g} over {stats.weight:.6g} frames",
@@ -145,24 +147,6 @@ def _cmd_train(args) -> int:
         write_model(nnet, args.out, args.binary, am)
         _log(f"Wrote model to {args.out}")
     return 0 if total_weight != 0.0 else 1
-
-
-def max_change_lines(nnet, stats, options) -> list[str]:
-    """Kaldi's VLOG[2] line for each component whose per-component max-change was
-    active in a (non-backstitch) step; the norm is recovered from the factor
-    (``factor = max-change / (norm * (1 - momentum))``)."""
-    if options.backstitch_training_scale != 0.0:
-        return []
-    scale = 1.0 - options.momentum
-    lines = []
-    for name, factor in stats.max_change_scales.items():
-        if factor < 1.0:
-            max_change = float(nnet.components[name].max_change)
-            norm = max_change / (factor * scale)
-            lines.append(f"Parameters in {name} change too big: {norm:.6g} * {scale:.6g} > "
-                         f"max-change * max-change-scale={max_change:.6g} * 1, scaling by "
-                         f"{factor:.6g}")
-    return lines
 
 
 class _Group:

@@ -39,16 +39,9 @@ def f32(x: float) -> float:
 
 
 def init_learning_rates(comp: UpdatableComponent, cfg) -> None:
-    """Kaldi's InitLearningRatesFromConfig, including its check for negative values."""
+    """Kaldi's InitLearningRatesFromConfig, including its check for negative values
+    (:meth:`UpdatableComponent.init_updatable_from_config`)."""
     comp.init_updatable_from_config(cfg)
-    for key, value in (("learning-rate", comp.learning_rate),
-                       ("learning-rate-factor", comp.learning_rate_factor),
-                       ("max-change", comp.max_change), ("l2-regularize", comp.l2_regularize)):
-        require(value >= 0.0, cfg, f"{key}={value} must be >= 0")
-    comp.learning_rate = f32(comp.learning_rate)
-    comp.learning_rate_factor = f32(comp.learning_rate_factor)
-    comp.max_change = f32(comp.max_change)
-    comp.l2_regularize = f32(comp.l2_regularize)
 
 
 def read_lenient_header(comp: UpdatableComponent, r) -> None:

@@ -366,10 +366,17 @@ class UpdatableComponent(Component):
         self.l2_regularize = 0.0
 
     def init_updatable_from_config(self, cfg) -> None:
-        self.learning_rate = cfg.get_float("learning-rate", 0.001)
-        self.learning_rate_factor = cfg.get_float("learning-rate-factor", 1.0)
-        self.max_change = cfg.get_float("max-change", 0.0)
-        self.l2_regularize = cfg.get_float("l2-regularize", 0.0)
+        """Kaldi's InitLearningRatesFromConfig: learning-rate, learning-rate-factor,
+        max-change and l2-regularize as float32 holds them (BaseFloat members), none
+        negative ("Bad initializer": a negative max-change would turn the
+        max-change factor negative in training)."""
+        for attr, key, default in (("learning_rate", "learning-rate", 0.001),
+                                   ("learning_rate_factor", "learning-rate-factor", 1.0),
+                                   ("max_change", "max-change", 0.0),
+                                   ("l2_regularize", "l2-regularize", 0.0)):
+            value = cfg.get_float(key, default)
+            require(value >= 0.0, cfg, f"{key}={value} must be >= 0")
+            setattr(self, attr, float(np.float32(value)))
 
     def read_updatable_common(self, r) -> None:
         """Read the common header (after the opening ``<Type>`` token)."""

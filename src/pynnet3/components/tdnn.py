@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ComputeError
 from ..index import KeySet, pack
-from .affine import bias_first, matmul_blocks_into
+from .affine import bias_first, f32, matmul_blocks_into
 from .base import Flags, InputDeps, UpdatableComponent, overwrite_by_zeroing, register
 from .fields import UPDATABLE_HEADER, Custom, Field, pair
 from .precomputed import expect_fields, int_array, int_field, plain_indexes, same_rows
@@ -394,13 +394,14 @@ class TdnnComponent(UpdatableComponent):
         bias_stddev = cfg.get_float("bias-stddev", 1.0)
         bias_mean = cfg.get_float("bias-mean", 0.0)
         use_bias = cfg.get_bool("use-bias", True)
-        comp.orthonormal_constraint = cfg.get_float("orthonormal-constraint", 0.0)
+        # (BaseFloat members in Kaldi: the values as float32 holds them)
+        comp.orthonormal_constraint = f32(cfg.get_float("orthonormal-constraint", 0.0))
         comp.use_natural_gradient = cfg.get_bool("use-natural-gradient", True)
         rank_in = cfg.get_int("rank-in", -1)
         rank_out = cfg.get_int("rank-out", -1)
-        comp.alpha_in = cfg.get_float("alpha-in", 4.0)
-        comp.alpha_out = cfg.get_float("alpha-out", 4.0)
-        comp.num_samples_history = cfg.get_float("num-samples-history", 2000.0)
+        comp.alpha_in = f32(cfg.get_float("alpha-in", 4.0))
+        comp.alpha_out = f32(cfg.get_float("alpha-out", 4.0))
+        comp.num_samples_history = f32(cfg.get_float("num-samples-history", 2000.0))
         cfg.check_all_used()
 
         spliced = input_dim * len(offsets)

@@ -64,7 +64,7 @@ class TrainerOptions:
         by_flag = {f.name.replace("_", "-"): f for f in fields(cls)}
         kwargs = {}
         for name, value in flags.items():
-            key = str(name).lstrip("-")
+            key = _normalized_flag(name)
             if key in _IGNORED or key.startswith(_IGNORED_PREFIXES):
                 continue
             f = by_flag.get(key)
@@ -101,6 +101,13 @@ class TrainerOptions:
                 raise ConfigError(f"trainer options: {message}")
 
 
+def _normalized_flag(name) -> str:
+    """A flag name as Kaldi's ParseOptions::NormalizeArgName sees it: without the
+    leading dashes, ``_`` read as ``-``, lower case (``--max_param_change`` is
+    ``--max-param-change``)."""
+    return str(name).lstrip("-").replace("_", "-").lower()
+
+
 def _convert(flag: str, kind, value):
     """A flag value as the field's type (dataclass field types are strings here)."""
     kind = kind if isinstance(kind, str) else kind.__name__
@@ -111,7 +118,7 @@ def _convert(flag: str, kind, value):
             if isinstance(value, bool):
                 return value
             text = str(value).strip().lower()
-            if text in ("true", "t", "1"):
+            if text in ("true", "t", "1", ""):  # (Kaldi's ToBool: a bare --x is true)
                 return True
             if text in ("false", "f", "0"):
                 return False

@@ -59,7 +59,10 @@ class TrainStats:
     max-change log line ('' when neither max-change was active);
     ``orthonormal_constrained``: components constrained this step; ``log_lines``:
     what Kaldi's trainer logs during this step (a phase's average objective when
-    one ended, the max-change line). With
+    one ended, the max-change line); ``verbose_lines``: what it logs at --verbose=2
+    (a line per component whose max-change was active, each update of the step);
+    ``warnings``: what it warns of (a change not applied, the orthonormal
+    constraint's eigenvalue ratio). With
     backstitch, the objectives are the first pass's, ``backstitch_outputs`` the
     second's, and the max-change figures the second update's."""
 
@@ -73,6 +76,8 @@ class TrainStats:
     orthonormal_constrained: list[str] = field(default_factory=list)
     backstitch_outputs: dict[str, OutputObjective] = field(default_factory=dict)
     log_lines: list[str] = field(default_factory=list)
+    verbose_lines: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def num_frames(self) -> float:
@@ -182,7 +187,7 @@ class Trainer:
             self._record(stats, stats.outputs)
             self._update(stats, num_n, max_change_scale=s, scale=-s, l2=False)
             stats.orthonormal_constrained = constrain_orthonormal(
-                self.nnet, self.rng, orthonormal_constraint_applied_to)
+                self.nnet, self.rng, orthonormal_constraint_applied_to, stats.warnings)
             self._zero_delta()
             self.freeze_natural_gradient(False)
             self._reseed_random_components()
@@ -199,7 +204,7 @@ class Trainer:
                          l2=True)
             scale_batchnorm_stats(self.nnet, opts.batchnorm_stats_scale)
             stats.orthonormal_constrained = constrain_orthonormal(
-                self.nnet, self.rng, orthonormal_constraint_applied_to)
+                self.nnet, self.rng, orthonormal_constraint_applied_to, stats.warnings)
             if stats.applied and opts.momentum != 0.0:
                 for d in self.delta.values():
                     for a in d.values():
@@ -330,6 +335,7 @@ class Trainer:
         result = update_with_max_change(self.nnet, self.delta, opts.max_param_change,
                                         max_change_scale, scale, comps)
         stats.max_change_scales = result.scales
+        stats.verbose_lines += result.verbose_lines
         stats.global_scale = result.global_scale
         if result.applied:
             for name, collected in self.delta_stats.items():
@@ -337,8 +343,8 @@ class Trainer:
                                    collected)
         stats.applied = result.applied
         stats.message = result.message
-        if result.message:
-            stats.log_lines.append(result.message)
+        if result.message:  # (Kaldi warns when it does not apply the change)
+            (stats.log_lines if result.applied else stats.warnings).append(result.message)
         self.max_change_counts.add(result.scales, result.global_scale)
 
     def _step_components(self) -> list:
