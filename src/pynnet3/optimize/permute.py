@@ -207,6 +207,8 @@ class _Group:
         if t is CT.PROPAGATE:
             subs = _command_subs(c, cmd)
             if k in self.cuts:
+                if self._mat(cmd.in_value) == m:
+                    return None  # a cut input must keep its order (its copy permutes it)
                 subs = [cmd.out_value]
             if not _row_wise(self.nnet, cmd) or not all(_all_rows(c, s) for s in subs):
                 return None
