@@ -83,6 +83,29 @@ def root_is_fixed_map(match: Match, ctx: RewriteContext) -> str | None:
     return None
 
 
+def _column_map(ctx: RewriteContext, desc, links, s: np.ndarray,
+                o: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """Per column of ``desc``: the scale and offset that the map ``y = x*s + o``
+    puts on it, for the parts that read the map through ``links`` (a part that
+    sums the map's reads with scales ``c_i`` gets ``s`` and ``(sum c_i) o``; other
+    columns get 1 and 0), and the layout (parts, scale sums, part dims) that says
+    which fold this is. A TDNN layer applies the same map to each of its time
+    offsets' column blocks: Kaldi's GetDiagonallyPreModifiedComponentIndex repeats
+    it over the whole input, whatever the descriptor's offsets."""
+    dims = desc.part_dims(ctx.nnet.node_dim)
+    starts = np.concatenate([[0], np.cumsum(dims)])
+    col_scale, col_offset = np.ones(int(starts[-1])), np.zeros(int(starts[-1]))
+    parts = sorted({r.part for r in links})
+    sums = []
+    for p in parts:
+        cols = slice(int(starts[p]), int(starts[p + 1]))
+        c = part_scale_sum(desc.parts[p])
+        sums.append(c)
+        col_scale[cols] = s
+        col_offset[cols] = c * o
+    return col_scale, col_offset, (tuple(parts), tuple(sums), tuple(dims))
+
+
 def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | str:
     """Root: a linear component reading an elementwise map ``y = x*s + o`` in some
     column blocks; the blocks' weights absorb ``s`` and the bias absorbs ``W o``."""
@@ -96,35 +119,13 @@ def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | st
         return absorbed
     s, o = ew
     desc = match.inputs[0]
+    col_scale, col_offset, layout = _column_map(ctx, desc, match.links[0], s, o)
     w, b = linear_params(lin)
-    w = w.copy()
-    b = b.copy()
-    factor = np.ones(w.shape[1])  # (what each column of W is scaled by)
-    if lin.type_name == "TdnnComponent":
-        if len(desc.parts) != 1 or len(match.links[0]) != 1 or match.links[0][0].wrappers \
-                or match.links[0][0].scale != 1.0:
-            return (f"TdnnComponent {root!r} reads {inner!r} through {desc}; only a plain "
-                    "input folds")
-        d = lin.input_dim
-        for k in range(len(lin.time_offsets)):
-            cols = slice(k * d, (k + 1) * d)
-            b += w[:, cols] @ o
-            w[:, cols] *= s
-            factor[cols] = s
-        layout: tuple = ("tdnn",)
-    else:
-        dims = desc.part_dims(ctx.nnet.node_dim)
-        starts = np.concatenate([[0], np.cumsum(dims)])
-        parts = sorted({r.part for r in match.links[0]})
-        sums = []
-        for p in parts:
-            cols = slice(int(starts[p]), int(starts[p + 1]))
-            c = part_scale_sum(desc.parts[p])
-            sums.append(c)
-            b += w[:, cols] @ (c * o)
-            w[:, cols] *= s
-            factor[cols] = s
-        layout = (tuple(parts), tuple(sums), tuple(dims))
+    if lin.type_name == "TdnnComponent":  # (one column block per time offset)
+        col_scale = np.tile(col_scale, len(lin.time_offsets))
+        col_offset = np.tile(col_offset, len(lin.time_offsets))
+    b = b + w @ col_offset
+    w = w * col_scale
     try:
         new_desc = substitute(desc, inner, match.inputs[1])
     except SubstitutionError as e:
@@ -132,7 +133,8 @@ def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | st
     bias = b if (has_bias(lin) or b.any()) else None
     lin_name, ew_name = _comp_name(ctx, root), _comp_name(ctx, inner)
     new_name = f"{ew_name}.{lin_name}"
-    comp = _mark_folded(with_linear_params(lin, w, bias, scaled_by=factor), ew_comp, ew_name)
+    comp = _mark_folded(with_linear_params(lin, w, bias, scaled_by=col_scale), ew_comp,
+                        ew_name)
     return Replacement(
         [Node("component-node", root, component=new_name, descriptor=new_desc)],
         [NewComponent(new_name, comp, key=("next", ew_name, lin_name, layout))],
