@@ -125,3 +125,50 @@ def test_batchnorm_into_a_tdnn_reading_it_at_offsets(read, dim, tmp_path):
     kaldi = 3 if "relu" in read else 2
     opt = check_collapse(prepared(TDNN_READS_BN.format(read=read, dim=dim)), kaldi, tmp_path)
     assert "bn" not in opt.components
+
+
+LDA_TWO_AFFINES = """
+input-node name=input dim=6
+component name=lda type=FixedAffineComponent input-dim=18 output-dim=18
+component-node name=lda component=lda input=Append(Offset(input, -1), input, Offset(input, 1))
+component name=a type=NaturalGradientAffineComponent input-dim=18 output-dim=7
+component-node name=a component=a input=lda
+component name=b type=AffineComponent input-dim=36 output-dim=5
+component-node name=b component=b input=Append(Offset(lda, -2), Offset(lda, 2))
+component name=ra type=RectifiedLinearComponent dim=7
+component-node name=ra component=ra input=a
+component name=rb type=RectifiedLinearComponent dim=5
+component-node name=rb component=rb input=b
+output-node name=output input=Append(ra, rb)
+"""
+
+
+def test_lda_read_by_two_affine_layers(tmp_path):
+    """An LDA (FixedAffine 18 -> 18, not dimension-reducing) read by two affine
+    layers, one of them at two offsets. Kaldi merges it into each (``lda.a``, and
+    ``lda.b`` block-diagonal), whatever else reads it; lda, a and b are then
+    orphans: lda.a, lda.b, ra, rb = 4 components."""
+    opt = check_collapse(prepared(LDA_TWO_AFFINES), 4, tmp_path)
+    assert "lda" not in opt.components
+
+
+AFFINE_SCALED = """
+input-node name=input dim=6
+component name=a type=AffineComponent input-dim=6 output-dim=8
+component-node name=a component=a input=input
+component name=b type=AffineComponent input-dim={dim} output-dim=5
+component-node name=b component=b input={read}
+component name=rb type=RectifiedLinearComponent dim=5
+component-node name=rb component=rb input=b
+output-node name=output input=rb
+"""
+
+
+@pytest.mark.parametrize("read, dim", [("Scale(0.5, a)", 8),
+                                       ("Append(Scale(-2, Offset(a, -1)), a)", 16)])
+def test_affine_into_affine_through_a_scale(read, dim, tmp_path):
+    """``Scale(s, a)`` is collapsible for Kaldi (a SimpleForwardingDescriptor with a
+    scale): a (6 -> 8) and b merge into ``a.b``: a.b, rb = 2 components. The merged
+    bias is ``b2 + sum_j s_j W2_j b1`` (Kaldi's drops the ``s_j``; the network's
+    values are kept)."""
+    check_collapse(prepared(AFFINE_SCALED.format(read=read, dim=dim)), 2, tmp_path)

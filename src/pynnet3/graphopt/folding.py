@@ -28,10 +28,11 @@ import numpy as np
 from ..nnet import Node
 from ..rewrite.algebra import (
     SubstitutionError,
-    offsets_of_single_node,
     part_scale_sum,
+    shifted_reads,
     substitute,
 )
+from ..rewrite.graph import NetworkGraph
 from ..rewrite.pattern import Match, Pattern
 from ..rewrite.rules import NewComponent, Replacement, RewriteContext, Rule, register_rule
 from .linear import (
@@ -163,27 +164,49 @@ def fold_into_previous_linear(match: Match, ctx: RewriteContext) -> Replacement 
         note=f"{ew_comp.type_name} {root} folded into {lin.type_name} {inner}")
 
 
+def _stays_for_others(ctx: RewriteContext, inner: str, root: str) -> bool:
+    """Whether node ``inner`` is still needed once ``root`` no longer reads it: it
+    has another consumer (an output node too) or is preserved."""
+    graph = NetworkGraph(ctx.nnet)
+    return inner in ctx.preserve or any(c != root for c in graph[inner].consumer_names)
+
+
 def merge_affine_into_affine(match: Match, ctx: RewriteContext) -> Replacement | str:
     """Root: an affine map reading another affine map (plain or at several time
-    offsets, Kaldi's block-diagonal case): one affine map of the first one's input,
-    when that costs no more multiply-adds per output frame."""
+    offsets, Kaldi's block-diagonal case, with any ``Scale``): one affine map of
+    the first one's input, when that costs no more multiply-adds per output frame.
+
+    When the first layer stays for another consumer, its cost is spent anyway: the
+    merge must cost no more than the second layer alone, i.e. the first layer must
+    not reduce the dimension (Kaldi's own condition, which merges whatever else
+    reads the first layer). A read ``Scale(a, Offset(x, t))`` scales that block's
+    share of the first layer's bias too (Kaldi's merge forgets that)."""
     root, inner = match.nodes
     l2, l1 = match.components
-    found = offsets_of_single_node(match.inputs[0])
+    found = shifted_reads(match.inputs[0])
     if found is None:
-        return f"{root!r} does not read {inner!r} only at time offsets"
-    k = len(found[1])
+        return f"{root!r} does not read {inner!r} only at offsets"
+    scales = [shift[2] for shift in found[1]]
+    k = len(scales)
     in1, out1, out2 = l1.input_dim, l1.output_dim, l2.output_dim
-    before = in1 * out1 + k * out1 * out2
     after = k * in1 * out2
-    if after > before:
-        return (f"merged cost {after} multiply-adds per frame > {before} for the two "
-                f"layers ({in1}->{out1}, then {k}x{out1}->{out2}): the factored form is cheaper")
+    if _stays_for_others(ctx, inner, root):
+        before = k * out1 * out2
+        if after > before:
+            return (f"{inner!r} stays for its other consumers and reduces the dimension "
+                    f"({in1}->{out1}): merged, {root!r} would cost {after} multiply-adds "
+                    f"per frame > {before}")
+    else:
+        before = in1 * out1 + k * out1 * out2
+        if after > before:
+            return (f"merged cost {after} multiply-adds per frame > {before} for the two "
+                    f"layers ({in1}->{out1}, then {k}x{out1}->{out2}): the factored form "
+                    "is cheaper")
     w2, b2 = linear_params(l2)
     w1, b1 = linear_params(l1)
     blocks = [w2[:, j * out1:(j + 1) * out1] for j in range(k)]
     w = np.hstack([blk @ w1 for blk in blocks])
-    b = b2 + sum(blk @ b1 for blk in blocks)
+    b = b2 + sum(a * (blk @ b1) for a, blk in zip(scales, blocks, strict=True))
     try:
         new_desc = substitute(match.inputs[0], inner, match.inputs[1])
     except SubstitutionError as e:
@@ -197,13 +220,13 @@ def merge_affine_into_affine(match: Match, ctx: RewriteContext) -> Replacement |
         comp.folded_test_mode = folded
     return Replacement(
         [Node("component-node", root, component=new_name, descriptor=new_desc)],
-        [NewComponent(new_name, comp, key=("affine", n1, n2, k))],
+        [NewComponent(new_name, comp, key=("affine", n1, n2, tuple(scales)))],
         note=f"{l1.type_name} {inner} merged into {l2.type_name} ({after} <= {before} "
              "multiply-adds per frame)")
 
 
 MERGE_PATTERN = Pattern("affine->affine", entries=(AFFINE_TYPES, AFFINE_TYPES),
-                        edges=("spliced",))
+                        edges=("shifted",), shared_inner=True)
 
 
 def _register() -> None:
