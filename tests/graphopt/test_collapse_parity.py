@@ -172,3 +172,50 @@ def test_affine_into_affine_through_a_scale(read, dim, tmp_path):
     bias is ``b2 + sum_j s_j W2_j b1`` (Kaldi's drops the ``s_j``; the network's
     values are kept)."""
     check_collapse(prepared(AFFINE_SCALED.format(read=read, dim=dim)), 2, tmp_path)
+
+
+AFFINE_FIXED_SCALE = """
+input-node name=input dim=6
+component name=relu type=RectifiedLinearComponent dim=6
+component-node name=relu component=relu input=input
+component name=a type=NaturalGradientAffineComponent input-dim=6 output-dim=5
+component-node name=a component=a input=relu
+component name=fs type=FixedScaleComponent dim=5
+component-node name=fs component=fs input={read}
+component name=sm type=LogSoftmaxComponent dim=5
+component-node name=sm component=sm input=fs
+output-node name=output input=sm
+"""
+
+
+@pytest.mark.parametrize("read", ["a", "Offset(a, -1)", "Scale(-0.5, Offset(a, 2))"])
+def test_fixed_scale_after_an_affine_layer(read, tmp_path):
+    """Kaldi's collapse-scale: fs reads a (an AffineComponent subclass of fs's dim,
+    at an offset or scaled too): ``a.fs``; a and fs are orphans: relu, a.fs, sm =
+    3 components."""
+    opt = check_collapse(prepared(AFFINE_FIXED_SCALE.format(read=read)), 3, tmp_path)
+    assert not any(c.type_name == "FixedScaleComponent" for c in opt.components.values())
+
+
+FIXED_SCALE_TWO_READERS = """
+input-node name=input dim=6
+component name=r type=RectifiedLinearComponent dim=6
+component-node name=r component=r input=input
+component name=a type=AffineComponent input-dim=6 output-dim=5
+component-node name=a component=a input=r
+component name=fs type=FixedScaleComponent dim=5
+component-node name=fs component=fs input=a
+component name=lin type=LinearComponent input-dim=5 output-dim=3
+component-node name=lin component=lin input=fs
+component name=t type=TanhComponent dim=5
+component-node name=t component=t input=fs
+output-node name=output input=Append(lin, t)
+"""
+
+
+def test_fixed_scale_read_by_a_linear_and_a_tanh(tmp_path):
+    """Kaldi: fs folds into a (``a.fs``; a is an orphan); lin is a LinearComponent,
+    no affine merge; t reads a.fs's node: r, a.fs, lin, t = 4. (Folding fs into lin
+    first would leave fs for t and a read twice, so no longer foldable: 5.)"""
+    opt = check_collapse(prepared(FIXED_SCALE_TWO_READERS), 4, tmp_path)
+    assert not any(c.type_name == "FixedScaleComponent" for c in opt.components.values())

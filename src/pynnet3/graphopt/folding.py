@@ -4,13 +4,18 @@ affine chains folded into the parameters of neighbouring linear components.
 This covers Kaldi's CollapseModel with all four options (batchnorm, dropout,
 affine, scale) and goes beyond it: any elementwise map (test-mode BatchNorm,
 FixedScale, FixedBias, ScaleAndOffset, PerElementScale/Offset, test-mode Dropout)
-folds into the *next* linear component when it reads the map through plain
-offsets, scales and sums in any of its column blocks (``fold-*-into-next-linear``;
-the map stays for other consumers, as Kaldi keeps a BatchNorm read by a Sum), or
-into the *previous* one when it is that component's only consumer
-(``fold-*-into-previous-linear``). Affine-after-affine merges only when the merged
-product costs no more multiply-adds per frame than the two layers (a TDNN-F
-bottleneck stays factored: ``merge-affine-into-affine`` declines and says why).
+folds into the *next* linear component (a TDNN layer too) when it reads the map
+through plain offsets, scales and sums in any of its column blocks
+(``fold-*-into-next-linear``; the map stays for other consumers, as Kaldi keeps a
+BatchNorm read by a Sum), or into the *previous* one when it is that component's
+only consumer and reads it once, at an offset or scaled or not
+(``fold-*-into-previous-linear``; preferred when the map would stay for a
+consumer that is not linear). Affine-after-affine merges, read at offsets with
+any scales as Kaldi's collapsible form allows, whatever else reads the first
+layer, only when the merged product costs no more multiply-adds per frame than
+the two layers, or than the second one alone when the first stays for other
+consumers (a TDNN-F bottleneck stays factored: ``merge-affine-into-affine``
+declines and says why).
 
 New components are named ``<a>.<b>`` after the two they replace, as Kaldi names
 them; a merge used by several nodes is built once. A folded component keeps the
@@ -33,8 +38,15 @@ from ..rewrite.algebra import (
     substitute,
 )
 from ..rewrite.graph import NetworkGraph
-from ..rewrite.pattern import Match, Pattern
-from ..rewrite.rules import NewComponent, Replacement, RewriteContext, Rule, register_rule
+from ..rewrite.pattern import Match, Pattern, match_pattern
+from ..rewrite.rules import (
+    REGISTRIES,
+    NewComponent,
+    Replacement,
+    RewriteContext,
+    Rule,
+    register_rule,
+)
 from .linear import (
     AFFINE_TYPES,
     ELEMENTWISE_TYPES,
@@ -77,11 +89,40 @@ def next_is_fixed_map(match: Match, ctx: RewriteContext) -> str | None:
 
 
 def root_is_fixed_map(match: Match, ctx: RewriteContext) -> str | None:
-    """The match holds when the root is a fixed elementwise map in its mode."""
+    """The match holds when the root is a fixed elementwise map in its mode that
+    reads the linear node once (a single part: plain, at an offset, scaled)."""
     comp = match.components[0]
     if elementwise(comp, ctx.keep_derivatives) is None:
         return f"{match.root!r} ({comp.type_name}) is not a fixed elementwise map in its mode"
+    if len(match.inputs[0].parts) != 1:
+        return f"{match.root!r} reads {match.nodes[1]!r} more than once"
     return None
+
+
+def _removed_by_previous_fold(ctx: RewriteContext, node: str) -> str | None:
+    """Why folding elementwise node ``node`` into one of its linear consumers gains
+    nothing: it stays for a consumer that is not a linear layer (or it is
+    preserved), and ``fold-*-into-previous-linear`` removes it instead (Kaldi's
+    collapse-scale folds a FixedScale into the affine layer before it; folding it
+    into a consumer first would give that layer a second consumer and keep the
+    map); else None."""
+    graph = NetworkGraph(ctx.nnet)
+    comp = graph.component(node)
+    others = [c for c in graph[node].consumer_names
+              if graph[c].kind != "component-node"
+              or graph.component(c).type_name not in LINEAR_TYPES]
+    if not others and node not in ctx.preserve:
+        return None
+    name = f"fold-{_short(comp.type_name)}-into-previous-linear"
+    if ctx.enabled_rules is not None and name not in ctx.enabled_rules:
+        return None
+    rule = REGISTRIES["fold"][name]
+    m = match_pattern(graph, node, rule.pattern, ctx.preserve)
+    if not isinstance(m, Match) or rule.check(m, ctx) is not None \
+            or isinstance(rule.rewrite(m, ctx), str):
+        return None
+    stays = others[0] if others else "preserve"
+    return f"{node!r} stays for {stays!r}: {name} removes it instead"
 
 
 def _column_map(ctx: RewriteContext, desc, links, s: np.ndarray,
@@ -115,7 +156,7 @@ def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | st
     ew = elementwise(ew_comp, ctx.keep_derivatives)
     if ew is None:
         return f"{inner!r} ({ew_comp.type_name}) is not a fixed elementwise map in its mode"
-    absorbed = absorbed_by_relu_fusion(ctx, inner)
+    absorbed = absorbed_by_relu_fusion(ctx, inner) or _removed_by_previous_fold(ctx, inner)
     if absorbed is not None:
         return absorbed
     s, o = ew
@@ -144,23 +185,40 @@ def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | st
 
 def fold_into_previous_linear(match: Match, ctx: RewriteContext) -> Replacement | str:
     """Root: an elementwise map reading a linear component that nothing else
-    reads; its rows absorb ``s`` and its bias becomes ``s*b + o``."""
+    reads; its rows absorb ``s`` and its bias becomes ``s*b + o``.
+
+    The map may read the linear node at an offset and with a scale ``a``
+    (``Scale(a, Offset(lin, t))``, Kaldi's collapse-scale accepts any collapsible
+    read): the new node reads the linear node's input through the same offset and
+    scale, and the bias becomes ``s*a*b + o`` (the scale applied to the input
+    scales only the weights' share)."""
     root, inner = match.nodes
     ew_comp, lin = match.components
     ew = elementwise(ew_comp, ctx.keep_derivatives)
     if ew is None:
         return f"{root!r} ({ew_comp.type_name}) is not a fixed elementwise map in its mode"
+    found = shifted_reads(match.inputs[0])
+    if found is None or len(found[1]) != 1:
+        return f"{root!r} does not read {inner!r} once at an offset"
+    t, x, a = found[1][0]
+    if (t, x, a) == (0, 0, 1.0):
+        new_desc = match.inputs[1]
+    else:
+        try:
+            new_desc = substitute(match.inputs[0], inner, match.inputs[1])
+        except SubstitutionError as e:
+            return f"cannot read {inner!r}'s input instead: {e}"
     s, o = ew
     w, b = linear_params(lin)
     w = w * s[:, None]
-    b = b * s + o
+    b = b * (s * a) + o
     bias = b if (has_bias(lin) or b.any()) else None
     lin_name, ew_name = _comp_name(ctx, inner), _comp_name(ctx, root)
     new_name = f"{lin_name}.{ew_name}"
     comp = _mark_folded(with_linear_params(lin, w, bias, scaled_by=s), ew_comp, ew_name)
     return Replacement(
-        [Node("component-node", root, component=new_name, descriptor=match.inputs[1])],
-        [NewComponent(new_name, comp, key=("prev", lin_name, ew_name))],
+        [Node("component-node", root, component=new_name, descriptor=new_desc)],
+        [NewComponent(new_name, comp, key=("prev", lin_name, ew_name, a))],
         note=f"{ew_comp.type_name} {root} folded into {lin.type_name} {inner}")
 
 
@@ -241,7 +299,7 @@ def _register() -> None:
         register_rule("fold", Rule(
             f"fold-{_short(t)}-into-previous-linear",
             Pattern(f"linear->{_short(t)}", entries=(t, LINEAR_TYPES),
-                    config_patterns=(cfg, {}), edges=("plain",)),
+                    config_patterns=(cfg, {}), edges=("shifted",)),
             fold_into_previous_linear, priority=1, check=root_is_fixed_map,
             description=f"{t} folded into the linear component it reads"))
     register_rule("fold", Rule(
