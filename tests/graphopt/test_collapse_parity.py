@@ -197,6 +197,41 @@ def test_fixed_scale_after_an_affine_layer(read, tmp_path):
     assert not any(c.type_name == "FixedScaleComponent" for c in opt.components.values())
 
 
+DROPOUT_OVER_AN_EXPRESSION = """
+input-node name=input dim=6
+component name=r1 type=RectifiedLinearComponent dim=6
+component-node name=r1 component=r1 input=input
+component name=t1 type=TanhComponent dim=6
+component-node name=t1 component=t1 input=input
+component name=drop type={dropout} dim={dim}
+component-node name=drop component=drop input={expression}
+component name=a type=AffineComponent input-dim={spliced} output-dim=4
+component-node name=a component=a input=Append(Offset(drop, -1), drop)
+{second}
+"""
+SECOND_READER = """component name=s type=SigmoidComponent dim={dim}
+component-node name=s component=s input=Offset(drop, 1)
+output-node name=output input=Append(a, s)"""
+
+
+@pytest.mark.parametrize("dropout", ["GeneralDropoutComponent dropout-proportion=0.5",
+                                     "DropoutComponent dropout-proportion=0.0"])
+@pytest.mark.parametrize("expression, dim", [("Sum(r1, t1)", 6), ("Append(r1, t1)", 12)])
+@pytest.mark.parametrize("readers", [1, 2])
+def test_dropout_over_an_expression(dropout, expression, dim, readers, tmp_path):
+    """A dropout of scale 1 (GeneralDropout, or Dropout with p = 0) whose input is a
+    Sum or an Append, read at two offsets by an affine layer (and at an offset by a
+    Sigmoid). Kaldi's collapse-dropout makes every reader read the expression
+    (scale 1: any component type, the reader's own component), so the dropout is
+    an orphan: r1, t1, a (and s) = 3 (4) components."""
+    second = (SECOND_READER.format(dim=dim) if readers == 2
+              else "output-node name=output input=a")
+    config = DROPOUT_OVER_AN_EXPRESSION.format(dropout=dropout, dim=dim, expression=expression,
+                                               spliced=2 * dim, second=second)
+    opt = check_collapse(prepared(config), 2 + readers, tmp_path)
+    assert "drop" not in opt.components
+
+
 FIXED_SCALE_TWO_READERS = """
 input-node name=input dim=6
 component name=r type=RectifiedLinearComponent dim=6
