@@ -254,3 +254,46 @@ def test_fixed_scale_read_by_a_linear_and_a_tanh(tmp_path):
     first would leave fs for t and a read twice, so no longer foldable: 5.)"""
     opt = check_collapse(prepared(FIXED_SCALE_TWO_READERS), 4, tmp_path)
     assert not any(c.type_name == "FixedScaleComponent" for c in opt.components.values())
+
+
+SHARED_AFFINE_SCALED_READ = """
+input-node name=input dim=6
+component name=r type=RectifiedLinearComponent dim=6
+component-node name=r component=r input=input
+component name=t type=TanhComponent dim=6
+component-node name=t component=t input=input
+component name=a type=AffineComponent input-dim=6 output-dim=4
+component-node name=a1 component=a input=r
+component-node name=a2 component=a input=Scale(-2, t)
+output-node name=output input=Append(a1, a2)
+"""
+
+
+def test_shared_affine_read_through_a_scale_by_one_node(tmp_path):
+    """a is shared by a1 (reads r) and a2 (reads ``Scale(-2, t)``): nothing for
+    Kaldi (a ReLU and a Tanh before them): r, t, a = 3. Moving the scale into a2's
+    weights would make a second copy of a."""
+    opt = check_collapse(prepared(SHARED_AFFINE_SCALED_READ), 3, tmp_path)
+    assert sorted(opt.components) == ["a", "r", "t"]
+
+
+SHARED = """
+input-node name=input dim=6
+component name=r type=RectifiedLinearComponent dim=6
+component-node name=r component=r input=input
+component name=bn type=BatchNormComponent dim=6
+component-node name=bn component=bn input=r
+component name=t type=TanhComponent dim=6
+component-node name=t component=t input=bn
+component name=a type=AffineComponent input-dim=12 output-dim=4
+component-node name=a1 component=a input=Append(Offset(bn, -1), bn)
+component-node name=a2 component=a input=Append(bn, Offset(bn, 2))
+output-node name=output input=Append(a1, a2, t)
+"""
+
+
+def test_batchnorm_read_by_a_shared_affine_and_a_tanh(tmp_path):
+    """r, bn, t, a (shared by a1 and a2). Kaldi: a1 and a2 both get ``bn.a`` (made
+    once: the same name), a goes, bn stays for t: r, bn, t, bn.a = 4. (a1 and a2
+    read bn at different offsets: one TDNN copy of bn.a each would be 5.)"""
+    check_collapse(prepared(SHARED), 4, tmp_path)
