@@ -297,3 +297,194 @@ def test_batchnorm_read_by_a_shared_affine_and_a_tanh(tmp_path):
     once: the same name), a goes, bn stays for t: r, bn, t, bn.a = 4. (a1 and a2
     read bn at different offsets: one TDNN copy of bn.a each would be 5.)"""
     check_collapse(prepared(SHARED), 4, tmp_path)
+
+
+# -- every pattern in the shapes the xconfig layers make ---------------------------------
+
+def tdnn_stack(dropout: str, layers: int = 3) -> str:
+    """relu-batchnorm-dropout-layer x ``layers`` (Append(-1,0,1) splicing), then an
+    output layer with a log-softmax."""
+    lines, prev, dim = ["input-node name=input dim=6"], "input", 6
+    for i in range(1, layers + 1):
+        n = f"tdnn{i}"
+        lines += [
+            f"component name={n}.affine type=NaturalGradientAffineComponent "
+            f"input-dim={3 * dim} output-dim=8",
+            f"component-node name={n}.affine component={n}.affine "
+            f"input=Append(Offset({prev}, -1), {prev}, Offset({prev}, 1))",
+            f"component name={n}.relu type=RectifiedLinearComponent dim=8",
+            f"component-node name={n}.relu component={n}.relu input={n}.affine",
+            f"component name={n}.batchnorm type=BatchNormComponent dim=8",
+            f"component-node name={n}.batchnorm component={n}.batchnorm input={n}.relu",
+            f"component name={n}.dropout type={dropout} dim=8",
+            f"component-node name={n}.dropout component={n}.dropout input={n}.batchnorm"]
+        prev, dim = f"{n}.dropout", 8
+    lines += ["component name=output.affine type=NaturalGradientAffineComponent "
+              f"input-dim={dim} output-dim=5",
+              f"component-node name=output.affine component=output.affine input={prev}",
+              "component name=output.log-softmax type=LogSoftmaxComponent dim=5",
+              "component-node name=output.log-softmax component=output.log-softmax "
+              "input=output.affine",
+              "output-node name=output input=output.log-softmax"]
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("dropout", [
+    "DropoutComponent dropout-proportion=0.5", "DropoutComponent dropout-proportion=0.0",
+    "GeneralDropoutComponent dropout-proportion=0.5",
+    "GeneralDropoutComponent dropout-proportion=0.5 continuous=true"])
+def test_relu_batchnorm_dropout_layers(dropout, tmp_path):
+    """14 components. Kaldi: tdnn2/tdnn3/output affines read a dropout (spliced or
+    plain): dropout collapsed into them (scaled copies for p = 0.5), then the
+    BatchNorm before it: 3 dropouts and 3 BatchNorms go, each affine is replaced
+    by one new component: 14 - 6 = 8 (tdnn1.affine reads the input node)."""
+    check_collapse(prepared(tdnn_stack(dropout)), 8, tmp_path)
+
+
+TDNNF = """
+input-node name=input dim=6
+input-node name=ivector dim=3
+component name=idct type=FixedAffineComponent input-dim=6 output-dim=6
+component-node name=idct component=idct input=input
+component name=lda type=FixedAffineComponent input-dim=21 output-dim=21
+component-node name=lda component=lda input=Append(Offset(idct, -1), idct, Offset(idct, 1), ReplaceIndex(ivector, t, 0))
+component name=tdnn1.affine type=NaturalGradientAffineComponent input-dim=21 output-dim=10
+component-node name=tdnn1.affine component=tdnn1.affine input=lda
+component name=tdnn1.relu type=RectifiedLinearComponent dim=10
+component-node name=tdnn1.relu component=tdnn1.relu input=tdnn1.affine
+component name=tdnn1.batchnorm type=BatchNormComponent dim=10
+component-node name=tdnn1.batchnorm component=tdnn1.batchnorm input=tdnn1.relu
+component name=tdnn1.dropout type=GeneralDropoutComponent dim=10 dropout-proportion=0.5
+component-node name=tdnn1.dropout component=tdnn1.dropout input=tdnn1.batchnorm
+{layers}
+component name=prefinal.affine type=NaturalGradientAffineComponent input-dim=10 output-dim=12
+component-node name=prefinal.affine component=prefinal.affine input={last}
+component name=prefinal.relu type=RectifiedLinearComponent dim=12
+component-node name=prefinal.relu component=prefinal.relu input=prefinal.affine
+component name=prefinal.batchnorm1 type=BatchNormComponent dim=12
+component-node name=prefinal.batchnorm1 component=prefinal.batchnorm1 input=prefinal.relu
+component name=prefinal.linear type=LinearComponent input-dim=12 output-dim=5 orthonormal-constraint=-1
+component-node name=prefinal.linear component=prefinal.linear input=prefinal.batchnorm1
+component name=prefinal.batchnorm2 type=BatchNormComponent dim=5
+component-node name=prefinal.batchnorm2 component=prefinal.batchnorm2 input=prefinal.linear
+component name=output.affine type=NaturalGradientAffineComponent input-dim=5 output-dim=7
+component-node name=output.affine component=output.affine input=prefinal.batchnorm2
+output-node name=output input=output.affine
+"""  # noqa: E501
+TDNNF_LAYER = """
+component name={n}.linear type=TdnnComponent input-dim=10 output-dim=4 time-offsets=-1,0 use-bias=false orthonormal-constraint=-1.0
+component-node name={n}.linear component={n}.linear input={prev}
+component name={n}.affine type=TdnnComponent input-dim=4 output-dim=10 time-offsets=0,1
+component-node name={n}.affine component={n}.affine input={n}.linear
+component name={n}.relu type=RectifiedLinearComponent dim=10
+component-node name={n}.relu component={n}.relu input={n}.affine
+component name={n}.batchnorm type=BatchNormComponent dim=10
+component-node name={n}.batchnorm component={n}.batchnorm input={n}.relu
+component name={n}.dropout type=GeneralDropoutComponent dim=10 dropout-proportion=0.3 continuous=true
+component-node name={n}.dropout component={n}.dropout input={n}.batchnorm
+component name={n}.noop type=NoOpComponent dim=10
+component-node name={n}.noop component={n}.noop input=Sum(Scale(0.66, {prev}), {n}.dropout)
+"""  # noqa: E501
+
+
+def test_tdnnf_with_lda_and_prefinal_layer(tmp_path):
+    """idct + lda, relu-batchnorm-dropout tdnn1, three tdnnf layers (dropout in the
+    bypass), prefinal layer, output: 30 components. Kaldi: lda (21 -> 21) merges
+    into tdnn1.affine (-1); tdnnf2.linear reads tdnn1.dropout (GeneralDropout) then
+    tdnn1.batchnorm: one new Tdnn for it (tdnn1.dropout and tdnn1.batchnorm stay
+    for tdnnf2.noop's Sum: 0); batchnorm1 into prefinal.linear and batchnorm2 into
+    output.affine (-1 each; the merged prefinal layer, 12 -> 5, reduces the
+    dimension: no affine merge after). tdnnfN.dropout only feeds Sums, and the
+    NoOps are nothing Kaldi collapses: 30 - 3 = 27."""
+    layers, prev = [], "tdnn1.dropout"
+    for i in (2, 3, 4):
+        layers.append(TDNNF_LAYER.format(n=f"tdnnf{i}", prev=prev))
+        prev = f"tdnnf{i}.noop"
+    config = TDNNF.format(layers="".join(layers).strip(), last=prev)
+    check_collapse(prepared(config), 27, tmp_path)
+
+
+def conv_stack(dropout: str) -> str:
+    """conv-batchnorm-relu-dropout, conv-relu-batchnorm-so, then an affine layer
+    reading the BatchNorm at three offsets and one reading the ScaleAndOffset."""
+    return f"""
+input-node name=input dim=12
+component name=conv1.conv type=TimeHeightConvolutionComponent num-filters-in=1 num-filters-out=2 height-in=12 height-out=12 height-offsets=-1,0,1 time-offsets=-1,0,1
+component-node name=conv1.conv component=conv1.conv input=input
+component name=conv1.batchnorm type=BatchNormComponent dim=24 block-dim=2
+component-node name=conv1.batchnorm component=conv1.batchnorm input=conv1.conv
+component name=conv1.relu type=RectifiedLinearComponent dim=24 block-dim=2
+component-node name=conv1.relu component=conv1.relu input=conv1.batchnorm
+component name=conv1.dropout type={dropout} dim=24
+component-node name=conv1.dropout component=conv1.dropout input=conv1.relu
+component name=conv2.conv type=TimeHeightConvolutionComponent num-filters-in=2 num-filters-out=2 height-in=12 height-out=6 height-subsample-out=2 height-offsets=-1,0,1 time-offsets=-1,0,1
+component-node name=conv2.conv component=conv2.conv input=conv1.dropout
+component name=conv2.relu type=RectifiedLinearComponent dim=12 block-dim=2
+component-node name=conv2.relu component=conv2.relu input=conv2.conv
+component name=conv2.batchnorm type=BatchNormComponent dim=12 block-dim=2
+component-node name=conv2.batchnorm component=conv2.batchnorm input=conv2.relu
+component name=conv2.so type=ScaleAndOffsetComponent dim=12 block-dim=2
+component-node name=conv2.so component=conv2.so input=conv2.batchnorm
+component name=aff type=NaturalGradientAffineComponent input-dim=36 output-dim=5
+component-node name=aff component=aff input=Append(Offset(conv2.batchnorm, -1), conv2.batchnorm, Offset(conv2.batchnorm, 1))
+component name=aff2 type=NaturalGradientAffineComponent input-dim=12 output-dim=5
+component-node name=aff2 component=aff2 input=conv2.so
+output-node name=output input=Sum(aff, aff2)
+"""  # noqa: E501
+
+
+@pytest.mark.parametrize("dropout", ["DropoutComponent dropout-proportion=0.5",
+                                     "GeneralDropoutComponent dropout-proportion=0.5"])
+def test_convolution_layers_with_batchnorm_and_dropout(dropout, tmp_path):
+    """10 components. Kaldi: the dropout goes into conv2.conv (a scaled copy for
+    p = 0.5: -1); conv2.batchnorm into aff (it stays for conv2.so: 0); BatchNorm
+    before a ReLU or a ScaleAndOffset, a ScaleAndOffset before an affine layer and
+    anything around a convolution but dropout: nothing. 10 - 1 = 9."""
+    check_collapse(prepared(conv_stack(dropout)), 9, tmp_path)
+
+
+BATCHNORM_AFTER_LAYERS = """
+input-node name=input dim=6
+component name=td type=TdnnComponent input-dim=6 output-dim=8 time-offsets=-1,0,1
+component-node name=td component=td input=input
+component name=bn1 type=BatchNormComponent dim=8
+component-node name=bn1 component=bn1 input=td
+component name=lin type=LinearComponent input-dim=8 output-dim=5
+component-node name=lin component=lin input=bn1
+component name=bn2 type=BatchNormComponent dim=5
+component-node name=bn2 component=bn2 input=lin
+component name=aff type=AffineComponent input-dim=5 output-dim=8
+component-node name=aff component=aff input=bn2
+component name=bn3 type=BatchNormComponent dim=8
+component-node name=bn3 component=bn3 input=aff
+component name=td2 type=TdnnComponent input-dim=8 output-dim=4 time-offsets=0,2
+component-node name=td2 component=td2 input=bn3
+output-node name=output input=td2
+"""
+
+
+def test_batchnorm_after_tdnn_linear_and_affine_layers(tmp_path):
+    """7 components. Kaldi: bn1 into lin (an AffineComponent), bn2 into aff, bn3 into
+    td2 (-3); then bn1.lin (8 -> 5) before bn2.aff reduces the dimension: no merge.
+    td, bn1.lin, bn2.aff, bn3.td2 = 4."""
+    check_collapse(prepared(BATCHNORM_AFTER_LAYERS), 4, tmp_path)
+
+
+AFFINE_CHAIN = """
+input-node name=input dim=6
+component name=r type=RectifiedLinearComponent dim=6
+component-node name=r component=r input=input
+component name=a type=AffineComponent input-dim=6 output-dim=8
+component-node name=a component=a input=r
+component name=fs type=FixedScaleComponent dim=8
+component-node name=fs component=fs input=a
+component name=b type=AffineComponent input-dim=24 output-dim=5
+component-node name=b component=b input=Append(Offset(fs, -1), fs, Offset(fs, 1))
+output-node name=output input=b
+"""
+
+
+def test_affine_fixed_scale_then_spliced_affine(tmp_path):
+    """r, a, fs, b. Kaldi: fs into a (``a.fs``, an affine 6 -> 8), then that into b
+    (block-diagonal over 3 offsets): r, a.fs.b = 2."""
+    check_collapse(prepared(AFFINE_CHAIN), 2, tmp_path)
