@@ -299,6 +299,30 @@ def test_batchnorm_read_by_a_shared_affine_and_a_tanh(tmp_path):
     check_collapse(prepared(SHARED), 4, tmp_path)
 
 
+SHARED_LAYER_SHARED_MAP = """
+input-node name=input dim=6
+component name=r type=RectifiedLinearComponent dim=6
+component-node name=r component=r input=input
+component name=fs type=FixedScaleComponent dim=6
+component-node name=fs1 component=fs input=r
+component-node name=fs2 component=fs input=Offset(r, 1)
+component name=t type=TanhComponent dim=6
+component-node name=t component=t input=fs2
+component name=a type=AffineComponent input-dim=6 output-dim=4
+component-node name=a1 component=a input=fs1
+component-node name=a2 component=a input=Offset(input, -1)
+output-node name=output input=Append(a1, a2, t)
+"""
+
+
+def test_map_into_a_shared_layer_when_both_stay(tmp_path):
+    """a is shared by a1 (reads fs1) and a2 (reads the input); fs by fs1 and fs2 (read by
+    t). Nothing for Kaldi (a FixedScale before an affine layer is none of its
+    pairs, nor a ReLU before anything): r, fs, t, a = 4. Folding fs1 into a1 makes
+    a copy of a while a stays for a2 and fs for fs2: 5."""
+    check_collapse(prepared(SHARED_LAYER_SHARED_MAP), 4, tmp_path)
+
+
 # -- every pattern in the shapes the xconfig layers make ---------------------------------
 
 def tdnn_stack(dropout: str, layers: int = 3) -> str:

@@ -28,12 +28,16 @@ AffineComponent instead). An orthonormal constraint follows the weights: see
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..nnet import Node
 from ..rewrite.algebra import (
     SubstitutionError,
+    part_is_linear_in,
     part_scale_sum,
+    references,
     shifted_reads,
     substitute,
 )
@@ -148,6 +152,48 @@ def _column_map(ctx: RewriteContext, desc, links, s: np.ndarray,
     return col_scale, col_offset, (tuple(parts), tuple(sums), tuple(dims))
 
 
+def _components_added(ctx: RewriteContext, root: str, inner: str,
+                      layout_of: Callable[[Node, str], object | None],
+                      folds: Callable[[Node, str], bool]) -> int:
+    """How many components rewriting ``root`` (reading ``inner``) adds in the end,
+    when every node that uses ``root``'s component and reads a node of ``inner``'s
+    component is rewritten alike: one copy per layout of those reads
+    (``layout_of(user, node)``, None when it cannot take it: that user keeps the
+    old component), less the old component when no node keeps it, less
+    ``inner``'s component when every consumer of every node using it takes it
+    (``folds(consumer, node)``) and none of those nodes is preserved. A positive
+    count is a shared layer split in two for good: a component more than Kaldi's
+    collapsed model, which makes such a copy only in its own patterns (and then
+    has it too)."""
+    nnet = ctx.nnet
+    graph = NetworkGraph(nnet)
+    users = graph.component_users()
+    inner_users = users.get(nnet.node(inner).component, [])
+    layouts = set()
+    for u in users.get(nnet.node(root).component, []):
+        found = [layout_of(nnet.node(u), x) for x in graph[u].source_names if x in inner_users]
+        layouts.add(next((f for f in found if f is not None), None))
+    added = len(layouts - {None}) - (0 if None in layouts else 1)
+    if all(x not in ctx.preserve and all(folds(nnet.node(c), x)
+                                         for c in graph[x].consumer_names)
+           for x in inner_users):
+        added -= 1
+    return added
+
+
+def _reads_linearly(user: Node, node: str) -> list | None:
+    """The references through which ``user`` reads ``node`` when every part holding
+    one is linear in it (sums of forwarding chains); None when it does not read it
+    so (or at all)."""
+    if user.kind != "component-node":
+        return None
+    links = [r for r in references(user.descriptor) if r.node == node]
+    if not links or not all(part_is_linear_in(user.descriptor.parts[r.part], node)
+                            for r in links):
+        return None
+    return links
+
+
 def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | str:
     """Root: a linear component reading an elementwise map ``y = x*s + o`` in some
     column blocks; the blocks' weights absorb ``s`` and the bias absorbs ``W o``."""
@@ -162,6 +208,18 @@ def fold_into_next_linear(match: Match, ctx: RewriteContext) -> Replacement | st
     s, o = ew
     desc = match.inputs[0]
     col_scale, col_offset, layout = _column_map(ctx, desc, match.links[0], s, o)
+
+    def layout_of(user: Node, node: str) -> object | None:
+        links = _reads_linearly(user, node)
+        return None if links is None else _column_map(ctx, user.descriptor, links, s, o)[2]
+
+    def folds_inner(user: Node, node: str) -> bool:
+        return (_reads_linearly(user, node) is not None
+                and ctx.nnet.components[user.component].type_name in LINEAR_TYPES)
+
+    if _components_added(ctx, root, inner, layout_of, folds_inner) > 0:
+        return (f"{root!r}'s component stays for another node and so does {inner!r}'s: "
+                "a copy for this node would be a component more")
     w, b = linear_params(lin)
     if lin.type_name == "TdnnComponent":  # (one column block per time offset)
         col_scale = np.tile(col_scale, len(lin.time_offsets))
@@ -260,6 +318,18 @@ def merge_affine_into_affine(match: Match, ctx: RewriteContext) -> Replacement |
             return (f"merged cost {after} multiply-adds per frame > {before} for the two "
                     f"layers ({in1}->{out1}, then {k}x{out1}->{out2}): the factored form "
                     "is cheaper")
+
+    def layout_of(user: Node, node: str) -> object | None:
+        found = shifted_reads(user.descriptor) if user.kind == "component-node" else None
+        return None if found is None or found[0] != node else tuple(x[2] for x in found[1])
+
+    def folds_inner(user: Node, node: str) -> bool:
+        return (layout_of(user, node) is not None
+                and ctx.nnet.components[user.component].type_name in AFFINE_TYPES)
+
+    if _components_added(ctx, root, inner, layout_of, folds_inner) > 0:
+        return (f"{root!r}'s component stays for another node and so does {inner!r}'s: "
+                "a merged copy for this node would be a component more")
     w2, b2 = linear_params(l2)
     w1, b1 = linear_params(l1)
     blocks = [w2[:, j * out1:(j + 1) * out1] for j in range(k)]
