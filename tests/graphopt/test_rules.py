@@ -337,7 +337,11 @@ def test_merge_affine_declined_by_cost_model():
     assert sorted(opt.components) == ["a", "b"]
 
 
-def test_merge_affine_needs_a_single_consumer():
+def test_merge_affine_when_the_first_stays_for_another_consumer():
+    """Kaldi's CollapseModel merges an affine layer into each affine consumer
+    whatever else reads it (the first layer, 4 -> 6, does not reduce the
+    dimension): ``b`` becomes ``a.b`` reading the input, ``a`` stays for ``t``, so
+    Kaldi's model has 3 components: a, a.b, t."""
     nnet = build("""
 input-node name=input dim=4
 component name=a type=AffineComponent input-dim=4 output-dim=6
@@ -348,10 +352,36 @@ component name=t type=TanhComponent dim=6
 component-node name=t component=t input=a
 output-node name=output input=Append(b, t)
 """)
-    fail = match_pattern(NetworkGraph(nnet), "b", find_rule("merge-affine-into-affine").pattern)
-    assert isinstance(fail, MatchFailure) and not fail
-    assert fail.entry == 1
-    assert "2 consumers" in str(fail) and "'a'" in str(fail)
+    assert isinstance(match_pattern(NetworkGraph(nnet), "b",
+                                    find_rule("merge-affine-into-affine").pattern), Match)
+    opt, report = optimize(nnet, only("constant_folding"))
+    assert applied(report, "fold") == {"merge-affine-into-affine": 1}
+    assert sorted(opt.components) == ["a", "a.b", "t"]
+    assert str(opt.node("b").descriptor) == "input"
+    assert_equivalent(nnet, opt)
+    full, _ = optimize(nnet)  # (a and a.b then read the same input: one GEMM)
+    assert len(full.components) <= 3
+    assert_equivalent(nnet, full)
+
+
+def test_merge_affine_declined_when_the_first_stays_and_reduces_the_dimension():
+    """6 -> 2 then 2 -> 3, the first also read by a Tanh: merged, b would cost
+    6*3 = 18 multiply-adds per frame instead of 2*3 = 6 (a is computed anyway);
+    Kaldi declines too (its first layer must not reduce the dimension)."""
+    nnet = build("""
+input-node name=input dim=6
+component name=a type=AffineComponent input-dim=6 output-dim=2
+component-node name=a component=a input=input
+component name=b type=AffineComponent input-dim=2 output-dim=3
+component-node name=b component=b input=a
+component name=t type=TanhComponent dim=2
+component-node name=t component=t input=a
+output-node name=output input=Append(b, t)
+""")
+    rule = find_rule("merge-affine-into-affine")
+    text = why_not(NetworkRewriter(nnet.copy()), rule, "b")
+    assert "declined" in text and "stays for its other consumers" in text, text
+    assert "18" in text and "6" in text
     opt, report = optimize(nnet)
     assert applied(report, "fold", "shatter") == {}
     assert sorted(opt.components) == ["a", "b", "t"]
@@ -463,7 +493,10 @@ output-node name=output input=lin
     assert_equivalent(nnet, opt)
 
 
-def test_tdnn_reading_a_non_plain_input():
+def test_tdnn_reading_the_map_at_an_offset():
+    """Kaldi folds a BatchNorm into a TdnnComponent that reads it at an offset (its
+    DescriptorIsCollapsible takes ``Offset(bn, 1)``; the map is repeated over every
+    time offset's block): 2 components left, bn.td and relu."""
     nnet = build(f"""
 input-node name=input dim={D}
 component name=relu type=RectifiedLinearComponent dim={D}
@@ -474,13 +507,10 @@ component name=td type=TdnnComponent input-dim={D} output-dim=5 time-offsets=-1,
 component-node name=td component=td input=Offset(bn, 1)
 output-node name=output input=td
 """)
-    rule = find_rule("fold-batchnorm-into-next-linear")
-    assert isinstance(match_pattern(NetworkGraph(nnet), "td", rule.pattern), Match)
-    text = why_not(NetworkRewriter(nnet.copy()), rule, "td")
-    assert "declined" in text and "only a plain input folds" in text, text
     opt, report = optimize(nnet)
-    assert applied(report, "fold", "shatter") == {}
-    assert sorted(opt.components) == ["bn", "relu", "td"]
+    assert applied(report, "fold", "shatter") == {"fold-batchnorm-into-next-linear": 1}
+    assert sorted(opt.components) == ["bn.td", "relu"]
+    assert str(opt.node("td").descriptor) == "Offset(relu, 1)"
     assert_equivalent(nnet, opt)
 
 

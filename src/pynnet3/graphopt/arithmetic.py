@@ -4,7 +4,9 @@
   is ``Scale(a+b, x)``); offsets and nested scales are merged by the canonical
   form every rewrite goes through.
 * A descriptor ``Scale(c, ...)`` feeding a linear component moves into that
-  component's weights (the column block it feeds), so no scaled copy is made.
+  component's weights (the column block it feeds), so no scaled copy is made;
+  not for a component that other nodes use with other scales (that would split
+  it in two).
 """
 
 from __future__ import annotations
@@ -45,17 +47,41 @@ def simplify(rewriter: NetworkRewriter) -> list[str]:
     return notes
 
 
-def _fold_scales(rewriter: NetworkRewriter, node: Node) -> str | None:
-    nnet = rewriter.nnet
-    comp = nnet.components[node.component]
-    desc = node.descriptor
+def _part_scales(desc: Descriptor) -> list[float]:
+    """Per part, the scale of its forwarding chain (1 for a part that is not one)."""
     scales = []
     for p in desc.parts:
         c = chain_scale(p) if is_forwarding(p) else None
         scales.append(1.0 if c is None else c)
+    return scales
+
+
+def _same_for_every_user(rewriter: NetworkRewriter, node: Node) -> bool:
+    """Whether every node using ``node``'s component reads its input with the same
+    part scales and widths: only then do they all move to one scaled copy. Else the
+    copy would be a component more (a shared layer split in two, which Kaldi's
+    CollapseModel never does) to save a scale that the copy into the input matrix
+    applies for free."""
+    nnet = rewriter.nnet
+    users = rewriter.graph.component_users().get(node.component, [])
+
+    def key(n: Node) -> tuple:
+        return tuple(_part_scales(n.descriptor)), tuple(n.descriptor.part_dims(nnet.node_dim))
+
+    want = key(node)
+    return all(key(nnet.node(u)) == want for u in users)
+
+
+def _fold_scales(rewriter: NetworkRewriter, node: Node) -> str | None:
+    nnet = rewriter.nnet
+    comp = nnet.components[node.component]
+    desc = node.descriptor
+    scales = _part_scales(desc)
     if all(c == 1.0 for c in scales):
         return None
     if comp.type_name == "TdnnComponent" and len(desc.parts) != 1:
+        return None
+    if not _same_for_every_user(rewriter, node):
         return None
     w, b = linear_params(comp)
     w = w.copy()

@@ -118,6 +118,9 @@ def fuse_spliced_affine(match: Match, ctx: RewriteContext) -> Replacement | str:
     if reason is not None:
         return reason
     node, offsets = offsets_of_single_node(match.inputs[0])
+    split = _splits_a_shared_layer(ctx, root, offsets)
+    if split:
+        return split
     pending = _merge_pending(ctx, root)
     if pending:
         return f"merge-affine-into-affine applies first ({pending})"
@@ -143,6 +146,21 @@ def fuse_spliced_affine(match: Match, ctx: RewriteContext) -> Replacement | str:
               descriptor=Descriptor((NodeRef(node),)))],
         [NewComponent(new_name, tdnn, key=("tdnn", cname, tuple(offsets)))],
         note=f"offsets {tdnn.time_offsets} read by the layer itself")
+
+
+def _splits_a_shared_layer(ctx: RewriteContext, root: str, offsets: list[int]) -> str:
+    """Why converting ``root`` would add a component: its component is also used by
+    a node that does not read one node at the same offsets (that node keeps the
+    affine component beside the new TDNN one); "" when every user converts to the
+    same TDNN component."""
+    cname = ctx.nnet.node(root).component
+    for n in ctx.nnet.nodes:
+        if n.kind == "component-node" and n.component == cname and n.name != root:
+            found = offsets_of_single_node(n.descriptor)
+            if found is None or found[1] != offsets:
+                return (f"its component {cname!r} is shared with {n.name!r}, which reads "
+                        f"{n.descriptor}: a TDNN copy for {root!r} alone is a component more")
+    return ""
 
 
 def _merge_pending(ctx: RewriteContext, name: str) -> str:

@@ -6,7 +6,10 @@
   every consumer. A node whose input is a computed expression (a Sum, an Append)
   is only inlined when it is read once: with more readers it is where that
   expression is computed once (TDNN-F's NoOp bypasses), and inlining would
-  compute it again per reader.
+  compute it again per reader. Except a test-mode dropout whose every reader is
+  a component node reading only it, at offsets (Kaldi's CollapseModel rewires
+  exactly those readers to the dropout's input expression, so the dropout goes:
+  see :func:`_collapsed_by_kaldi`).
 * Full-width dim-range nodes are their source.
 * An identity-like node over an ``Append`` read only by dim-range nodes that each
   select one part (an LSTM's BackpropTruncation over ``Append(c, r)``, read as
@@ -22,7 +25,7 @@ from __future__ import annotations
 from ..components.base import Flags
 from ..components.dropout import RandomComponent
 from ..descriptor import Descriptor, NodeRef
-from ..rewrite.algebra import is_forwarding, scaled
+from ..rewrite.algebra import is_forwarding, scaled, shifted_reads
 from ..rewrite.rewriter import NetworkRewriter, RewriteRefused
 from .linear import identity_scale
 
@@ -43,7 +46,8 @@ def prune(rewriter: NetworkRewriter, keep_derivatives: bool = False) -> list[str
                 continue
             desc = node.descriptor
             forwarding = len(desc.parts) == 1 and is_forwarding(desc.parts[0])
-            if not forwarding and len(rewriter.graph[name].consumers) > 1:
+            if not forwarding and len(rewriter.graph[name].consumers) > 1 \
+                    and not _collapsed_by_kaldi(rewriter, name, comp.type_name):
                 continue
             try:
                 rewriter.inline(name, scaled(desc, c),
@@ -69,6 +73,29 @@ def prune(rewriter: NetworkRewriter, keep_derivatives: bool = False) -> list[str
     if rewriter.remove_orphans():
         notes.append("orphans")
     return notes
+
+
+KALDI_DROPOUT_TYPES = ("DropoutComponent", "GeneralDropoutComponent")
+
+
+def _collapsed_by_kaldi(rewriter: NetworkRewriter, name: str, type_name: str) -> bool:
+    """Whether Kaldi's CollapseModel (collapse-dropout) removes dropout node ``name``
+    however its input is computed: it is a Dropout / GeneralDropout (test mode, so
+    identity-like here) and every consumer is a component node whose input is only
+    this node at offsets (Kaldi's DescriptorIsCollapsible), each of which Kaldi
+    makes read the dropout's input expression instead. An output node or any
+    other kind of read keeps the dropout in Kaldi's model too."""
+    if type_name not in KALDI_DROPOUT_TYPES:
+        return False
+    graph = rewriter.graph
+    for consumer in graph[name].consumer_names:
+        node = graph[consumer].node
+        if node.kind != "component-node":
+            return False
+        found = shifted_reads(node.descriptor)
+        if found is None or found[0] != name:
+            return False
+    return True
 
 
 def _split_appends(rewriter: NetworkRewriter, keep_derivatives: bool,

@@ -272,6 +272,25 @@ def offsets_of_single_node(desc: Descriptor) -> tuple[str, list[int]] | None:
     return (node, offsets) if node is not None else None
 
 
+def shifted_reads(desc: Descriptor) -> tuple[str, list[tuple[int, int, float]]] | None:
+    """``(node, [(t offset, x offset, scale)] per part)`` when every part is one
+    node, ``Offset(node, t[, x])`` or a ``Scale`` of those, all of one node: the
+    form Kaldi's ModelCollapser collapses through (its DescriptorIsCollapsible: a
+    SimpleForwardingDescriptor, which carries a scale, under at most one Offset).
+    Else None."""
+    node = None
+    shifts: list[tuple[int, int, float]] = []
+    for p in desc.parts:
+        t = x = 0
+        if isinstance(p, OffsetOf):
+            t, x, p = p.t_offset, p.x_offset, p.src
+        if not isinstance(p, NodeRef) or (node is not None and p.node != node):
+            return None
+        node = p.node
+        shifts.append((t, x, float(p.scale)))
+    return (node, shifts) if node is not None else None
+
+
 def scaled(desc: Descriptor, scale: float) -> Descriptor:
     """``Scale(scale, desc)`` in canonical form (scales pushed to the leaves)."""
     if scale == 1.0:

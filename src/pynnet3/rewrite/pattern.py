@@ -11,6 +11,8 @@ k+1:
 * ``"plain"``: its whole input is that node (``input=bn``);
 * ``"spliced"``: every part is the node at some time offset, scale 1 (Kaldi's
   collapsible form ``Append(Offset(bn, -1), bn, Offset(bn, 1))``);
+* ``"shifted"``: every part is the node, at a time (and x) offset or not, with
+  any scale (all of Kaldi's collapsible form, :func:`~.algebra.shifted_reads`);
 * ``"columns"``: some parts read the node through forwarding chains or sums of
   them (any scales, no IfDefined / Failover / Const / Switch); other parts read
   other nodes.
@@ -31,10 +33,10 @@ import numpy as np
 
 from ..components.base import Component
 from ..descriptor import Descriptor
-from .algebra import Reference, offsets_of_single_node, part_is_linear_in
+from .algebra import Reference, offsets_of_single_node, part_is_linear_in, shifted_reads
 from .graph import NetworkGraph
 
-EDGE_KINDS = ("plain", "spliced", "columns")
+EDGE_KINDS = ("plain", "spliced", "shifted", "columns")
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,11 @@ def _producer(graph: NetworkGraph, node: str, edge: str,
         found = offsets_of_single_node(desc)
         if found is None:
             return f"input {desc} is not one node at time offsets"
+        return found[0], refs
+    if edge == "shifted":
+        found = shifted_reads(desc)
+        if found is None:
+            return f"input {desc} is not one node at offsets"
         return found[0], refs
     # columns: a node read only through parts that are linear in it
     candidates = []
