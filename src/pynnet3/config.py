@@ -13,6 +13,7 @@ were used, so that :meth:`check_all_used` can reject unknown options like Kaldi 
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 
@@ -48,7 +49,16 @@ class ConfigLine:
         self.values: dict[str, str] = {}
         for key, value in self._pairs(rest):
             if key in self.values:
-                raise self.error(f"option {key!r} given twice")
+                # Kaldi's ParseLine keeps the first value silently (std::map::insert),
+                # and its own xconfig writes some lines that way (an output-layer with
+                # bottleneck-dim repeats max-change): accepted, but said.
+                if value != self.values[key]:
+                    where = f"{source or 'config'}" + (
+                        f" line {line_number}" if line_number is not None else "")
+                    warnings.warn(f"{where}: option {key!r} given twice; the first value "
+                                  f"{self.values[key]!r} is used (as Kaldi does), not "
+                                  f"{value!r}", stacklevel=3)
+                continue
             self.values[key] = value
         self.used: set[str] = set()
 
