@@ -280,3 +280,42 @@ def test_unoptimized_memory_vs_kaldi(case):
     print(f"{case}: num_matrices ratio {mats:.3f}, peak_memory_floats ratio {peak:.3f}")
     assert peak <= 1.05
     assert 0.5 <= mats <= 1.2
+
+
+GRU_LIKE_SUM = """
+input-node name=input dim=3
+component name=a type=AffineComponent input-dim=3 output-dim=3
+component-node name=a component=a input=input
+component name=sig type=SigmoidComponent dim=3
+component-node name=sig component=sig input=a
+component name=p type=ElementwiseProductComponent input-dim=6 output-dim=3
+component-node name=p component=p input=Append(Sum(Scale(-1.0, sig), Const(1.0, 3)), input)
+output-node name=output input=p
+"""
+
+
+@pytest.mark.parametrize("optimize", [False, True])
+def test_const_after_other_terms_of_a_sum(optimize):
+    """Kaldi's GRU layers write Sum(Scale(-1.0, z), Const(1.0, d)): the constant is
+    set first and the other terms added. Output from the formula, input derivative
+    against central differences (float64)."""
+    nnet = pynnet3.Nnet.from_config(GRU_LIKE_SUM, seed=1)
+    N.to_float64(nnet)
+    req = N.request({"input": N.frames(0, 4)}, {"output": N.frames(0, 4)},
+                    input_deriv=True, output_deriv=True)
+    comp = pynnet3.compile(nnet, req, optimize=optimize, check=True)
+    rng = np.random.default_rng(0)
+    x, d = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
+    res = pynnet3.run(nnet, comp, {"input": x}, output_derivs={"output": d}, dtype=np.float64)
+    a = nnet.components["a"]
+
+    def f(x):
+        return (1.0 - 1.0 / (1.0 + np.exp(-(x @ a.linear_params.T + a.bias_params)))) * x
+
+    np.testing.assert_allclose(res.outputs["output"], f(x), rtol=1e-12)
+    fd = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        e = np.zeros_like(x)
+        e[i] = 1e-6
+        fd[i] = np.sum((f(x + e) - f(x - e)) * d) / 2e-6
+    np.testing.assert_allclose(res.input_derivs["input"], fd, rtol=1e-6, atol=1e-8)

@@ -712,9 +712,16 @@ class CommandCompiler:
             dsub = dst if whole else self._cols(dst, col, dim)
             col += dim
             first = True
+            everywhere = [p[q] for p in terms if p[q] is not None and p[q].node is None
+                          and p[q].n == self.c.submatrices[dsub].num_rows]
+            if everywhere:
+                # Const() terms that cover every row (Kaldi's GRU writes Sum(Scale(-1,
+                # z), Const(1, d))) are set first, as one constant: the others then add
+                append(Command(_SET_CONST, dst=dsub, alpha=sum(t.value for t in everywhere)))
+                first = False
             for pieces in terms:
                 t = pieces[q]
-                if t is None:
+                if t is None or (everywhere and t in everywhere):
                     continue
                 if t.contig:  # (nearly every term: _gather's first case, inline)
                     n = t.n
