@@ -8,6 +8,7 @@ import sys
 
 from ..am import AcousticModel
 from .files import read_model_bytes, write_model
+from .kaldi_options import add_standard_options, bool_option
 
 
 def read_am_file(path: str) -> AcousticModel:
@@ -64,11 +65,10 @@ def _say(level: str, message: str) -> None:
     print(f"{level} (pynnet3 am-copy) {message}", file=sys.stderr)
 
 
-def add_am_commands(sub, command, kaldi_bool) -> None:
+def add_am_commands(sub, command) -> None:
     """Add ``am-info`` and ``am-copy`` to the subparsers ``sub`` (``command`` makes
     one, as main.py's ``_command``)."""
     from .editing import add_editing_flags
-    from .kaldi_options import add_standard_options
     from .network import add_network_flags
 
     s = command(sub, "am-info", "print an acoustic model's transition model, priors and "
@@ -81,7 +81,7 @@ def add_am_commands(sub, command, kaldi_bool) -> None:
     s.add_argument("model", metavar="MODEL",
                    help="acoustic model: Kaldi final.mdl, text or binary (detected); "
                         "'-' reads stdin")
-    add_standard_options(s, kaldi_bool)
+    add_standard_options(s)
     s.set_defaults(fn=_cmd_am_info)
 
     s = command(sub, "am-copy", "copy an acoustic model, converting text/binary, editing "
@@ -99,24 +99,19 @@ def add_am_commands(sub, command, kaldi_bool) -> None:
                    help="acoustic model to read: Kaldi final.mdl, text or binary "
                         "(detected); '-' reads stdin")
     s.add_argument("output", metavar="OUT", help="where to write it; '-' writes stdout")
-    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
-                   help="write Kaldi's binary (true) or text (false) format (default: true)")
-    s.add_argument("--raw", type=kaldi_bool, default=False, metavar="true|false",
-                   help="write only the network, as a raw nnet3 model (default: false)")
+    bool_option(s, "--binary", True,
+                "write Kaldi's binary (true) or text (false) format (default: true)")
+    bool_option(s, "--raw", False, "write only the network, as a raw nnet3 model (default: false)")
     s.add_argument("--set-raw-nnet", dest="set_raw_nnet", default="", metavar="MODEL",
                    help="replace the network with this raw model (the priors are dropped, "
                         "with a warning, when its output dim differs) (default: none)")
-    s.add_argument("--convert-repeated-to-block", dest="convert_repeated_to_block",
-                   type=kaldi_bool, default=False, metavar="true|false",
-                   help="turn every (NaturalGradient)RepeatedAffineComponent, also inside "
-                        "CompositeComponents, into the equal BlockAffineComponent "
-                        "(default: false)")
+    bool_option(s, "--convert-repeated-to-block", False,
+                "turn every (NaturalGradient)RepeatedAffineComponent, also inside "
+                "CompositeComponents, into the equal BlockAffineComponent (default: false)")
     add_editing_flags(s)
-    s.add_argument("--prepare-for-test", dest="prepare_for_test", type=kaldi_bool,
-                   default=False, metavar="true|false",
-                   help="BatchNorm and dropout in test mode, then the network optimizer (in "
-                        "place of Kaldi's CollapseModel; the result is a model Kaldi reads) "
-                        "(default: false)")
-    add_network_flags(s, kaldi_bool)
-    add_standard_options(s, kaldi_bool)
+    bool_option(s, "--prepare-for-test", False,
+                "BatchNorm and dropout in test mode, then the network optimizer (in place of "
+                "Kaldi's CollapseModel; the result is a model Kaldi reads) (default: false)")
+    add_network_flags(s)
+    add_standard_options(s)
     s.set_defaults(fn=_cmd_am_copy)

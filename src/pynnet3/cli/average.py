@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from .kaldi_options import add_standard_options, bool_option
+
 
 def _cmd_average(args) -> int:
     from ..train.average import average_nnets, kaldi_weights
@@ -28,7 +30,7 @@ def _cmd_average(args) -> int:
     return 0
 
 
-def add_average_command(sub, command, kaldi_bool) -> None:
+def add_average_command(sub, command) -> None:
     """Add ``average`` to the subparsers ``sub`` (``command`` makes one, as main.py's
     ``_command``)."""
     s = command(sub, "average", "average the parameters of several models (like "
@@ -45,15 +47,13 @@ def add_average_command(sub, command, kaldi_bool) -> None:
     s.add_argument("models", nargs="+", metavar="MODEL",
                    help="models to average (Kaldi nnet3, text or binary, gzipped or not), "
                         "then the model to write ('-': stdout)")
-    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
-                   help="write the model in binary (true) or text (false) (default: true)")
+    bool_option(s, "--binary", True,
+                "write the model in binary (true) or text (false) (default: true)")
     s.add_argument("--weights", default="", metavar="W1:W2:...",
                    help="colon-separated weights, one per input model, normalized to sum "
                         "to one (default: equal weights)")
     s.add_argument("--num-threads", dest="num_threads", type=int, default=-1, metavar="INT",
                    help="accepted for Kaldi compatibility (Kaldi's threads that read the "
                         "models; pynnet3 reads them in turn) (default: -1)")
-    from .kaldi_options import add_standard_options
-
-    add_standard_options(s, kaldi_bool)
+    add_standard_options(s)
     s.set_defaults(fn=_cmd_average)

@@ -41,6 +41,12 @@ from .jobs import (
     run_table_job,
     say,
 )
+from .kaldi_options import (
+    add_cuda_device_options,
+    add_debug_options,
+    add_standard_options,
+    bool_option,
+)
 
 DEFAULT_BATCH_SIZE = 32  # chunks per request (--batch-size)
 
@@ -301,7 +307,7 @@ class _Batcher:
         return out
 
 
-def add_compute_command(sub, command, kaldi_bool) -> None:
+def add_compute_command(sub, command) -> None:
     """Add ``compute`` to the subparsers ``sub`` (``command`` makes one, as main.py's
     ``_command``)."""
     s = command(sub, "compute", "run a model over a table of features (like nnet3-compute)",
@@ -369,51 +375,42 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
     s.add_argument("--online-ivector-period", dest="online_ivector_period", type=int,
                    default=0, metavar="INT",
                    help="frames between rows of --online-ivectors (default: 0)")
-    s.add_argument("--apply-exp", dest="apply_exp", type=kaldi_bool, default=False,
-                   metavar="true|false",
-                   help="apply exp() to the output, e.g. to get posteriors from "
-                        "log-softmax (default: false)")
+    bool_option(s, "--apply-exp", False,
+                "apply exp() to the output, e.g. to get posteriors from log-softmax "
+                "(default: false)")
     s.add_argument("--acoustic-scale", dest="acoustic_scale", type=float, default=1.0,
                    metavar="FLOAT",
                    help="multiply the output by this (after the priors, before exp) "
                         "(default: 1.0)")
-    s.add_argument("--use-priors", dest="use_priors", type=kaldi_bool, default=False,
-                   metavar="true|false",
-                   help="MODEL is a final.mdl: subtract the log of its priors from the "
-                        "output (default: false)")
-    s.add_argument("--looped", type=kaldi_bool, default=False, metavar="true|false",
-                   help="decode each utterance with the looped computation (Kaldi's "
-                        "DecodableNnetSimpleLooped, as nnet3-latgen-faster-looped): "
-                        "state carried between chunks, no extra context but "
-                        "--extra-left-context-initial (-1 means 0 here); the "
-                        "--acoustic-scale default stays 1.0 (default: false)")
+    bool_option(s, "--use-priors", False,
+                "MODEL is a final.mdl: subtract the log of its priors from the output "
+                "(default: false)")
+    bool_option(s, "--looped", False,
+                "decode each utterance with the looped computation (Kaldi's "
+                "DecodableNnetSimpleLooped, as nnet3-latgen-faster-looped): state carried between "
+                "chunks, no extra context but --extra-left-context-initial (-1 means 0 here); the "
+                "--acoustic-scale default stays 1.0 (default: false)")
     add_device_flags(s)
     add_thread_flag(s)
-    s.add_argument("--network-optimize", dest="network_optimize", type=kaldi_bool,
-                   default=True, metavar="true|false",
-                   help="run the network optimizer on the model first, as nnet3-compute "
-                        "runs CollapseModel; outputs equal up to float rounding "
-                        "(default: true)")
+    bool_option(s, "--network-optimize", True,
+                "run the network optimizer on the model first, as nnet3-compute runs "
+                "CollapseModel; outputs equal up to float rounding (default: true)")
     s.add_argument("--batch-size", dest="batch_size", type=int, default=None, metavar="INT",
                    help="beyond nnet3-compute: run up to this many equal-sized chunks, "
                         "from several utterances, as the sequences of one computation; "
                         "outputs equal to --batch-size=1 (one chunk at a time, as Kaldi) "
                         "up to float rounding; not used with --looped=true "
                         f"(default: {DEFAULT_BATCH_SIZE})")
-    s.add_argument("--pad-last-chunk", dest="pad_last_chunk", type=kaldi_bool, default=True,
-                   metavar="true|false",
-                   help="beyond nnet3-compute: compute a short last chunk full-size (frames "
-                        "past the end repeating the last one) and keep its real rows, when "
-                        "that gives the same rows: each output frame of the network needs a "
-                        "fixed set of input frames (only simple and TDNN components), or its "
-                        "recurrences run forward in time (IfDefined/Failover looking back, "
-                        "as an LSTM's); one computation for every chunk instead of one per "
-                        "last-chunk length; other networks compute it short, as Kaldi does "
-                        "(default: true)")
-    from .kaldi_options import add_cuda_device_options, add_debug_options, add_standard_options
+    bool_option(s, "--pad-last-chunk", True,
+                "beyond nnet3-compute: compute a short last chunk full-size (frames past the end "
+                "repeating the last one) and keep its real rows, when that gives the same rows: "
+                "each output frame of the network needs a fixed set of input frames (only simple "
+                "and TDNN components), or its recurrences run forward in time (IfDefined/Failover "
+                "looking back, as an LSTM's); one computation for every chunk instead of one per "
+                "last-chunk length; other networks compute it short, as Kaldi does (default: true)")
     from .main import add_optimize_flags  # (main is loaded: it is building the parser)
 
-    add_debug_options(s, kaldi_bool)
+    add_debug_options(s)
     s.add_argument("--jobs", type=int, default=1, metavar="INT",
                    help="split the scp of FEATS-RSPECIFIER as split_scp.pl does and run "
                         "this many workers on a local Ray cluster (127.0.0.1, stopped at "
@@ -427,11 +424,10 @@ def add_compute_command(sub, command, kaldi_bool) -> None:
                    help="run the --jobs workers on this existing Ray cluster (its workers "
                         "must see the same files); --jobs=1 means one per CPU of the "
                         "cluster (default: none)")
-    s.add_argument("--resume", type=kaldi_bool, default=False, metavar="true|false",
-                   help="with --jobs / --ray-address: skip the shards that a previous run "
-                        "with the same model, options and utterances finished "
-                        "(default: false)")
-    add_cuda_device_options(s, kaldi_bool)
-    add_standard_options(s, kaldi_bool)
+    bool_option(s, "--resume", False,
+                "with --jobs / --ray-address: skip the shards that a previous run with the same "
+                "model, options and utterances finished (default: false)")
+    add_cuda_device_options(s)
+    add_standard_options(s)
     add_optimize_flags(s)
     s.set_defaults(fn=cmd_compute)

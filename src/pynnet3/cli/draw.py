@@ -17,6 +17,7 @@ from pathlib import Path
 from ..errors import PynnetError
 from ..io.atomic import atomic_write
 from .files import STDIO, read_model
+from .kaldi_options import bool_option
 
 
 def cmd_draw(args) -> int:
@@ -46,7 +47,7 @@ def cmd_draw(args) -> int:
     return 0
 
 
-def add_draw_command(sub, command, kaldi_bool) -> None:
+def add_draw_command(sub, command) -> None:
     """Register ``draw`` on the subparsers ``sub`` (``command`` makes a subparser)."""
     from .network import add_network_flags
 
@@ -65,18 +66,16 @@ def add_draw_command(sub, command, kaldi_bool) -> None:
     s.add_argument("out", metavar="OUT",
                    help="where to write the drawing: NAME.dot, NAME.svg, NAME.png or "
                         "NAME.pdf, or '-' for DOT text on stdout")
-    s.add_argument("--optimized", type=kaldi_bool, default=False, metavar="true|false",
-                   help="also run the network optimizer and draw its result beside the "
-                        "original, marking removed, new and changed nodes (default: false)")
-    s.add_argument("--set-test-mode", dest="set_test_mode", type=kaldi_bool, default=None,
-                   metavar="true|false",
-                   help="switch BatchNorm and dropout to test mode first (true; lets the "
-                        "optimizer fold them) or training mode (false) (default: leave "
-                        "them as they are)")
+    bool_option(s, "--optimized", False,
+                "also run the network optimizer and draw its result beside the original, marking "
+                "removed, new and changed nodes (default: false)")
+    bool_option(s, "--set-test-mode", None,
+                "switch BatchNorm and dropout to test mode first (true; lets the optimizer fold "
+                "them) or training mode (false) (default: leave them as they are)")
     s.add_argument("--rankdir", choices=("TB", "LR", "BT", "RL"), default="TB",
                    help="layout direction: TB top to bottom, LR left to right, BT, RL "
                         "(default: TB)")
-    add_network_flags(s, kaldi_bool)
+    add_network_flags(s)
     s.set_defaults(fn=cmd_draw)
 
 

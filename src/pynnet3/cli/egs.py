@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from .jobs import sigterm_stops, stopped
+from .kaldi_options import add_standard_options, bool_option
 
 
 def _log(message: str) -> None:
@@ -46,7 +47,7 @@ def _cmd_merge_egs(args) -> int:
     return 0 if merger.num_written else 1
 
 
-def add_egs_commands(sub, command, kaldi_bool) -> None:
+def add_egs_commands(sub, command) -> None:
     """Add ``merge-egs`` to the subparsers ``sub`` (``command`` makes one, as
     main.py's ``_command``)."""
     s = command(sub, "merge-egs", "merge examples into minibatches (like nnet3-merge-egs)",
@@ -69,19 +70,14 @@ def add_egs_commands(sub, command, kaldi_bool) -> None:
                         "(128=64:128/256=32:64): the rule of the nearest example size is "
                         "used; at the end of the input the largest allowed size that fits "
                         "is used and the rest discarded (default: 256)")
-    s.add_argument("--compress", type=kaldi_bool, default=False, metavar="true|false",
-                   help="compress the merged full matrices with Kaldi's automatic method "
-                        "(default: false)")
+    bool_option(s, "--compress", False,
+                "compress the merged full matrices with Kaldi's automatic method (default: false)")
     s.add_argument("--measure-output-frames", dest="measure_output_frames", default=None,
                    metavar="BOOL", help="deprecated in Kaldi; accepted and ignored")
     s.add_argument("--discard-partial-minibatches", dest="discard_partial_minibatches",
                    default=None, metavar="BOOL", help="deprecated in Kaldi; accepted and ignored")
-    s.add_argument("--multilingual-eg", dest="multilingual_eg", type=kaldi_bool,
-                   default=False, metavar="true|false",
-                   help="accepted; as in Kaldi's nnet3-merge-egs it changes nothing (only "
-                        "nnet3-chain-merge-egs names minibatches by language) "
-                        "(default: false)")
-    from .kaldi_options import add_standard_options
-
-    add_standard_options(s, kaldi_bool)
+    bool_option(s, "--multilingual-eg", False,
+                "accepted; as in Kaldi's nnet3-merge-egs it changes nothing (only "
+                "nnet3-chain-merge-egs names minibatches by language) (default: false)")
+    add_standard_options(s)
     s.set_defaults(fn=_cmd_merge_egs)

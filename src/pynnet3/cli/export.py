@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import sys
 
+from .kaldi_options import bool_option
+
 _DESCRIPTION = """\
 Export a model (Kaldi nnet3, text or binary, or a final.mdl) for blocks of F
 output frames, in test mode (BatchNorm with its stored statistics, dropout off):
@@ -25,7 +27,7 @@ onnx.checker); --format=torch writes the torch.fx module with torch.save (load
 it with torch.load(OUT, weights_only=False)). The lines on stderr say the shapes."""
 
 
-def add_export_command(sub, command, kaldi_bool) -> None:
+def add_export_command(sub, command) -> None:
     from .network import add_network_flags
 
     s = command(sub, "export", "write a model as ONNX or a PyTorch (torch.fx) module",
@@ -41,11 +43,10 @@ def add_export_command(sub, command, kaldi_bool) -> None:
                    default="auto",
                    help="outputs at t = 0..F-1 (all), at t = 0 only (first), or auto: first "
                         "for networks that pool whole utterances (default: auto)")
-    s.add_argument("--network-optimize", dest="network_optimize", type=kaldi_bool,
-                   default=False, metavar="true|false",
-                   help="run the network optimizer first (folds BatchNorm and fixed scales "
-                        "into affine layers: fewer ops) (default: false)")
-    add_network_flags(s, kaldi_bool)
+    bool_option(s, "--network-optimize", False,
+                "run the network optimizer first (folds BatchNorm and fixed scales into affine "
+                "layers: fewer ops) (default: false)")
+    add_network_flags(s)
     s.set_defaults(fn=cmd_export)
 
 

@@ -8,7 +8,8 @@ Kaldi's ParseOptions, unlike argparse: reads ``--config=FILE`` (lines ``--x=y``,
 boolean option as true (``--binary`` is ``--binary=true``) and registers the
 standard options ``--config``, ``--print-args`` and ``--verbose`` in every program.
 :func:`kaldi_argv` rewrites such a command line into one argparse reads the same
-way; :func:`add_standard_options` adds the standard options.
+way; :func:`add_standard_options` adds the standard options. A boolean option's
+values are read by :func:`kaldi_bool`; :func:`bool_option` declares one.
 """
 
 from __future__ import annotations
@@ -26,7 +27,27 @@ class KaldiOptionError(Exception):
     """A bad --config file (argparse's usage errors are reported the same way)."""
 
 
-def add_standard_options(s: argparse.ArgumentParser, kaldi_bool, verbose: bool = True) -> None:
+def kaldi_bool(text: str) -> bool:
+    """A boolean option's value: true/t/1/yes or false/f/0/no, any case."""
+    low = text.lower()
+    if low in ("true", "t", "1", "yes"):
+        return True
+    if low in ("false", "f", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def bool_option(g, flag: str, default: bool | None, help: str, dest: str | None = None
+                ) -> None:
+    """Declare the boolean option ``flag`` (``--flag=true|false``, read by
+    :func:`kaldi_bool`; :func:`kaldi_argv` makes a bare ``--flag`` true) on the parser
+    or argument group ``g``. ``dest`` defaults to the flag's name with ``_`` for
+    ``-`` and ``.``."""
+    g.add_argument(flag, dest=dest or flag[2:].replace("-", "_").replace(".", "_"),
+                   type=kaldi_bool, default=default, metavar="true|false", help=help)
+
+
+def add_standard_options(s: argparse.ArgumentParser, verbose: bool = True) -> None:
     """Kaldi's standard options: ``--config`` (expanded by :func:`kaldi_argv`; here
     only for --help), ``--print-args`` (accepted: pynnet3 does not echo its command
     line), ``--verbose`` (unless the command has its own)."""
@@ -35,42 +56,37 @@ def add_standard_options(s: argparse.ArgumentParser, kaldi_bool, verbose: bool =
                    metavar="FILE",
                    help="read options from FILE, one '--x=y' per line ('#' starts a "
                         "comment); options on the command line override them")
-    g.add_argument("--print-args", dest="print_args", type=kaldi_bool, default=True,
-                   metavar="true|false", help="accepted for Kaldi compatibility (pynnet3 "
-                                              "does not print its command line)")
+    bool_option(g, "--print-args", True,
+                "accepted for Kaldi compatibility (pynnet3 does not print its command line)")
     if verbose:
         g.add_argument("--verbose", type=int, default=0, metavar="INT",
                        help="verbose level (accepted; this command logs the same at any "
                             "level) (default: 0)")
 
 
-def add_cuda_device_options(s: argparse.ArgumentParser, kaldi_bool) -> None:
+def add_cuda_device_options(s: argparse.ArgumentParser) -> None:
     """CuDevice::RegisterDeviceOptions (registered by a Kaldi program built with CUDA):
     accepted; pynnet3's GPU computes in float32 whatever they say."""
     g = s.add_argument_group("CUDA device options (Kaldi's, in a build with CUDA; accepted "
                              "and not used: pynnet3's GPU always computes in float32)")
-    g.add_argument("--cuda-use-tensor-cores", dest="cuda_use_tensor_cores", type=kaldi_bool,
-                   default=False, metavar="true|false",
-                   help="Kaldi: FP16 tensor math (accepted; not used) (default: false)")
-    g.add_argument("--cuda-use-tf32-compute", dest="cuda_use_tf32_compute", type=kaldi_bool,
-                   default=False, metavar="true|false",
-                   help="Kaldi: TF32 tensor math (accepted; not used) (default: false)")
+    bool_option(g, "--cuda-use-tensor-cores", False,
+                "Kaldi: FP16 tensor math (accepted; not used) (default: false)")
+    bool_option(g, "--cuda-use-tf32-compute", False,
+                "Kaldi: TF32 tensor math (accepted; not used) (default: false)")
 
 
-def add_debug_options(g, kaldi_bool) -> None:
+def add_debug_options(g) -> None:
     """NnetSimpleComputationOptions' --debug-computation and NnetComputeOptions'
     --computation.debug, on the group (or parser) ``g``: accepted, no effect."""
-    g.add_argument("--debug-computation", dest="debug_computation", type=kaldi_bool,
-                   default=False, metavar="true|false",
-                   help="Kaldi: very verbose debug output of the computation (accepted; "
-                        "pynnet3 prints none, results are the same) (default: false)")
-    g.add_argument("--computation.debug", dest="computation_debug", type=kaldi_bool,
-                   default=False, metavar="true|false",
-                   help="Kaldi's NnetComputeOptions debug (accepted; pynnet3 prints no "
-                        "per-command debug output, results are the same) (default: false)")
+    bool_option(g, "--debug-computation", False,
+                "Kaldi: very verbose debug output of the computation (accepted; pynnet3 prints "
+                "none, results are the same) (default: false)")
+    bool_option(g, "--computation.debug", False,
+                "Kaldi's NnetComputeOptions debug (accepted; pynnet3 prints no per-command debug "
+                "output, results are the same) (default: false)")
 
 
-def _bool_options(parser: argparse.ArgumentParser, kaldi_bool) -> set[str]:
+def _bool_options(parser: argparse.ArgumentParser) -> set[str]:
     return {opt for action in parser._actions if action.type is kaldi_bool
             for opt in action.option_strings}
 
@@ -100,13 +116,13 @@ def _config_lines(path: str) -> list[str]:
     return out
 
 
-def kaldi_argv(parser: argparse.ArgumentParser, argv: list[str], kaldi_bool) -> list[str]:
+def kaldi_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """``argv`` (the command first) rewritten as Kaldi's ParseOptions reads it: the
     lines of each ``--config=FILE`` first (the command line then overrides them, as
     Kaldi reads config files before the command line), option names normalized,
     bare boolean options made ``=true``. Options stop at a lone ``--``, which is
     kept; everything else is unchanged."""
-    bools = _bool_options(parser, kaldi_bool)
+    bools = _bool_options(parser)
     command, rest = argv[0], list(argv[1:])
     end = rest.index("--") if "--" in rest else len(rest)
     config: list[str] = []
@@ -130,4 +146,5 @@ def _rewrite(arg: str, bools: set[str]) -> str:
 
 
 __all__ = ["KALDI_STYLE_COMMANDS", "KaldiOptionError", "add_cuda_device_options",
-           "add_debug_options", "add_standard_options", "kaldi_argv"]
+           "add_debug_options", "add_standard_options", "bool_option", "kaldi_argv",
+           "kaldi_bool"]

@@ -16,19 +16,16 @@ import sys
 from ..errors import PynnetError
 from ..gcpause import pause_start_up, start_up_done
 from ..runtime.allocator import tune_malloc
-from .kaldi_options import KALDI_STYLE_COMMANDS, KaldiOptionError, kaldi_argv
+from .kaldi_options import (
+    KALDI_STYLE_COMMANDS,
+    KaldiOptionError,
+    add_standard_options,
+    bool_option,
+    kaldi_argv,
+)
 
 # (.files, and NumPy and the network with it, load when a command runs: the console
 # script pauses the garbage collector first, see entry_point)
-
-
-def kaldi_bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("true", "t", "1", "yes"):
-        return True
-    if low in ("false", "f", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def _cmd_info(args) -> int:
@@ -145,8 +142,7 @@ def add_optimize_flags(s: argparse.ArgumentParser) -> None:
         default = _flag_value(getattr(defaults, f.name))
         text = f"{OptimizeOptions.help(f.name)} (default: {default})"
         if f.type in ("bool", bool):
-            g.add_argument(flag, dest="opt_" + f.name, type=kaldi_bool, default=None,
-                           metavar="true|false", help=text)
+            bool_option(g, flag, None, text, dest="opt_" + f.name)
         else:
             g.add_argument(flag, dest="opt_" + f.name, type=int, default=None, metavar="INT",
                            help=text)
@@ -263,16 +259,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for module, adder in adders:
         add = (globals()[adder] if module is None
                else getattr(importlib.import_module(f".{module}", __package__), adder))
-        add(sub, _command, kaldi_bool)
+        add(sub, _command)
     return p
 
 
 _BINARY_HELP = "write the model in Kaldi's binary (true) or text (false) format (default: true)"
 
 
-def _add_info(sub, command, kaldi_bool) -> None:
-    from .kaldi_options import add_standard_options
-
+def _add_info(sub, command) -> None:
     s = command(sub, "info", "print a model's nodes, components, dims and context "
                 "(like nnet3-info)",
                 "Print a model's nodes, components, dimensions, left/right context and\n"
@@ -280,13 +274,11 @@ def _add_info(sub, command, kaldi_bool) -> None:
                 usage="pynnet3 info [options] MODEL")
     s.add_argument("model", metavar="MODEL",
                    help="model file: Kaldi nnet3, text or binary (detected)")
-    add_standard_options(s, kaldi_bool)
+    add_standard_options(s)
     s.set_defaults(fn=_cmd_info)
 
 
-def _add_init(sub, command, kaldi_bool) -> None:
-    from .kaldi_options import add_standard_options
-
+def _add_init(sub, command) -> None:
     s = command(sub, "init", "initialize a network from a config (like nnet3-init)",
                 "Build a network from a Kaldi nnet3 config with randomly initialized\n"
                 "parameters and write it, as Kaldi's nnet3-init does. Given an existing\n"
@@ -298,16 +290,16 @@ def _add_init(sub, command, kaldi_bool) -> None:
                         "(default: none, a new network)")
     s.add_argument("config", metavar="CONFIG", help="config file (Kaldi nnet3 config lines)")
     s.add_argument("out", metavar="OUT", help="where to write the model")
-    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
-                   help=_BINARY_HELP)
+    bool_option(s, "--binary", True,
+                _BINARY_HELP)
     s.add_argument("--srand", type=int, default=0, metavar="INT",
                    help="random seed for the initial parameters (pynnet3's generator: "
                         "the values differ from Kaldi's for the same seed) (default: 0)")
-    add_standard_options(s, kaldi_bool)
+    add_standard_options(s)
     s.set_defaults(fn=_cmd_init)
 
 
-def _add_copy(sub, command, kaldi_bool) -> None:
+def _add_copy(sub, command) -> None:
     from .editing import add_editing_flags
     from .network import add_network_flags
 
@@ -338,32 +330,26 @@ def _add_copy(sub, command, kaldi_bool) -> None:
     s.add_argument("input", metavar="IN",
                    help="model to read: Kaldi nnet3, text or binary (detected)")
     s.add_argument("output", metavar="OUT", help="where to write the model")
-    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
-                   help=_BINARY_HELP)
+    bool_option(s, "--binary", True,
+                _BINARY_HELP)
     add_editing_flags(s)
-    s.add_argument("--batchnorm-test-mode", dest="batchnorm_test_mode", type=kaldi_bool,
-                   default=False, metavar="true|false",
-                   help="as nnet3-copy: BatchNorm components' test mode is set to this "
-                        "value unless --prepare-for-test is given (default: false, as "
-                        "Kaldi's: a plain copy puts BatchNorm in training mode)")
-    s.add_argument("--set-test-mode", dest="set_test_mode", type=kaldi_bool, default=None,
-                   metavar="true|false",
-                   help="switch BatchNorm and dropout components to test mode (true) or "
-                        "training mode (false), after --batchnorm-test-mode (default: "
-                        "leave them as they are)")
-    s.add_argument("--prepare-for-test", dest="prepare_for_test", type=kaldi_bool,
-                   default=False, metavar="true|false",
-                   help="as nnet3-copy --prepare-for-test: test modes, then the network "
-                        "optimizer (folds BatchNorm, dropout, fixed scales into affine "
-                        "layers; the result is a model Kaldi reads) (default: false)")
-    add_network_flags(s, kaldi_bool)
-    from .kaldi_options import add_standard_options
-
-    add_standard_options(s, kaldi_bool)
+    bool_option(s, "--batchnorm-test-mode", False,
+                "as nnet3-copy: BatchNorm components' test mode is set to this value unless "
+                "--prepare-for-test is given (default: false, as Kaldi's: a plain copy puts "
+                "BatchNorm in training mode)")
+    bool_option(s, "--set-test-mode", None,
+                "switch BatchNorm and dropout components to test mode (true) or training mode "
+                "(false), after --batchnorm-test-mode (default: leave them as they are)")
+    bool_option(s, "--prepare-for-test", False,
+                "as nnet3-copy --prepare-for-test: test modes, then the network optimizer (folds "
+                "BatchNorm, dropout, fixed scales into affine layers; the result is a model Kaldi "
+                "reads) (default: false)")
+    add_network_flags(s)
+    add_standard_options(s)
     s.set_defaults(fn=_cmd_copy)
 
 
-def _add_optimize_network(sub, command, kaldi_bool) -> None:
+def _add_optimize_network(sub, command) -> None:
     from .network import add_network_flags, cmd_optimize_network
 
     s = command(sub, "optimize-network", "rewrite a model into an equivalent, faster one",
@@ -375,22 +361,21 @@ def _add_optimize_network(sub, command, kaldi_bool) -> None:
     s.add_argument("input", metavar="IN",
                    help="model to read: Kaldi nnet3, text or binary (detected)")
     s.add_argument("output", metavar="OUT", help="where to write the optimized model")
-    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
-                   help=_BINARY_HELP)
-    s.add_argument("--set-test-mode", dest="set_test_mode", type=kaldi_bool, default=None,
-                   metavar="true|false",
-                   help="switch BatchNorm and dropout to test mode first (true) or training "
-                        "mode (false) (default: leave them as they are)")
+    bool_option(s, "--binary", True,
+                _BINARY_HELP)
+    bool_option(s, "--set-test-mode", None,
+                "switch BatchNorm and dropout to test mode first (true) or training mode (false) "
+                "(default: leave them as they are)")
     s.add_argument("--preserve", default="", metavar="NODE[,NODE...]",
                    help="nodes that must keep their names and values (output nodes always "
                         "do) (default: none)")
     s.add_argument("--report", action="store_true",
                    help="print the rules applied and the sizes after each pass on stderr")
-    add_network_flags(s, kaldi_bool)
+    add_network_flags(s)
     s.set_defaults(fn=cmd_optimize_network)
 
 
-def _add_show(sub, command, kaldi_bool) -> None:
+def _add_show(sub, command) -> None:
     from .draw import add_memory_plot_flags
     from .network import add_network_flags
 
@@ -404,29 +389,25 @@ def _add_show(sub, command, kaldi_bool) -> None:
     s.add_argument("model", metavar="MODEL",
                    help="model file: Kaldi nnet3, text or binary (detected)")
     s.add_argument("--request", required=True, metavar="REQUEST.json", help=_REQUEST_HELP)
-    s.add_argument("--optimize", type=kaldi_bool, default=True, metavar="true|false",
-                   help="run the optimizer (default: true)")
-    s.add_argument("--use-shortcut", dest="use_shortcut", type=kaldi_bool, default=True,
-                   metavar="true|false",
-                   help="compile N identically shaped sequences as 2 and expand the result, "
-                        "as Kaldi's shortcut compilation (default: true)")
+    bool_option(s, "--optimize", True, "run the optimizer (default: true)")
+    bool_option(s, "--use-shortcut", True,
+                "compile N identically shaped sequences as 2 and expand the result, as Kaldi's "
+                "shortcut compilation (default: true)")
     s.add_argument("--report", action="store_true",
                    help="also print commands, matrices and peak memory after each "
                         "optimizer pass")
-    s.add_argument("--check", type=kaldi_bool, default=False, metavar="true|false",
-                   help="run the computation checker after compiling and after every pass "
-                        "(default: false)")
-    s.add_argument("--network-optimize", dest="network_optimize", type=kaldi_bool,
-                   default=False, metavar="true|false",
-                   help="run the network optimizer on the model first and print its "
-                        "rule-by-rule report (default: false)")
+    bool_option(s, "--check", False,
+                "run the computation checker after compiling and after every pass (default: false)")
+    bool_option(s, "--network-optimize", False,
+                "run the network optimizer on the model first and print its rule-by-rule report "
+                "(default: false)")
     add_memory_plot_flags(s)
     add_optimize_flags(s)
-    add_network_flags(s, kaldi_bool)
+    add_network_flags(s)
     s.set_defaults(fn=_cmd_show)
 
 
-def _add_demo(sub, command, kaldi_bool) -> None:
+def _add_demo(sub, command) -> None:
     s = command(sub, "demo", "compile and run the bundled TDNN-F example",
                 "Build the bundled TDNN-F network (examples/tdnnf.config in the package),\n"
                 "compile and run a 150-frame decode request and an 8-sequence training\n"
@@ -519,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in KALDI_STYLE_COMMANDS:  # (Kaldi's option conventions)
             sub = parser._subparsers._group_actions[0].choices[argv[0]]
             try:
-                argv = kaldi_argv(sub, argv, kaldi_bool)
+                argv = kaldi_argv(sub, argv)
             except KaldiOptionError as e:
                 raise UsageError(f"pynnet3 {argv[0]}: error: {e}") from None
         args = parser.parse_args(argv)

@@ -13,6 +13,7 @@ import sys
 from dataclasses import fields
 
 from ..graphopt import NetworkOptions, NetworkReport, optimize_network
+from .kaldi_options import bool_option
 
 _HELP = {
     "pruning": "remove identity components, full-width dim ranges and orphans",
@@ -33,7 +34,7 @@ _HELP = {
 }
 
 
-def add_network_flags(parser: argparse.ArgumentParser, kaldi_bool) -> None:
+def add_network_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--<pass>=true|false`` (or ``--max-...=INT``) flag per NetworkOptions field."""
     g = parser.add_argument_group("network optimizer options (pynnet3.NetworkOptions)")
     for f in fields(NetworkOptions):
@@ -44,10 +45,9 @@ def add_network_flags(parser: argparse.ArgumentParser, kaldi_bool) -> None:
                            metavar="RULE[,RULE...]",
                            help=f"{_HELP.get(f.name, f.name)} (default: none)")
         elif isinstance(default, bool):
-            g.add_argument(flag, dest="net_" + f.name, type=kaldi_bool, default=None,
-                           metavar="true|false",
-                           help=f"{_HELP.get(f.name, f.name)} (default: "
-                                f"{str(default).lower()})")
+            bool_option(g, flag, None,
+                        f"{_HELP.get(f.name, f.name)} (default: {str(default).lower()})",
+                        dest="net_" + f.name)
         else:
             g.add_argument(flag, dest="net_" + f.name, type=int, default=None, metavar="INT",
                            help=f"{_HELP.get(f.name, f.name)} (default: {default})")

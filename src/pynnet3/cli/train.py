@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import PynnetError
 from .jobs import BACKEND_CHOICES, USE_GPU_CHOICES, cuda_available, sigterm_stops, stopped
+from .kaldi_options import add_standard_options, bool_option
 
 # nnet3-train flags that go to TrainerOptions (as given on the command line).
 _TRAINER_FLAGS = ("momentum", "max-param-change", "l2-regularize-factor",
@@ -205,7 +206,7 @@ class _Group:
             self.dist.destroy_process_group()
 
 
-def add_train_command(sub, command, kaldi_bool) -> None:
+def add_train_command(sub, command) -> None:
     """Add ``train`` to the subparsers ``sub`` (``command`` makes one, as main.py's
     ``_command``)."""
     s = command(sub, "train", "train a model on examples (like nnet3-train)",
@@ -227,8 +228,8 @@ def add_train_command(sub, command, kaldi_bool) -> None:
                    help="training examples: ark:egs.ark, scp:egs.scp, ark:- or "
                         "'ark:pynnet3 merge-egs ark:egs.ark ark:- |'")
     s.add_argument("out", metavar="OUT", help="where to write the trained model ('-': stdout)")
-    s.add_argument("--binary", type=kaldi_bool, default=True, metavar="true|false",
-                   help="write the model in binary (true) or text (false) (default: true)")
+    bool_option(s, "--binary", True,
+                "write the model in binary (true) or text (false) (default: true)")
     s.add_argument("--use-gpu", dest="use_gpu", choices=USE_GPU_CHOICES, default="yes",
                    help="yes/wait/optional: train on a CUDA device (the torch backend) when "
                         "there is one; without one, yes/wait warn and train on the CPU "
@@ -240,12 +241,11 @@ def add_train_command(sub, command, kaldi_bool) -> None:
                    help="1 or more: also one line per minibatch (default: 0)")
     d = s.add_argument_group("data-parallel training (torch.distributed; start the ranks "
                              "with torchrun)")
-    d.add_argument("--distributed", type=kaldi_bool, default=False, metavar="true|false",
-                   help="train on several processes: rank r takes minibatches r, r+W, ... of "
-                        "the table; each step's model change is combined over the ranks so "
-                        "all keep the same model; rank 0 logs and writes OUT; needs RANK, "
-                        "WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun sets them "
-                        "(default: false)")
+    bool_option(d, "--distributed", False,
+                "train on several processes: rank r takes minibatches r, r+W, ... of the table; "
+                "each step's model change is combined over the ranks so all keep the same model; "
+                "rank 0 logs and writes OUT; needs RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as "
+                "torchrun sets them (default: false)")
     d.add_argument("--distributed-reduce", dest="distributed_reduce", choices=("sum", "mean"),
                    default="sum",
                    help="sum: a step equals one step on the ranks' minibatches merged into "
@@ -278,13 +278,11 @@ def add_train_command(sub, command, kaldi_bool) -> None:
     g.add_argument("--backstitch-training-interval", dest="backstitch_training_interval",
                    type=int, default=None, metavar="INT",
                    help="backstitch every this many minibatches (default: 1)")
-    g.add_argument("--store-component-stats", dest="store_component_stats", type=kaldi_bool,
-                   default=None, metavar="true|false",
-                   help="store component statistics (nonlinearity stats, ReLU self-repair) "
-                        "during training (default: true)")
-    g.add_argument("--zero-component-stats", dest="zero_component_stats", type=kaldi_bool,
-                   default=None, metavar="true|false",
-                   help="zero the component statistics before training (default: true)")
+    bool_option(g, "--store-component-stats", None,
+                "store component statistics (nonlinearity stats, ReLU self-repair) during training "
+                "(default: true)")
+    bool_option(g, "--zero-component-stats", None,
+                "zero the component statistics before training (default: true)")
     g.add_argument("--srand", type=int, default=None, metavar="INT",
                    help="seed of the trainer's random choices (orthonormal constraint, "
                         "backstitch phase) (default: 0)")
@@ -296,26 +294,21 @@ def add_train_command(sub, command, kaldi_bool) -> None:
                    help="accepted and ignored (Kaldi's compiled-computation cache)")
     g.add_argument("--write-cache", dest="write_cache", default="", metavar="FILE",
                    help="accepted and ignored (Kaldi's compiled-computation cache)")
-    g.add_argument("--binary-write-cache", dest="binary_write_cache", type=kaldi_bool,
-                   default=True, metavar="true|false", help="accepted and ignored")
-    g.add_argument("--compiler.use-shortcut", dest="use_shortcut", type=kaldi_bool,
-                   default=True, metavar="true|false",
-                   help="compile minibatches of regular structure for 2 sequences and "
-                        "expand (Kaldi's shortcut) (default: true)")
+    bool_option(g, "--binary-write-cache", True, "accepted and ignored")
+    bool_option(g, "--compiler.use-shortcut", True,
+                "compile minibatches of regular structure for 2 sequences and expand (Kaldi's "
+                "shortcut) (default: true)", dest="use_shortcut")
     g.add_argument("--compiler.cache-capacity", dest="cache_capacity", type=int, default=64,
                    metavar="INT", help="computations the compiler keeps (default: 64)")
-    g.add_argument("--computation.debug", dest="computation_debug", type=kaldi_bool,
-                   default=False, metavar="true|false",
-                   help="accepted and ignored (Kaldi's per-command debug output)")
+    bool_option(g, "--computation.debug", False,
+                "accepted and ignored (Kaldi's per-command debug output)")
     c = s.add_argument_group("CUDA allocator options (accepted and ignored, as in a Kaldi "
                              "build without CUDA)")
     c.add_argument("--cuda-memory-proportion", dest="cuda_memory_proportion", type=float,
                    default=0.5, metavar="FLOAT", help="(default: 0.5)")
-    c.add_argument("--cuda-cache-memory", dest="cuda_cache_memory", type=kaldi_bool,
-                   default=True, metavar="true|false", help="(default: true)")
-    from .kaldi_options import add_standard_options
+    bool_option(c, "--cuda-cache-memory", True, "(default: true)")
     from .main import add_optimize_flags  # (main is loaded: it is building the parser)
 
-    add_standard_options(s, kaldi_bool, verbose=False)
+    add_standard_options(s, verbose=False)
     add_optimize_flags(s)
     s.set_defaults(fn=_cmd_train)

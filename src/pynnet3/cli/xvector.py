@@ -31,6 +31,12 @@ from .jobs import (
     run_table_job,
     say,
 )
+from .kaldi_options import (
+    add_cuda_device_options,
+    add_debug_options,
+    add_standard_options,
+    bool_option,
+)
 
 
 def _say(kind: str, message: str) -> None:
@@ -142,7 +148,7 @@ def cmd_xvector_compute(args) -> int:
                          lambda: compiler.info()["misses"])
 
 
-def add_xvector_command(sub, command, kaldi_bool) -> None:
+def add_xvector_command(sub, command) -> None:
     """Add ``xvector-compute`` to the subparsers ``sub`` (``command`` makes one, as
     main.py's ``_command``)."""
     s = command(sub, "xvector-compute",
@@ -182,28 +188,23 @@ def add_xvector_command(sub, command, kaldi_bool) -> None:
                    metavar="INT",
                    help="shorter chunks are padded to this many frames (or left out "
                         "with --pad-input=false) (default: 100)")
-    s.add_argument("--pad-input", dest="pad_input", type=kaldi_bool, default=True,
-                   metavar="true|false",
-                   help="pad chunks shorter than --min-chunk-size by repeating their "
-                        "first and last frames; false leaves them out, and fails "
-                        "utterances shorter than it (default: true)")
+    bool_option(s, "--pad-input", True,
+                "pad chunks shorter than --min-chunk-size by repeating their first and last "
+                "frames; false leaves them out, and fails utterances shorter than it "
+                "(default: true)")
     s.add_argument("--cache-capacity", dest="cache_capacity", type=int, default=64,
                    metavar="INT",
                    help="computations kept by the compiler's cache, one per chunk "
                         "length (default: 64)")
     add_device_flags(s)
     add_thread_flag(s)
-    s.add_argument("--network-optimize", dest="network_optimize", type=kaldi_bool,
-                   default=True, metavar="true|false",
-                   help="run the network optimizer on the model first, as the Kaldi "
-                        "program runs CollapseModel; outputs equal up to float rounding "
-                        "(default: true)")
-    s.add_argument("--use-shortcut", dest="use_shortcut", type=kaldi_bool, default=True,
-                   metavar="true|false",
-                   help="Kaldi's compiler shortcut (CachingOptimizingCompilerOptions): compile "
-                        "requests of regular structure for 2 sequences and expand; "
-                        "x-vector requests have one sequence, so the same either way "
-                        "(default: true)")
+    bool_option(s, "--network-optimize", True,
+                "run the network optimizer on the model first, as the Kaldi program runs "
+                "CollapseModel; outputs equal up to float rounding (default: true)")
+    bool_option(s, "--use-shortcut", True,
+                "Kaldi's compiler shortcut (CachingOptimizingCompilerOptions): compile requests of "
+                "regular structure for 2 sequences and expand; x-vector requests have one "
+                "sequence, so the same either way (default: true)")
     s.add_argument("--cached-compiler-in", dest="cached_compiler_in", default="",
                    metavar="FILE",
                    help="Kaldi: read the compiled-computation cache from FILE (accepted; "
@@ -213,7 +214,6 @@ def add_xvector_command(sub, command, kaldi_bool) -> None:
                    metavar="FILE",
                    help="Kaldi: write the compiled-computation cache to FILE (accepted; "
                         "not used: a note says so, and no file is written) (default: none)")
-    from .kaldi_options import add_cuda_device_options, add_debug_options, add_standard_options
     from .main import add_optimize_flags  # (main is loaded: it is building the parser)
 
     g = s.add_argument_group(
@@ -232,8 +232,8 @@ def add_xvector_command(sub, command, kaldi_bool) -> None:
     g.add_argument("--acoustic-scale", dest="acoustic_scale", type=float, default=1.0,
                    metavar="FLOAT", help="acoustic scale (no effect: the x-vectors are not "
                                          "scaled) (default: 1.0)")
-    add_debug_options(g, kaldi_bool)
-    add_cuda_device_options(s, kaldi_bool)
-    add_standard_options(s, kaldi_bool)
+    add_debug_options(g)
+    add_cuda_device_options(s)
+    add_standard_options(s)
     add_optimize_flags(s)
     s.set_defaults(fn=cmd_xvector_compute)
