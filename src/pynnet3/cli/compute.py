@@ -42,10 +42,10 @@ from .jobs import (
     say,
 )
 from .kaldi_options import (
-    add_cuda_device_options,
     add_debug_options,
-    add_standard_options,
+    add_decoding_option_groups,
     bool_option,
+    optimize_options_from_args,
 )
 
 DEFAULT_BATCH_SIZE = 32  # chunks per request (--batch-size)
@@ -197,8 +197,6 @@ def cmd_compute(args, stats: dict | None = None) -> int:
     backend, device = choose_backend(args.use_gpu, args.backend, _say)
     apply_num_threads(args.num_threads, backend, device)
     options = _options(args)
-    from .main import optimize_options_from_args
-
     optimize = optimize_options_from_args(args)  # (--optimization.*)
     nnet, log_priors = _load_model(args)
     if args.looped:
@@ -408,8 +406,6 @@ def add_compute_command(sub, command) -> None:
                 "and TDNN components), or its recurrences run forward in time (IfDefined/Failover "
                 "looking back, as an LSTM's); one computation for every chunk instead of one per "
                 "last-chunk length; other networks compute it short, as Kaldi does (default: true)")
-    from .main import add_optimize_flags  # (main is loaded: it is building the parser)
-
     add_debug_options(s)
     s.add_argument("--jobs", type=int, default=1, metavar="INT",
                    help="split the scp of FEATS-RSPECIFIER as split_scp.pl does and run "
@@ -427,7 +423,5 @@ def add_compute_command(sub, command) -> None:
     bool_option(s, "--resume", False,
                 "with --jobs / --ray-address: skip the shards that a previous run with the same "
                 "model, options and utterances finished (default: false)")
-    add_cuda_device_options(s)
-    add_standard_options(s)
-    add_optimize_flags(s)
+    add_decoding_option_groups(s)
     s.set_defaults(fn=cmd_compute)

@@ -86,6 +86,72 @@ def add_debug_options(g) -> None:
                 "output, results are the same) (default: false)")
 
 
+def add_optimize_flags(s: argparse.ArgumentParser) -> None:
+    """Kaldi's ``--optimization.<option>`` flags, one per OptimizeOptions field, each
+    with its help line and default."""
+    from dataclasses import fields
+
+    from ..optimize import OptimizeOptions
+
+    g = s.add_argument_group(
+        "optimization options (Kaldi's NnetOptimizeOptions; each overrides one default)")
+    defaults = OptimizeOptions()
+    for f in fields(OptimizeOptions):
+        flag = "--optimization." + f.name.replace("_", "-")
+        default = _flag_value(getattr(defaults, f.name))
+        text = f"{OptimizeOptions.help(f.name)} (default: {default})"
+        if f.type in ("bool", bool):
+            bool_option(g, flag, None, text, dest="opt_" + f.name)
+        else:
+            g.add_argument(flag, dest="opt_" + f.name, type=int, default=None, metavar="INT",
+                           help=text)
+
+
+def _flag_value(value) -> str:
+    """A default as the command line spells it."""
+    if value is None:
+        return "unset"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def optimize_options_from_args(args):
+    """The OptimizeOptions of the ``--optimization.*`` flags given (the others keep
+    their defaults)."""
+    from dataclasses import fields
+
+    from ..optimize import OptimizeOptions
+
+    given = {f.name: getattr(args, "opt_" + f.name) for f in fields(OptimizeOptions)
+             if getattr(args, "opt_" + f.name, None) is not None}
+    # Kaldi's defaults of the deriv-time options are the int32 extremes, meaning "no
+    # limit": given (a Kaldi config file may spell them out), they are unset here too
+    for name, unset in (("min_deriv_time", -2**31), ("max_deriv_time", 2**31 - 1),
+                        ("max_deriv_time_relative", 2**31 - 1)):
+        if given.get(name) == unset:
+            del given[name]
+    return OptimizeOptions(**given)
+
+
+def caching_compiler_from_args(nnet, args):
+    """The run's CachingCompiler for ``nnet``, configured by the command line: the
+    ``--optimization.*`` flags and Kaldi's CachingOptimizingCompilerOptions
+    (``args.cache_capacity``, ``args.use_shortcut``; nnet3-train spells them
+    ``--compiler.cache-capacity``, ``--compiler.use-shortcut``)."""
+    from ..cache import CachingCompiler
+
+    return CachingCompiler(nnet, optimize=optimize_options_from_args(args),
+                           capacity=args.cache_capacity, use_shortcut=args.use_shortcut)
+
+
+def add_decoding_option_groups(s: argparse.ArgumentParser) -> None:
+    """The option groups that end the options of nnet3-compute and
+    nnet3-xvector-compute alike: CUDA device options, the standard options and
+    ``--optimization.*``."""
+    add_cuda_device_options(s)
+    add_standard_options(s)
+    add_optimize_flags(s)
+
+
 def _bool_options(parser: argparse.ArgumentParser) -> set[str]:
     return {opt for action in parser._actions if action.type is kaldi_bool
             for opt in action.option_strings}
@@ -146,5 +212,6 @@ def _rewrite(arg: str, bools: set[str]) -> str:
 
 
 __all__ = ["KALDI_STYLE_COMMANDS", "KaldiOptionError", "add_cuda_device_options",
-           "add_debug_options", "add_standard_options", "bool_option", "kaldi_argv",
-           "kaldi_bool"]
+           "add_debug_options", "add_decoding_option_groups", "add_optimize_flags",
+           "add_standard_options", "bool_option", "caching_compiler_from_args", "kaldi_argv",
+           "kaldi_bool", "optimize_options_from_args"]

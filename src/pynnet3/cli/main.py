@@ -19,9 +19,11 @@ from ..runtime.allocator import tune_malloc
 from .kaldi_options import (
     KALDI_STYLE_COMMANDS,
     KaldiOptionError,
+    add_optimize_flags,
     add_standard_options,
     bool_option,
     kaldi_argv,
+    optimize_options_from_args,
 )
 
 # (.files, and NumPy and the network with it, load when a command runs: the console
@@ -125,50 +127,6 @@ def _cmd_show(args) -> int:
         sys.stdout.write("# optimization report (sizes after each pass)\n")
         sys.stdout.write(str(report) + "\n")
     return 0
-
-
-def add_optimize_flags(s: argparse.ArgumentParser) -> None:
-    """Kaldi's ``--optimization.<option>`` flags, one per OptimizeOptions field, each
-    with its help line and default."""
-    from dataclasses import fields
-
-    from ..optimize import OptimizeOptions
-
-    g = s.add_argument_group(
-        "optimization options (Kaldi's NnetOptimizeOptions; each overrides one default)")
-    defaults = OptimizeOptions()
-    for f in fields(OptimizeOptions):
-        flag = "--optimization." + f.name.replace("_", "-")
-        default = _flag_value(getattr(defaults, f.name))
-        text = f"{OptimizeOptions.help(f.name)} (default: {default})"
-        if f.type in ("bool", bool):
-            bool_option(g, flag, None, text, dest="opt_" + f.name)
-        else:
-            g.add_argument(flag, dest="opt_" + f.name, type=int, default=None, metavar="INT",
-                           help=text)
-
-
-def _flag_value(value) -> str:
-    """A default as the command line spells it."""
-    if value is None:
-        return "unset"
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def optimize_options_from_args(args):
-    from dataclasses import fields
-
-    from ..optimize import OptimizeOptions
-
-    given = {f.name: getattr(args, "opt_" + f.name) for f in fields(OptimizeOptions)
-             if getattr(args, "opt_" + f.name, None) is not None}
-    # Kaldi's defaults of the deriv-time options are the int32 extremes, meaning "no
-    # limit": given (a Kaldi config file may spell them out), they are unset here too
-    for name, unset in (("min_deriv_time", -2**31), ("max_deriv_time", 2**31 - 1),
-                        ("max_deriv_time_relative", 2**31 - 1)):
-        if given.get(name) == unset:
-            del given[name]
-    return OptimizeOptions(**given)
 
 
 def _cmd_demo(args) -> int:

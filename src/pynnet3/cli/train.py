@@ -17,7 +17,12 @@ import numpy as np
 
 from ..errors import PynnetError
 from .jobs import BACKEND_CHOICES, USE_GPU_CHOICES, cuda_available, sigterm_stops, stopped
-from .kaldi_options import add_standard_options, bool_option
+from .kaldi_options import (
+    add_optimize_flags,
+    add_standard_options,
+    bool_option,
+    caching_compiler_from_args,
+)
 
 # nnet3-train flags that go to TrainerOptions (as given on the command line).
 _TRAINER_FLAGS = ("momentum", "max-param-change", "l2-regularize-factor",
@@ -75,14 +80,10 @@ def _cmd_train(args) -> int:
         if getattr(args, flag):
             _log(f"--{flag.replace('_', '-')} is accepted and ignored (pynnet3 compiles in "
                  "memory; equal minibatch shapes compile once per run)", "WARNING")
-    from ..cache import CachingCompiler
-    from .main import optimize_options_from_args
-
     options = TrainerOptions.from_flags(trainer_flags(args))
     nnet, am = read_model_or_am(args.model)
     # (--optimization.min-deriv-time etc. shape the training computations, as in Kaldi)
-    compiler = CachingCompiler(nnet, optimize=optimize_options_from_args(args),
-                               capacity=args.cache_capacity, use_shortcut=args.use_shortcut)
+    compiler = caching_compiler_from_args(nnet, args)
     examples = read_examples(args.egs_rspecifier)
     group = _Group.start(args) if args.distributed else None
     if group is not None:
@@ -307,8 +308,6 @@ def add_train_command(sub, command) -> None:
     c.add_argument("--cuda-memory-proportion", dest="cuda_memory_proportion", type=float,
                    default=0.5, metavar="FLOAT", help="(default: 0.5)")
     bool_option(c, "--cuda-cache-memory", True, "(default: true)")
-    from .main import add_optimize_flags  # (main is loaded: it is building the parser)
-
     add_standard_options(s, verbose=False)
     add_optimize_flags(s)
     s.set_defaults(fn=_cmd_train)

@@ -32,10 +32,10 @@ from .jobs import (
     say,
 )
 from .kaldi_options import (
-    add_cuda_device_options,
     add_debug_options,
-    add_standard_options,
+    add_decoding_option_groups,
     bool_option,
+    caching_compiler_from_args,
 )
 
 
@@ -116,7 +116,6 @@ def compute_xvector(nnet, compiler, feats: np.ndarray, chunk_size: int = -1,
 
 
 def cmd_xvector_compute(args) -> int:
-    from ..cache import CachingCompiler
     from ..graphopt import optimize_network
     from .files import read_model
 
@@ -128,10 +127,7 @@ def cmd_xvector_compute(args) -> int:
     nnet.set_test_mode(True)
     if args.network_optimize:
         nnet = optimize_network(nnet)
-    from .main import optimize_options_from_args
-
-    compiler = CachingCompiler(nnet, optimize=optimize_options_from_args(args),
-                               capacity=args.cache_capacity, use_shortcut=args.use_shortcut)
+    compiler = caching_compiler_from_args(nnet, args)
     for flag, value in (("--cached-compiler-in", args.cached_compiler_in),
                         ("--cached-compiler-out", args.cached_compiler_out)):
         if value:
@@ -214,8 +210,6 @@ def add_xvector_command(sub, command) -> None:
                    metavar="FILE",
                    help="Kaldi: write the compiled-computation cache to FILE (accepted; "
                         "not used: a note says so, and no file is written) (default: none)")
-    from .main import add_optimize_flags  # (main is loaded: it is building the parser)
-
     g = s.add_argument_group(
         "decoding options nnet3-xvector-compute registers (Kaldi's "
         "NnetSimpleComputationOptions) but does not use: accepted, no effect")
@@ -233,7 +227,5 @@ def add_xvector_command(sub, command) -> None:
                    metavar="FLOAT", help="acoustic scale (no effect: the x-vectors are not "
                                          "scaled) (default: 1.0)")
     add_debug_options(g)
-    add_cuda_device_options(s)
-    add_standard_options(s)
-    add_optimize_flags(s)
+    add_decoding_option_groups(s)
     s.set_defaults(fn=cmd_xvector_compute)
