@@ -34,10 +34,9 @@ import numpy as np
 from ..errors import FormatError, PynnetError
 from ..gcpause import start_up_done
 from .jobs import (
-    add_device_flags,
-    add_thread_flag,
-    apply_num_threads,
-    choose_backend,
+    add_run_flags,
+    add_table_arguments,
+    run_device,
     run_table_job,
     say,
 )
@@ -194,8 +193,7 @@ def cmd_compute(args, stats: dict | None = None) -> int:
 
         start_up_done()  # (the collector back on for the run)
         return run_scaled(args)
-    backend, device = choose_backend(args.use_gpu, args.backend, _say)
-    apply_num_threads(args.num_threads, backend, device)
+    backend, device = run_device(args, _say)
     options = _options(args)
     optimize = optimize_options_from_args(args)  # (--optimization.*)
     nnet, log_priors = _load_model(args)
@@ -326,13 +324,8 @@ def add_compute_command(sub, command) -> None:
                 "example: pynnet3 compute --ivectors=scp:ivectors.scp final.mdl \\\n"
                 "           scp:feats.scp ark,scp:out.ark,out.scp",
                 usage="pynnet3 compute [options] MODEL FEATS-RSPECIFIER OUT-WSPECIFIER")
-    s.add_argument("model", metavar="MODEL",
-                   help="model: Kaldi nnet3 (raw) or final.mdl, text or binary (detected); "
-                        "'-' reads stdin")
-    s.add_argument("features", metavar="FEATS-RSPECIFIER",
-                   help="feature matrices to read, e.g. scp:feats.scp or ark:feats.ark")
-    s.add_argument("output", metavar="OUT-WSPECIFIER",
-                   help="where to write the outputs, e.g. ark:out.ark or "
+    add_table_arguments(s, "OUT-WSPECIFIER",
+                        "where to write the outputs, e.g. ark:out.ark or "
                         "ark,scp:out.ark,out.scp")
     s.add_argument("--frames-per-chunk", dest="frames_per_chunk", type=int, default=50,
                    metavar="INT",
@@ -388,11 +381,7 @@ def add_compute_command(sub, command) -> None:
                 "DecodableNnetSimpleLooped, as nnet3-latgen-faster-looped): state carried between "
                 "chunks, no extra context but --extra-left-context-initial (-1 means 0 here); the "
                 "--acoustic-scale default stays 1.0 (default: false)")
-    add_device_flags(s)
-    add_thread_flag(s)
-    bool_option(s, "--network-optimize", True,
-                "run the network optimizer on the model first, as nnet3-compute runs "
-                "CollapseModel; outputs equal up to float rounding (default: true)")
+    add_run_flags(s, "nnet3-compute")
     s.add_argument("--batch-size", dest="batch_size", type=int, default=None, metavar="INT",
                    help="beyond nnet3-compute: run up to this many equal-sized chunks, "
                         "from several utterances, as the sequences of one computation; "

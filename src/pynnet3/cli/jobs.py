@@ -1,7 +1,8 @@
-"""What the long-running archive commands (compute, xvector-compute) share: the
-utterance loop over a feature table (run_table_job), the progress display,
-SIGTERM handling, the choice of backend from --use-gpu / --backend and the BLAS
-threads from --num-threads."""
+"""What the long-running archive commands (compute, xvector-compute) share: their
+arguments and run flags (add_table_arguments, add_run_flags), the utterance loop
+over a feature table (run_table_job), the progress display, SIGTERM handling, the
+choice of backend from --use-gpu / --backend and the BLAS threads from
+--num-threads (run_device)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..errors import PynnetError
+from .kaldi_options import bool_option
 
 USE_GPU_CHOICES = ("yes", "no", "optional", "wait")
 BACKEND_CHOICES = ("numpy", "torch")
@@ -78,6 +80,38 @@ def add_device_flags(s) -> None:
     s.add_argument("--backend", choices=BACKEND_CHOICES, default="numpy",
                    help="beyond Kaldi: the backend on the CPU, numpy or torch "
                         "(default: numpy)")
+
+
+def add_table_arguments(s, output_metavar: str, output_help: str) -> None:
+    """MODEL FEATS-RSPECIFIER OUTPUT, the arguments of a command that runs a model over
+    a table of features (compute, xvector-compute); ``output_metavar`` and
+    ``output_help`` say what it writes."""
+    s.add_argument("model", metavar="MODEL",
+                   help="model: Kaldi nnet3 (raw) or final.mdl, text or binary (detected); "
+                        "'-' reads stdin")
+    s.add_argument("features", metavar="FEATS-RSPECIFIER",
+                   help="feature matrices to read, e.g. scp:feats.scp or ark:feats.ark")
+    s.add_argument("output", metavar=output_metavar, help=output_help)
+
+
+def add_run_flags(s, program: str) -> None:
+    """--use-gpu, --backend, --num-threads and --network-optimize on the subparser
+    ``s``: where and how a table command runs its model (``program``, in the help of
+    --network-optimize, is the Kaldi program whose CollapseModel it stands in for)."""
+    add_device_flags(s)
+    add_thread_flag(s)
+    bool_option(s, "--network-optimize", True,
+                f"run the network optimizer on the model first, as {program} runs "
+                "CollapseModel; outputs equal up to float rounding (default: true)")
+
+
+def run_device(args, say: Callable[[str, str], None]) -> tuple[str, str | None]:
+    """(backend, device) of ``args.use_gpu`` and ``args.backend``
+    (:func:`choose_backend`), with the CPU's BLAS threads of ``args.num_threads``
+    set for it (:func:`apply_num_threads`)."""
+    backend, device = choose_backend(args.use_gpu, args.backend, say)
+    apply_num_threads(args.num_threads, backend, device)
+    return backend, device
 
 
 def choose_backend(use_gpu: str, backend: str, say: Callable[[str, str], None]

@@ -24,10 +24,9 @@ import numpy as np
 from ..errors import PynnetError
 from ..gcpause import start_up_done
 from .jobs import (
-    add_device_flags,
-    add_thread_flag,
-    apply_num_threads,
-    choose_backend,
+    add_run_flags,
+    add_table_arguments,
+    run_device,
     run_table_job,
     say,
 )
@@ -119,8 +118,7 @@ def cmd_xvector_compute(args) -> int:
     from ..graphopt import optimize_network
     from .files import read_model
 
-    backend, device = choose_backend(args.use_gpu, args.backend, _say)
-    apply_num_threads(args.num_threads, backend, device)
+    backend, device = run_device(args, _say)
     if args.min_chunk_size <= 0:
         raise PynnetError(f"--min-chunk-size must be positive, got {args.min_chunk_size}")
     nnet = read_model(args.model).copy()
@@ -169,13 +167,8 @@ def add_xvector_command(sub, command) -> None:
                 "           scp:feats.scp ark,scp:xvector.ark,xvector.scp",
                 usage="pynnet3 xvector-compute [options] MODEL FEATS-RSPECIFIER "
                       "VECTOR-WSPECIFIER")
-    s.add_argument("model", metavar="MODEL",
-                   help="model: Kaldi nnet3 (raw) or final.mdl, text or binary (detected); "
-                        "'-' reads stdin")
-    s.add_argument("features", metavar="FEATS-RSPECIFIER",
-                   help="feature matrices to read, e.g. scp:feats.scp or ark:feats.ark")
-    s.add_argument("output", metavar="VECTOR-WSPECIFIER",
-                   help="where to write the x-vectors, e.g. ark:xvector.ark or "
+    add_table_arguments(s, "VECTOR-WSPECIFIER",
+                        "where to write the x-vectors, e.g. ark:xvector.ark or "
                         "ark,scp:xvector.ark,xvector.scp")
     s.add_argument("--chunk-size", dest="chunk_size", type=int, default=-1, metavar="INT",
                    help="frames per chunk; -1 means the whole utterance in one chunk "
@@ -192,11 +185,7 @@ def add_xvector_command(sub, command) -> None:
                    metavar="INT",
                    help="computations kept by the compiler's cache, one per chunk "
                         "length (default: 64)")
-    add_device_flags(s)
-    add_thread_flag(s)
-    bool_option(s, "--network-optimize", True,
-                "run the network optimizer on the model first, as the Kaldi program runs "
-                "CollapseModel; outputs equal up to float rounding (default: true)")
+    add_run_flags(s, "the Kaldi program")
     bool_option(s, "--use-shortcut", True,
                 "Kaldi's compiler shortcut (CachingOptimizingCompilerOptions): compile requests of "
                 "regular structure for 2 sequences and expand; x-vector requests have one "
