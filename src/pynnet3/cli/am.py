@@ -8,7 +8,7 @@ import sys
 
 from ..am import AcousticModel
 from .files import read_model_bytes, write_model
-from .kaldi_options import add_standard_options, bool_option
+from .kaldi_options import add_binary_option, add_standard_options, bool_option
 
 
 def read_am_file(path: str) -> AcousticModel:
@@ -99,8 +99,7 @@ def add_am_commands(sub, command) -> None:
                    help="acoustic model to read: Kaldi final.mdl, text or binary "
                         "(detected); '-' reads stdin")
     s.add_argument("output", metavar="OUT", help="where to write it; '-' writes stdout")
-    bool_option(s, "--binary", True,
-                "write Kaldi's binary (true) or text (false) format (default: true)")
+    add_binary_option(s)
     bool_option(s, "--raw", False, "write only the network, as a raw nnet3 model (default: false)")
     s.add_argument("--set-raw-nnet", dest="set_raw_nnet", default="", metavar="MODEL",
                    help="replace the network with this raw model (the priors are dropped, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from .kaldi_options import add_standard_options, bool_option
+from .kaldi_options import add_binary_option, add_standard_options
 
 
 def _cmd_average(args) -> int:
@@ -47,8 +47,7 @@ def add_average_command(sub, command) -> None:
     s.add_argument("models", nargs="+", metavar="MODEL",
                    help="models to average (Kaldi nnet3, text or binary, gzipped or not), "
                         "then the model to write ('-': stdout)")
-    bool_option(s, "--binary", True,
-                "write the model in binary (true) or text (false) (default: true)")
+    add_binary_option(s)
     s.add_argument("--weights", default="", metavar="W1:W2:...",
                    help="colon-separated weights, one per input model, normalized to sum "
                         "to one (default: equal weights)")

@@ -47,6 +47,13 @@ def bool_option(g, flag: str, default: bool | None, help: str, dest: str | None 
                    type=kaldi_bool, default=default, metavar="true|false", help=help)
 
 
+def add_binary_option(s: argparse.ArgumentParser) -> None:
+    """``--binary`` of the commands that write a model (as Kaldi's programs that write
+    one: binary by default)."""
+    bool_option(s, "--binary", True,
+                "write the model in Kaldi's binary (true) or text (false) format (default: true)")
+
+
 def add_standard_options(s: argparse.ArgumentParser, verbose: bool = True) -> None:
     """Kaldi's standard options: ``--config`` (expanded by :func:`kaldi_argv`; here
     only for --help), ``--print-args`` (accepted: pynnet3 does not echo its command
@@ -211,7 +218,7 @@ def _rewrite(arg: str, bools: set[str]) -> str:
     return f"{key}={value}"
 
 
-__all__ = ["KALDI_STYLE_COMMANDS", "KaldiOptionError", "add_cuda_device_options",
-           "add_debug_options", "add_decoding_option_groups", "add_optimize_flags",
-           "add_standard_options", "bool_option", "caching_compiler_from_args", "kaldi_argv",
-           "kaldi_bool", "optimize_options_from_args"]
+__all__ = ["KALDI_STYLE_COMMANDS", "KaldiOptionError", "add_binary_option",
+           "add_cuda_device_options", "add_debug_options", "add_decoding_option_groups",
+           "add_optimize_flags", "add_standard_options", "bool_option",
+           "caching_compiler_from_args", "kaldi_argv", "kaldi_bool", "optimize_options_from_args"]

@@ -19,6 +19,7 @@ from ..runtime.allocator import tune_malloc
 from .kaldi_options import (
     KALDI_STYLE_COMMANDS,
     KaldiOptionError,
+    add_binary_option,
     add_optimize_flags,
     add_standard_options,
     bool_option,
@@ -221,8 +222,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
-_BINARY_HELP = "write the model in Kaldi's binary (true) or text (false) format (default: true)"
-
 
 def _add_info(sub, command) -> None:
     s = command(sub, "info", "print a model's nodes, components, dims and context "
@@ -248,8 +247,7 @@ def _add_init(sub, command) -> None:
                         "(default: none, a new network)")
     s.add_argument("config", metavar="CONFIG", help="config file (Kaldi nnet3 config lines)")
     s.add_argument("out", metavar="OUT", help="where to write the model")
-    bool_option(s, "--binary", True,
-                _BINARY_HELP)
+    add_binary_option(s)
     s.add_argument("--srand", type=int, default=0, metavar="INT",
                    help="random seed for the initial parameters (pynnet3's generator: "
                         "the values differ from Kaldi's for the same seed) (default: 0)")
@@ -288,8 +286,7 @@ def _add_copy(sub, command) -> None:
     s.add_argument("input", metavar="IN",
                    help="model to read: Kaldi nnet3, text or binary (detected)")
     s.add_argument("output", metavar="OUT", help="where to write the model")
-    bool_option(s, "--binary", True,
-                _BINARY_HELP)
+    add_binary_option(s)
     add_editing_flags(s)
     bool_option(s, "--batchnorm-test-mode", False,
                 "as nnet3-copy: BatchNorm components' test mode is set to this value unless "
@@ -319,8 +316,7 @@ def _add_optimize_network(sub, command) -> None:
     s.add_argument("input", metavar="IN",
                    help="model to read: Kaldi nnet3, text or binary (detected)")
     s.add_argument("output", metavar="OUT", help="where to write the optimized model")
-    bool_option(s, "--binary", True,
-                _BINARY_HELP)
+    add_binary_option(s)
     bool_option(s, "--set-test-mode", None,
                 "switch BatchNorm and dropout to test mode first (true) or training mode (false) "
                 "(default: leave them as they are)")

@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import PynnetError
 from .jobs import BACKEND_CHOICES, USE_GPU_CHOICES, cuda_available, sigterm_stops, stopped
 from .kaldi_options import (
+    add_binary_option,
     add_optimize_flags,
     add_standard_options,
     bool_option,
@@ -229,8 +230,7 @@ def add_train_command(sub, command) -> None:
                    help="training examples: ark:egs.ark, scp:egs.scp, ark:- or "
                         "'ark:pynnet3 merge-egs ark:egs.ark ark:- |'")
     s.add_argument("out", metavar="OUT", help="where to write the trained model ('-': stdout)")
-    bool_option(s, "--binary", True,
-                "write the model in binary (true) or text (false) (default: true)")
+    add_binary_option(s)
     s.add_argument("--use-gpu", dest="use_gpu", choices=USE_GPU_CHOICES, default="yes",
                    help="yes/wait/optional: train on a CUDA device (the torch backend) when "
                         "there is one; without one, yes/wait warn and train on the CPU "
