@@ -27,12 +27,11 @@ def _cmd_am_copy(args) -> int:
     --convert-repeated-to-block, --learning-rate, --edits-config, --edits, the context
     recomputed (AmNnetSimple::SetContext), --scale, --prepare-for-test. The edits are
     parsed before the model is read, so a bad one fails before any work."""
-    from .editing import apply_read_edits, read_edits, scale_network
-    from .files import read_config, read_model
-    from .network import network_options_from_args, prepare_for_test
+    from .editing import Editing
+    from .files import read_model
+    from .network import prepared_for_test
 
-    edits = read_edits(args)
-    nnet_config = read_config(args.nnet_config) if args.nnet_config else None
+    editing = Editing(args, "am-copy")
     am = read_am_file(args.input)
     if args.set_raw_nnet:
         am.nnet = read_model(args.set_raw_nnet)
@@ -41,23 +40,19 @@ def _cmd_am_copy(args) -> int:
                             f"changing the nnet: {am.priors.size} vs. {am.num_pdfs}")
             am.priors = am.priors[:0]
     nnet = am.nnet
-    if nnet_config is not None:
-        text, name = nnet_config
-        nnet.read_config(text, source=name)
+    editing.add_nnet_config(nnet)
     if args.convert_repeated_to_block:
         from ..edits import convert_repeated_to_block
 
         convert_repeated_to_block(nnet)
-    if args.learning_rate is not None and args.learning_rate >= 0:
-        nnet.set_learning_rate(args.learning_rate)
-    apply_read_edits(nnet, edits, "am-copy")
+    editing.set_learning_rate(nnet)
+    editing.apply_edits(nnet)
     # (AmNnetSimple::Read and SetContext: the context is the network's, whatever the
     # file said)
     am.left_context, am.right_context = nnet.context()
-    scale_network(nnet, args.scale)
-    if args.prepare_for_test:
-        nnet = prepare_for_test(nnet, network_options_from_args(args))
-    write_model(nnet, args.output, args.binary, None if args.raw else am)
+    editing.scale_network(nnet)
+    write_model(prepared_for_test(nnet, args), args.output, args.binary,
+                None if args.raw else am)
     return 0
 
 
@@ -69,7 +64,7 @@ def add_am_commands(sub, command) -> None:
     """Add ``am-info`` and ``am-copy`` to the subparsers ``sub`` (``command`` makes
     one, as main.py's ``_command``)."""
     from .editing import add_editing_flags
-    from .network import add_network_flags
+    from .network import add_prepare_for_test_flags
 
     s = command(sub, "am-info", "print an acoustic model's transition model, priors and "
                 "network (like nnet3-am-info)",
@@ -108,9 +103,6 @@ def add_am_commands(sub, command) -> None:
                 "turn every (NaturalGradient)RepeatedAffineComponent, also inside "
                 "CompositeComponents, into the equal BlockAffineComponent (default: false)")
     add_editing_flags(s)
-    bool_option(s, "--prepare-for-test", False,
-                "BatchNorm and dropout in test mode, then the network optimizer (in place of "
-                "Kaldi's CollapseModel; the result is a model Kaldi reads) (default: false)")
-    add_network_flags(s)
+    add_prepare_for_test_flags(s)
     add_standard_options(s)
     s.set_defaults(fn=_cmd_am_copy)

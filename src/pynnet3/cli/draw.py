@@ -23,18 +23,17 @@ from .kaldi_options import bool_option
 def cmd_draw(args) -> int:
     # (viz is loaded here, not with the command line: other commands do without it)
     from ..viz.graph import RENDER_FORMATS, network_graph, render_dot
+    from .network import apply_set_test_mode, network_options_from_args
 
     fmt = "dot" if args.out == STDIO else Path(args.out).suffix.lower().lstrip(".")
     if fmt not in ("dot", "gv", *RENDER_FORMATS):
         raise PynnetError(f"{args.out}: unknown drawing format {fmt or '(no suffix)'!r}; "
                           "OUT must end in .dot, .svg, .png or .pdf")
     nnet = read_model(args.model)
-    if args.set_test_mode is not None:
-        nnet.set_test_mode(args.set_test_mode)
+    apply_set_test_mode(nnet, args)
     optimized = None
     if args.optimized:
         from ..graphopt import optimize_network
-        from .network import network_options_from_args
 
         optimized = optimize_network(nnet, network_options_from_args(args))
     text = network_graph(nnet, optimized, rankdir=args.rankdir)
@@ -49,7 +48,7 @@ def cmd_draw(args) -> int:
 
 def add_draw_command(sub, command) -> None:
     """Register ``draw`` on the subparsers ``sub`` (``command`` makes a subparser)."""
-    from .network import add_network_flags
+    from .network import add_network_flags, add_set_test_mode_flag
 
     s = command(sub, "draw", "draw the network as a graph (DOT, SVG, PNG, PDF)",
                 "Draw a model's nodes (inputs, outputs, components, dim ranges) and the\n"
@@ -69,9 +68,7 @@ def add_draw_command(sub, command) -> None:
     bool_option(s, "--optimized", False,
                 "also run the network optimizer and draw its result beside the original, marking "
                 "removed, new and changed nodes (default: false)")
-    bool_option(s, "--set-test-mode", None,
-                "switch BatchNorm and dropout to test mode first (true; lets the optimizer fold "
-                "them) or training mode (false) (default: leave them as they are)")
+    add_set_test_mode_flag(s)
     s.add_argument("--rankdir", choices=("TB", "LR", "BT", "RL"), default="TB",
                    help="layout direction: TB top to bottom, LR left to right, BT, RL "
                         "(default: TB)")

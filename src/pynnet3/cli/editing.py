@@ -1,7 +1,8 @@
 """What ``copy`` and ``am-copy`` (nnet3-copy, nnet3-am-copy) do to a network on the
-way: edit directives (``--edits-config``, ``--edits``), read and parsed before the
-model so that a bad one fails before any work, applied with Kaldi's log lines; and
-``--scale``; and the flags of these steps, which both commands share."""
+way (:class:`Editing`): ``--nnet-config``, ``--learning-rate``, edit directives
+(``--edits-config``, ``--edits``; read and parsed before the model so that a bad one
+fails before any work, applied with Kaldi's log lines) and ``--scale``; and the
+flags of these steps, which both commands share."""
 
 from __future__ import annotations
 
@@ -41,6 +42,49 @@ def add_editing_flags(s: argparse.ArgumentParser) -> None:
                         "(default: 1.0)")
 
 
+class Editing:
+    """The steps of the editing flags (:func:`add_editing_flags`) for a copy command
+    (``tool``: copy, am-copy). Made before the model is read: the ``--nnet-config``
+    file and the edit directives are read (and parsed) then, so that a bad one fails
+    before any work; the command applies each step where its Kaldi program's order
+    has it."""
+
+    def __init__(self, args, tool: str):
+        from .files import read_config
+
+        self.tool = tool
+        self.edits = read_edits(args)
+        self.nnet_config = read_config(args.nnet_config) if args.nnet_config else None
+        self.learning_rate, self.scale = args.learning_rate, args.scale
+
+    def add_nnet_config(self, nnet) -> None:
+        """``--nnet-config``: the config's lines add or replace nodes and components
+        of ``nnet``."""
+        if self.nnet_config is not None:
+            text, name = self.nnet_config
+            nnet.read_config(text, source=name)
+
+    def set_learning_rate(self, nnet) -> None:
+        """``--learning-rate``: when given and >= 0, every updatable component's
+        learning rate (times its learning-rate-factor)."""
+        if self.learning_rate is not None and self.learning_rate >= 0:
+            nnet.set_learning_rate(self.learning_rate)
+
+    def apply_edits(self, nnet) -> None:
+        """``--edits-config`` then ``--edits``, applied in order, logged as Kaldi
+        does."""
+        if not self.edits:
+            return
+        from ..edits import apply_edits
+
+        for level, message in apply_edits(nnet, self.edits):
+            print(f"{level} (pynnet3 {self.tool}) {message}", file=sys.stderr)
+
+    def scale_network(self, nnet) -> None:
+        """``--scale`` (:func:`scale_network`)."""
+        scale_network(nnet, self.scale)
+
+
 def read_edits(args) -> list:
     """The directives of ``--edits-config`` then ``--edits``, parsed (none: [])."""
     from ..edits import edits_from_option, parse_edits
@@ -52,16 +96,6 @@ def read_edits(args) -> list:
     if args.edits:
         edits += parse_edits(edits_from_option(args.edits), "--edits")
     return edits
-
-
-def apply_read_edits(nnet, edits: list, tool: str) -> None:
-    """Apply ``edits`` (from :func:`read_edits`) in order, logging as Kaldi does."""
-    if not edits:
-        return
-    from ..edits import apply_edits
-
-    for level, message in apply_edits(nnet, edits):
-        print(f"{level} (pynnet3 {tool}) {message}", file=sys.stderr)
 
 
 def scale_network(nnet, scale: float) -> None:

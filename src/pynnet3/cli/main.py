@@ -62,28 +62,21 @@ def _cmd_copy(args) -> int:
     --edits, then BatchNorm's test mode (--batchnorm-test-mode, unless
     --prepare-for-test), --set-test-mode and --prepare-for-test. The edits are read and parsed
     before the model, so a bad one fails before any work."""
-    from .editing import apply_read_edits, read_edits, scale_network
-    from .files import read_config, read_model, write_model
-    from .network import network_options_from_args, prepare_for_test
+    from .editing import Editing
+    from .files import read_model, write_model
+    from .network import apply_set_test_mode, prepared_for_test
 
-    edits = read_edits(args)
-    nnet_config = read_config(args.nnet_config) if args.nnet_config else None
+    editing = Editing(args, "copy")
     nnet = read_model(args.input)
-    if nnet_config is not None:
-        text, name = nnet_config
-        nnet.read_config(text, source=name)
-    if args.learning_rate is not None and args.learning_rate >= 0:
-        nnet.set_learning_rate(args.learning_rate)
-    scale_network(nnet, args.scale)
-    apply_read_edits(nnet, edits, "copy")
+    editing.add_nnet_config(nnet)
+    editing.set_learning_rate(nnet)
+    editing.scale_network(nnet)
+    editing.apply_edits(nnet)
     if not args.prepare_for_test:
         # (as nnet3-copy: every copy sets BatchNorm's test mode, false by default)
         nnet.set_batchnorm_test_mode(args.batchnorm_test_mode)
-    if args.set_test_mode is not None:
-        nnet.set_test_mode(args.set_test_mode)
-    if args.prepare_for_test:
-        nnet = prepare_for_test(nnet, network_options_from_args(args))
-    write_model(nnet, args.output, args.binary)
+    apply_set_test_mode(nnet, args)
+    write_model(prepared_for_test(nnet, args), args.output, args.binary)
     return 0
 
 
@@ -257,7 +250,7 @@ def _add_init(sub, command) -> None:
 
 def _add_copy(sub, command) -> None:
     from .editing import add_editing_flags
-    from .network import add_network_flags
+    from .network import add_prepare_for_test_flags, add_set_test_mode_flag
 
     s = command(sub, "copy", "copy a model, converting text/binary, editing it (like "
                 "nnet3-copy)",
@@ -292,20 +285,16 @@ def _add_copy(sub, command) -> None:
                 "as nnet3-copy: BatchNorm components' test mode is set to this value unless "
                 "--prepare-for-test is given (default: false, as Kaldi's: a plain copy puts "
                 "BatchNorm in training mode)")
-    bool_option(s, "--set-test-mode", None,
-                "switch BatchNorm and dropout components to test mode (true) or training mode "
-                "(false), after --batchnorm-test-mode (default: leave them as they are)")
-    bool_option(s, "--prepare-for-test", False,
-                "as nnet3-copy --prepare-for-test: test modes, then the network optimizer (folds "
-                "BatchNorm, dropout, fixed scales into affine layers; the result is a model Kaldi "
-                "reads) (default: false)")
-    add_network_flags(s)
+    add_set_test_mode_flag(s, "switch BatchNorm and dropout components to test mode (true) "
+                              "or training mode (false), after --batchnorm-test-mode "
+                              "(default: leave them as they are)")
+    add_prepare_for_test_flags(s)
     add_standard_options(s)
     s.set_defaults(fn=_cmd_copy)
 
 
 def _add_optimize_network(sub, command) -> None:
-    from .network import add_network_flags, cmd_optimize_network
+    from .network import add_network_flags, add_set_test_mode_flag, cmd_optimize_network
 
     s = command(sub, "optimize-network", "rewrite a model into an equivalent, faster one",
                 "Run the network optimizer (pruning, constant folding, arithmetic\n"
@@ -317,9 +306,7 @@ def _add_optimize_network(sub, command) -> None:
                    help="model to read: Kaldi nnet3, text or binary (detected)")
     s.add_argument("output", metavar="OUT", help="where to write the optimized model")
     add_binary_option(s)
-    bool_option(s, "--set-test-mode", None,
-                "switch BatchNorm and dropout to test mode first (true) or training mode (false) "
-                "(default: leave them as they are)")
+    add_set_test_mode_flag(s)
     s.add_argument("--preserve", default="", metavar="NODE[,NODE...]",
                    help="nodes that must keep their names and values (output nodes always "
                         "do) (default: none)")

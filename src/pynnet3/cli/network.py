@@ -58,6 +58,8 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def network_options_from_args(args) -> NetworkOptions:
+    """The NetworkOptions of the network optimizer flags given (the others keep their
+    defaults)."""
     changes = {f.name: getattr(args, "net_" + f.name) for f in fields(NetworkOptions)
                if getattr(args, "net_" + f.name, None) is not None}
     return NetworkOptions(**changes)
@@ -73,12 +75,48 @@ def prepare_for_test(nnet, options: NetworkOptions | None = None,
     return optimize_network(nnet, options, report=report)
 
 
+def add_prepare_for_test_flags(s: argparse.ArgumentParser) -> None:
+    """``--prepare-for-test`` (of copy and am-copy: :func:`prepared_for_test`) and the
+    network optimizer's flags it runs with."""
+    bool_option(s, "--prepare-for-test", False,
+                "as Kaldi's --prepare-for-test: BatchNorm and dropout in test mode, then the "
+                "network optimizer in place of CollapseModel (folds BatchNorm, dropout, fixed "
+                "scales into affine layers; the result is a model Kaldi reads) (default: false)")
+    add_network_flags(s)
+
+
+def prepared_for_test(nnet, args):
+    """``nnet`` prepared for test (:func:`prepare_for_test` with the command's network
+    optimizer flags) when ``--prepare-for-test`` was given, else ``nnet``."""
+    if not args.prepare_for_test:
+        return nnet
+    return prepare_for_test(nnet, network_options_from_args(args))
+
+
+_SET_TEST_MODE_HELP = ("switch BatchNorm and dropout to test mode first (true; lets the "
+                       "optimizer fold them) or training mode (false) (default: leave them as "
+                       "they are)")
+
+
+def add_set_test_mode_flag(s: argparse.ArgumentParser, help: str = _SET_TEST_MODE_HELP
+                           ) -> None:
+    """``--set-test-mode`` (:func:`apply_set_test_mode`); ``help`` says when the command
+    applies it."""
+    bool_option(s, "--set-test-mode", None, help)
+
+
+def apply_set_test_mode(nnet, args) -> None:
+    """``--set-test-mode``: BatchNorm and dropout of ``nnet`` switched to test (true)
+    or training (false) mode; left as they are without the flag."""
+    if args.set_test_mode is not None:
+        nnet.set_test_mode(args.set_test_mode)
+
+
 def cmd_optimize_network(args) -> int:
     from .files import read_model, write_model
 
     nnet = read_model(args.input)  # ('-': stdin)
-    if args.set_test_mode is not None:
-        nnet.set_test_mode(args.set_test_mode)
+    apply_set_test_mode(nnet, args)
     report = NetworkReport()
     preserve = tuple(p for p in (args.preserve or "").split(",") if p)
     out = optimize_network(nnet, network_options_from_args(args), preserve=preserve,
