@@ -77,6 +77,11 @@ def add_device_flags(s) -> None:
                    help="as Kaldi: yes/wait run on a CUDA device (an error without one), "
                         "optional on one when there is one, no on the CPU; the GPU runs "
                         "on the torch backend (default: no)")
+    add_backend_flag(s)
+
+
+def add_backend_flag(s) -> None:
+    """--backend (the CPU's: numpy or torch) on the subparser ``s``."""
     s.add_argument("--backend", choices=BACKEND_CHOICES, default="numpy",
                    help="beyond Kaldi: the backend on the CPU, numpy or torch "
                         "(default: numpy)")

@@ -16,7 +16,13 @@ import sys
 import numpy as np
 
 from ..errors import PynnetError
-from .jobs import BACKEND_CHOICES, USE_GPU_CHOICES, cuda_available, sigterm_stops, stopped
+from .jobs import (
+    USE_GPU_CHOICES,
+    add_backend_flag,
+    cuda_available,
+    sigterm_stops,
+    stopped,
+)
 from .kaldi_options import (
     add_binary_option,
     add_optimize_flags,
@@ -25,11 +31,31 @@ from .kaldi_options import (
     caching_compiler_from_args,
 )
 
-# nnet3-train flags that go to TrainerOptions (as given on the command line).
-_TRAINER_FLAGS = ("momentum", "max-param-change", "l2-regularize-factor",
-                  "batchnorm-stats-scale", "backstitch-training-scale",
-                  "backstitch-training-interval", "store-component-stats",
-                  "zero-component-stats", "srand", "print-interval")
+# nnet3-train flags that go to TrainerOptions (as given on the command line; unset
+# unless given, so the others keep Kaldi's defaults, which their help gives), in the
+# order --help lists them: (flag, type, help).
+_TRAINER_FLAGS = (
+    ("momentum", float, "momentum constant (the update is scaled by 1 - momentum so the "
+                        "effective learning rate stays the same) (default: 0)"),
+    ("max-param-change", float, "the most the whole parameter vector may change in one "
+                                "minibatch (2-norm), with per-component max-change applied "
+                                "first; 0: no limit (default: 2)"),
+    ("l2-regularize-factor", float, "factor on the components' l2-regularize values "
+                                    "(default: 1)"),
+    ("batchnorm-stats-scale", float, "BatchNorm stats are scaled by this after each "
+                                     "minibatch (default: 0.8)"),
+    ("backstitch-training-scale", float, "backstitch training scale (0: off) (default: 0)"),
+    ("backstitch-training-interval", int, "backstitch every this many minibatches "
+                                          "(default: 1)"),
+    ("store-component-stats", bool, "store component statistics (nonlinearity stats, ReLU "
+                                    "self-repair) during training (default: true)"),
+    ("zero-component-stats", bool, "zero the component statistics before training "
+                                   "(default: true)"),
+    ("srand", int, "seed of the trainer's random choices (orthonormal constraint, "
+                   "backstitch phase) (default: 0)"),
+    ("print-interval", int, "log the average objective every this many minibatches "
+                            "(default: 100)"),
+)
 
 
 def _log(message: str, kind: str = "LOG") -> None:
@@ -59,8 +85,18 @@ class _Progress:
 def trainer_flags(args) -> dict:
     """The TrainerOptions flags given on the command line (the rest keep Kaldi's
     defaults)."""
-    return {flag: getattr(args, flag.replace("-", "_")) for flag in _TRAINER_FLAGS
+    return {flag: getattr(args, flag.replace("-", "_")) for flag, _, _ in _TRAINER_FLAGS
             if getattr(args, flag.replace("-", "_")) is not None}
+
+
+def _add_trainer_flags(g) -> None:
+    """The :data:`_TRAINER_FLAGS` on the argument group ``g``."""
+    for flag, kind, text in _TRAINER_FLAGS:
+        if kind is bool:
+            bool_option(g, "--" + flag, None, text)
+        else:
+            g.add_argument("--" + flag, dest=flag.replace("-", "_"), type=kind, default=None,
+                           metavar="FLOAT" if kind is float else "INT", help=text)
 
 
 def _cmd_train(args) -> int:
@@ -235,9 +271,7 @@ def add_train_command(sub, command) -> None:
                    help="yes/wait/optional: train on a CUDA device (the torch backend) when "
                         "there is one; without one, yes/wait warn and train on the CPU "
                         "(default: yes)")
-    s.add_argument("--backend", choices=BACKEND_CHOICES, default="numpy",
-                   help="beyond Kaldi: the backend on the CPU, numpy or torch "
-                        "(default: numpy)")
+    add_backend_flag(s)
     s.add_argument("--verbose", type=int, default=0, metavar="INT",
                    help="1 or more: also one line per minibatch (default: 0)")
     d = s.add_argument_group("data-parallel training (torch.distributed; start the ranks "
@@ -258,39 +292,7 @@ def add_train_command(sub, command) -> None:
                    default=600.0, metavar="SECONDS",
                    help="how long a rank waits for the others (default: 600)")
     g = s.add_argument_group("trainer options (Kaldi's NnetTrainerOptions)")
-    g.add_argument("--momentum", type=float, default=None, metavar="FLOAT",
-                   help="momentum constant (the update is scaled by 1 - momentum so the "
-                        "effective learning rate stays the same) (default: 0)")
-    g.add_argument("--max-param-change", dest="max_param_change", type=float, default=None,
-                   metavar="FLOAT",
-                   help="the most the whole parameter vector may change in one minibatch "
-                        "(2-norm), with per-component max-change applied first; 0: no limit "
-                        "(default: 2)")
-    g.add_argument("--l2-regularize-factor", dest="l2_regularize_factor", type=float,
-                   default=None, metavar="FLOAT",
-                   help="factor on the components' l2-regularize values (default: 1)")
-    g.add_argument("--batchnorm-stats-scale", dest="batchnorm_stats_scale", type=float,
-                   default=None, metavar="FLOAT",
-                   help="BatchNorm stats are scaled by this after each minibatch "
-                        "(default: 0.8)")
-    g.add_argument("--backstitch-training-scale", dest="backstitch_training_scale",
-                   type=float, default=None, metavar="FLOAT",
-                   help="backstitch training scale (0: off) (default: 0)")
-    g.add_argument("--backstitch-training-interval", dest="backstitch_training_interval",
-                   type=int, default=None, metavar="INT",
-                   help="backstitch every this many minibatches (default: 1)")
-    bool_option(g, "--store-component-stats", None,
-                "store component statistics (nonlinearity stats, ReLU self-repair) during training "
-                "(default: true)")
-    bool_option(g, "--zero-component-stats", None,
-                "zero the component statistics before training (default: true)")
-    g.add_argument("--srand", type=int, default=None, metavar="INT",
-                   help="seed of the trainer's random choices (orthonormal constraint, "
-                        "backstitch phase) (default: 0)")
-    g.add_argument("--print-interval", dest="print_interval", type=int, default=None,
-                   metavar="INT",
-                   help="log the average objective every this many minibatches "
-                        "(default: 100)")
+    _add_trainer_flags(g)
     g.add_argument("--read-cache", dest="read_cache", default="", metavar="FILE",
                    help="accepted and ignored (Kaldi's compiled-computation cache)")
     g.add_argument("--write-cache", dest="write_cache", default="", metavar="FILE",
