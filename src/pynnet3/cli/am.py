@@ -8,7 +8,7 @@ import sys
 
 from ..am import AcousticModel
 from .files import read_model_bytes, write_model
-from .kaldi_options import add_binary_option, add_standard_options, bool_option
+from .kaldi_options import add_binary_option, add_standard_options, bool_option, kaldi_log
 
 
 def read_am_file(path: str) -> AcousticModel:
@@ -36,8 +36,8 @@ def _cmd_am_copy(args) -> int:
     if args.set_raw_nnet:
         am.nnet = read_model(args.set_raw_nnet)
         if am.priors.size and am.priors.size != am.num_pdfs:  # (as AmNnetSimple::SetNnet)
-            _say("WARNING", f"Removing priors since there is a dimension mismatch after "
-                            f"changing the nnet: {am.priors.size} vs. {am.num_pdfs}")
+            kaldi_log("am-copy", "WARNING", "Removing priors since there is a dimension "
+                      f"mismatch after changing the nnet: {am.priors.size} vs. {am.num_pdfs}")
             am.priors = am.priors[:0]
     nnet = am.nnet
     editing.add_nnet_config(nnet)
@@ -54,10 +54,6 @@ def _cmd_am_copy(args) -> int:
     write_model(prepared_for_test(nnet, args), args.output, args.binary,
                 None if args.raw else am)
     return 0
-
-
-def _say(level: str, message: str) -> None:
-    print(f"{level} (pynnet3 am-copy) {message}", file=sys.stderr)
 
 
 def add_am_commands(sub, command) -> None:

@@ -3,9 +3,7 @@ parameters and statistics, e.g. of the models independent training jobs wrote)."
 
 from __future__ import annotations
 
-import sys
-
-from .kaldi_options import add_binary_option, add_standard_options
+from .kaldi_options import add_binary_option, add_standard_options, kaldi_log
 
 
 def _cmd_average(args) -> int:
@@ -19,14 +17,14 @@ def _cmd_average(args) -> int:
     inputs, out = args.models[:-1], args.models[-1]
     _, total = kaldi_weights(args.weights, len(inputs))
     if total is not None and abs(total - 1.0) > 0.01:  # (Kaldi's GetWeights threshold)
-        print(f"WARNING (pynnet3 average) Normalizing weights to sum to one, sum was "
-              f"{total:.6g}", file=sys.stderr)
+        kaldi_log("average", "WARNING", f"Normalizing weights to sum to one, sum was "
+                                        f"{total:.6g}")
     read = [read_model_or_am(path) for path in inputs]
     nnets = [nnet for nnet, _ in read]
     # (an acoustic model first: the average is one, with its transition model and priors)
     write_model(average_nnets(nnets, args.weights), out, args.binary, read[0][1])
-    print(f"LOG (pynnet3 average) Averaged parameters of {len(inputs)} neural nets, and wrote "
-          f"to {out}", file=sys.stderr)
+    kaldi_log("average", "LOG", f"Averaged parameters of {len(inputs)} neural nets, and wrote "
+                                f"to {out}")
     return 0
 
 

@@ -7,7 +7,8 @@ flags of these steps, which both commands share."""
 from __future__ import annotations
 
 import argparse
-import sys
+
+from .kaldi_options import kaldi_log
 
 
 def finite_float(text: str) -> float:
@@ -78,7 +79,7 @@ class Editing:
         from ..edits import apply_edits
 
         for level, message in apply_edits(nnet, self.edits):
-            print(f"{level} (pynnet3 {self.tool}) {message}", file=sys.stderr)
+            kaldi_log(self.tool, level, message)
 
     def scale_network(self, nnet) -> None:
         """``--scale`` (:func:`scale_network`)."""

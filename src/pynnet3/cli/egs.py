@@ -8,14 +8,12 @@ prints end the run on stderr.
 
 from __future__ import annotations
 
-import sys
-
 from .jobs import sigterm_stops, stopped
-from .kaldi_options import add_standard_options, bool_option
+from .kaldi_options import add_standard_options, bool_option, kaldi_log
 
 
-def _log(message: str) -> None:
-    print(f"LOG (pynnet3 merge-egs) {message}", file=sys.stderr)
+def _log(message: str, level: str = "LOG") -> None:
+    kaldi_log("merge-egs", level, message)
 
 
 def _cmd_merge_egs(args) -> int:
@@ -24,8 +22,8 @@ def _cmd_merge_egs(args) -> int:
 
     for flag in ("measure_output_frames", "discard_partial_minibatches"):
         if getattr(args, flag) is not None:
-            print(f"WARNING (pynnet3 merge-egs) the --{flag.replace('_', '-')} option is "
-                  "deprecated and will be ignored (as in Kaldi).", file=sys.stderr)
+            _log(f"the --{flag.replace('_', '-')} option is deprecated and will be ignored "
+                 "(as in Kaldi).", "WARNING")
     merger = ExampleMerger(args.minibatch_size, compress=args.compress)
     num_read = 0
     with sigterm_stops():
@@ -39,8 +37,7 @@ def _cmd_merge_egs(args) -> int:
                     writer.write(key, merged)
         except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the writer removed its output
             how, status = stopped(e)
-            print(f"ERROR (pynnet3 merge-egs) {how} after {num_read} examples; no output "
-                  "written", file=sys.stderr)
+            _log(f"{how} after {num_read} examples; no output written", "ERROR")
             return status
     for line in merger.stats_lines():
         _log(line)

@@ -9,12 +9,16 @@ boolean option as true (``--binary`` is ``--binary=true``) and registers the
 standard options ``--config``, ``--print-args`` and ``--verbose`` in every program.
 :func:`kaldi_argv` rewrites such a command line into one argparse reads the same
 way; :func:`add_standard_options` adds the standard options. A boolean option's
-values are read by :func:`kaldi_bool`; :func:`bool_option` declares one.
+values are read by :func:`kaldi_bool`; :func:`bool_option` declares one. Also the
+option families several commands register (``--binary``, ``--optimization.*``,
+CUDA-device and debug options) and the log line of Kaldi's programs
+(:func:`kaldi_log`).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 # Commands whose command lines follow Kaldi's conventions (main() applies kaldi_argv):
 # each stands in for a Kaldi program (nnet3-info, nnet3-init, ...) and accepts every
@@ -45,6 +49,12 @@ def bool_option(g, flag: str, default: bool | None, help: str, dest: str | None 
     ``-`` and ``.``."""
     g.add_argument(flag, dest=dest or flag[2:].replace("-", "_").replace(".", "_"),
                    type=kaldi_bool, default=default, metavar="true|false", help=help)
+
+
+def kaldi_log(tool: str, level: str, message: str) -> None:
+    """One line on stderr as Kaldi's programs log: ``LEVEL (pynnet3 TOOL) message``
+    (LEVEL: LOG, WARNING, ERROR, VLOG[n])."""
+    print(f"{level} (pynnet3 {tool}) {message}", file=sys.stderr)
 
 
 def add_binary_option(s: argparse.ArgumentParser) -> None:
@@ -221,4 +231,5 @@ def _rewrite(arg: str, bools: set[str]) -> str:
 __all__ = ["KALDI_STYLE_COMMANDS", "KaldiOptionError", "add_binary_option",
            "add_cuda_device_options", "add_debug_options", "add_decoding_option_groups",
            "add_optimize_flags", "add_standard_options", "bool_option",
-           "caching_compiler_from_args", "kaldi_argv", "kaldi_bool", "optimize_options_from_args"]
+           "caching_compiler_from_args", "kaldi_argv", "kaldi_bool", "kaldi_log",
+           "optimize_options_from_args"]

@@ -29,6 +29,7 @@ from .kaldi_options import (
     add_standard_options,
     bool_option,
     caching_compiler_from_args,
+    kaldi_log,
 )
 
 # nnet3-train flags that go to TrainerOptions (as given on the command line; unset
@@ -59,7 +60,7 @@ _TRAINER_FLAGS = (
 
 
 def _log(message: str, kind: str = "LOG") -> None:
-    print(f"{kind} (pynnet3 train) {message}", file=sys.stderr)
+    kaldi_log("train", kind, message)
 
 
 class _Progress:
