@@ -12,8 +12,8 @@ def _cmd_average(args) -> int:
     from .main import UsageError
 
     if len(args.models) < 2:
-        raise UsageError("pynnet3 average: error: give at least one model to read and the "
-                         "model to write (see pynnet3 average --help)")
+        raise UsageError("pynnet3 average", "give at least one model to read and the model to "
+                         "write", see_help=True)
     inputs, out = args.models[:-1], args.models[-1]
     _, total = kaldi_weights(args.weights, len(inputs))
     if total is not None and abs(total - 1.0) > 0.01:  # (Kaldi's GetWeights threshold)

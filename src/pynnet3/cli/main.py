@@ -85,8 +85,8 @@ def _cmd_show(args) -> int:
     from .files import STDIO, read_bytes, read_model
 
     if args.model == STDIO and args.request == STDIO:
-        raise UsageError("pynnet3 show-computation: error: MODEL and --request cannot both "
-                         "be '-' (stdin)")
+        raise UsageError("pynnet3 show-computation",
+                         "MODEL and --request cannot both be '-' (stdin)")
     nnet = read_model(args.model)
     net_report = None
     if args.network_optimize:
@@ -132,14 +132,20 @@ def _cmd_demo(args) -> int:
 
 
 class UsageError(Exception):
-    """A bad command line (unknown flag, bad flag value, missing argument)."""
+    """A bad command line (unknown flag, bad flag value, missing argument), worded as
+    argparse words one: ``PROG: error: MESSAGE``, then ``(see PROG --help)`` with
+    ``see_help``."""
+
+    def __init__(self, prog: str, message: str, see_help: bool = False):
+        super().__init__(f"{prog}: error: {message}"
+                         + (f" (see {prog} --help)" if see_help else ""))
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 1 (as Kaldi's tools)."""
 
     def error(self, message: str):
-        raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
+        raise UsageError(self.prog, message, see_help=True)
 
 
 _DESCRIPTION = """\
@@ -434,23 +440,38 @@ def _exit_without_teardown(status: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); the exit status. A
+    bad command line (the parser's, or a command's own: :class:`UsageError`) and a
+    command's error from bad input are one line on stderr and status 1."""
     if argv is None:
         argv = sys.argv[1:]
     try:
-        parser = build_parser(argv[0] if argv else None)
-        if argv and argv[0] in KALDI_STYLE_COMMANDS:  # (Kaldi's option conventions)
-            sub = parser._subparsers._group_actions[0].choices[argv[0]]
-            try:
-                argv = kaldi_argv(sub, argv)
-            except KaldiOptionError as e:
-                raise UsageError(f"pynnet3 {argv[0]}: error: {e}") from None
-        args = parser.parse_args(argv)
+        args = _parse(argv)
+        _RAN["command"] = args.command
+        if args.command not in _PAUSED_START_UP:
+            start_up_done()  # (the collector back on, if the console script paused it)
+        return _run(args)
     except UsageError as e:
         print(one_line(str(e)), file=sys.stderr)
         return 1
-    _RAN["command"] = args.command
-    if args.command not in _PAUSED_START_UP:
-        start_up_done()  # (the collector back on, if the console script paused it)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed by the parser of the command it names (Kaldi's conventions for
+    the commands that follow them)."""
+    parser = build_parser(argv[0] if argv else None)
+    if argv and argv[0] in KALDI_STYLE_COMMANDS:  # (Kaldi's option conventions)
+        sub = parser._subparsers._group_actions[0].choices[argv[0]]
+        try:
+            argv = kaldi_argv(sub, argv)
+        except KaldiOptionError as e:
+            raise UsageError(f"pynnet3 {argv[0]}", str(e)) from None
+    return parser.parse_args(argv)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command; its exit status. A pynnet3 error or an OSError is one
+    line naming the command, status 1; a reader that went away ends it quietly."""
     try:
         return args.fn(args)
     except BrokenPipeError:
@@ -460,9 +481,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (PynnetError, OSError) as e:
         print(f"pynnet3 {args.command}: error: {one_line(str(e))}", file=sys.stderr)
-        return 1
-    except UsageError as e:
-        print(one_line(str(e)), file=sys.stderr)
         return 1
 
 
