@@ -7,8 +7,12 @@ flags of these steps, which both commands share."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from .kaldi_options import kaldi_log
+
+if TYPE_CHECKING:
+    from ..nnet import Nnet
 
 
 def finite_float(text: str) -> float:
@@ -50,7 +54,7 @@ class Editing:
     before any work; the command applies each step where its Kaldi program's order
     has it."""
 
-    def __init__(self, args, tool: str):
+    def __init__(self, args: argparse.Namespace, tool: str):
         from .files import read_config
 
         self.tool = tool
@@ -58,20 +62,20 @@ class Editing:
         self.nnet_config = read_config(args.nnet_config) if args.nnet_config else None
         self.learning_rate, self.scale = args.learning_rate, args.scale
 
-    def add_nnet_config(self, nnet) -> None:
+    def add_nnet_config(self, nnet: Nnet) -> None:
         """``--nnet-config``: the config's lines add or replace nodes and components
         of ``nnet``."""
         if self.nnet_config is not None:
             text, name = self.nnet_config
             nnet.read_config(text, source=name)
 
-    def set_learning_rate(self, nnet) -> None:
+    def set_learning_rate(self, nnet: Nnet) -> None:
         """``--learning-rate``: when given and >= 0, every updatable component's
         learning rate (times its learning-rate-factor)."""
         if self.learning_rate is not None and self.learning_rate >= 0:
             nnet.set_learning_rate(self.learning_rate)
 
-    def apply_edits(self, nnet) -> None:
+    def apply_edits(self, nnet: Nnet) -> None:
         """``--edits-config`` then ``--edits``, applied in order, logged as Kaldi
         does."""
         if not self.edits:
@@ -81,7 +85,7 @@ class Editing:
         for level, message in apply_edits(nnet, self.edits):
             kaldi_log(self.tool, level, message)
 
-    def scale_network(self, nnet) -> None:
+    def scale_network(self, nnet: Nnet) -> None:
         """``--scale`` (:func:`scale_network`)."""
         scale_network(nnet, self.scale)
 

@@ -6,6 +6,7 @@ choice of backend from --use-gpu / --backend and the BLAS threads from
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
@@ -80,14 +81,15 @@ def add_device_flags(s) -> None:
     add_backend_flag(s)
 
 
-def add_backend_flag(s) -> None:
+def add_backend_flag(s: argparse.ArgumentParser) -> None:
     """--backend (the CPU's: numpy or torch) on the subparser ``s``."""
     s.add_argument("--backend", choices=BACKEND_CHOICES, default="numpy",
                    help="beyond Kaldi: the backend on the CPU, numpy or torch "
                         "(default: numpy)")
 
 
-def add_table_arguments(s, output_metavar: str, output_help: str) -> None:
+def add_table_arguments(s: argparse.ArgumentParser, output_metavar: str, output_help: str
+                        ) -> None:
     """MODEL FEATS-RSPECIFIER OUTPUT, the arguments of a command that runs a model over
     a table of features (compute, xvector-compute); ``output_metavar`` and
     ``output_help`` say what it writes."""
@@ -99,7 +101,7 @@ def add_table_arguments(s, output_metavar: str, output_help: str) -> None:
     s.add_argument("output", metavar=output_metavar, help=output_help)
 
 
-def add_run_flags(s, program: str) -> None:
+def add_run_flags(s: argparse.ArgumentParser, program: str) -> None:
     """--use-gpu, --backend, --num-threads and --network-optimize on the subparser
     ``s``: where and how a table command runs its model (``program``, in the help of
     --network-optimize, is the Kaldi program whose CollapseModel it stands in for)."""
@@ -110,7 +112,8 @@ def add_run_flags(s, program: str) -> None:
                 "CollapseModel; outputs equal up to float rounding (default: true)")
 
 
-def run_device(args, say: Callable[[str, str], None]) -> tuple[str, str | None]:
+def run_device(args: argparse.Namespace, say: Callable[[str, str], None]
+               ) -> tuple[str, str | None]:
     """(backend, device) of ``args.use_gpu`` and ``args.backend``
     (:func:`choose_backend`), with the CPU's BLAS threads of ``args.num_threads``
     set for it (:func:`apply_num_threads`)."""

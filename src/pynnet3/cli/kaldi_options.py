@@ -19,6 +19,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..cache import CachingCompiler
+    from ..nnet import Nnet
+    from ..optimize import OptimizeOptions
 
 # Commands whose command lines follow Kaldi's conventions (main() applies kaldi_argv):
 # each stands in for a Kaldi program (nnet3-info, nnet3-init, ...) and accepts every
@@ -131,7 +137,7 @@ def _flag_value(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def optimize_options_from_args(args):
+def optimize_options_from_args(args: argparse.Namespace) -> OptimizeOptions:
     """The OptimizeOptions of the ``--optimization.*`` flags given (the others keep
     their defaults)."""
     from dataclasses import fields
@@ -149,7 +155,7 @@ def optimize_options_from_args(args):
     return OptimizeOptions(**given)
 
 
-def caching_compiler_from_args(nnet, args):
+def caching_compiler_from_args(nnet: Nnet, args: argparse.Namespace) -> CachingCompiler:
     """The run's CachingCompiler for ``nnet``, configured by the command line: the
     ``--optimization.*`` flags and Kaldi's CachingOptimizingCompilerOptions
     (``args.cache_capacity``, ``args.use_shortcut``; nnet3-train spells them

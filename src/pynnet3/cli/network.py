@@ -11,9 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import fields
+from typing import TYPE_CHECKING
 
 from ..graphopt import NetworkOptions, NetworkReport, optimize_network
 from .kaldi_options import bool_option
+
+if TYPE_CHECKING:
+    from ..nnet import Nnet
 
 _HELP = {
     "pruning": "remove identity components, full-width dim ranges and orphans",
@@ -85,7 +89,7 @@ def add_prepare_for_test_flags(s: argparse.ArgumentParser) -> None:
     add_network_flags(s)
 
 
-def prepared_for_test(nnet, args):
+def prepared_for_test(nnet: Nnet, args: argparse.Namespace) -> Nnet:
     """``nnet`` prepared for test (:func:`prepare_for_test` with the command's network
     optimizer flags) when ``--prepare-for-test`` was given, else ``nnet``."""
     if not args.prepare_for_test:
@@ -105,7 +109,7 @@ def add_set_test_mode_flag(s: argparse.ArgumentParser, help: str = _SET_TEST_MOD
     bool_option(s, "--set-test-mode", None, help)
 
 
-def apply_set_test_mode(nnet, args) -> None:
+def apply_set_test_mode(nnet: Nnet, args: argparse.Namespace) -> None:
     """``--set-test-mode``: BatchNorm and dropout of ``nnet`` switched to test (true)
     or training (false) mode; left as they are without the flag."""
     if args.set_test_mode is not None:
