@@ -280,3 +280,14 @@ def test_a_profiled_run_still_writes_its_profile(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert (res.returncode, res.stdout) == (0, "returned\n"), res.stderr
     assert out.is_file() and out.stat().st_size > 0
+
+
+def test_usage_error_is_one_line_also_under_python_m(tmp_path):
+    """Run as ``python -m pynnet3.cli.main``, main.py is ``__main__``: a command's
+    usage error must still be the class main() catches (one line, status 1)."""
+    res = subprocess.run([sys.executable, "-m", "pynnet3.cli.main", "average", "m.raw"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        "pynnet3 average: error: give at least one model to read and the model to write "
+        "(see pynnet3 average --help)"]

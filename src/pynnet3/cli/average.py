@@ -9,7 +9,7 @@ from .kaldi_options import add_binary_option, add_standard_options, kaldi_log
 def _cmd_average(args) -> int:
     from ..train.average import average_nnets, kaldi_weights
     from .files import read_model_or_am, write_model
-    from .main import UsageError
+    from .usage import UsageError
 
     if len(args.models) < 2:
         raise UsageError("pynnet3 average", "give at least one model to read and the model to "

@@ -26,6 +26,7 @@ from .kaldi_options import (
     kaldi_argv,
     optimize_options_from_args,
 )
+from .usage import UsageError
 
 # (.files, and NumPy and the network with it, load when a command runs: the console
 # script pauses the garbage collector first, see entry_point)
@@ -129,16 +130,6 @@ def _cmd_demo(args) -> int:
 
     apply_num_threads(args.num_threads)
     return run_demo(seed=args.seed)
-
-
-class UsageError(Exception):
-    """A bad command line (unknown flag, bad flag value, missing argument), worded as
-    argparse words one: ``PROG: error: MESSAGE``, then ``(see PROG --help)`` with
-    ``see_help``."""
-
-    def __init__(self, prog: str, message: str, see_help: bool = False):
-        super().__init__(f"{prog}: error: {message}"
-                         + (f" (see {prog} --help)" if see_help else ""))
 
 
 class _Parser(argparse.ArgumentParser):
