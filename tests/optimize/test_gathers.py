@@ -68,3 +68,54 @@ def test_not_when_something_changes_in_between(between):
     c = _two_gathers(between)
     assert not share_identical_gathers(c, None, OptimizeOptions())
     assert c.commands[-1].type is CT.COPY_ROWS
+
+
+# Outputs only (the commands below say what runs).
+_IO_ONLY = "\n".join(["input-node name=input dim=4"]
+                     + [f"output-node name={n} input=input" for n in ("out1", "out2", "out3")])
+
+
+def _gather_across_a_big_matrix() -> NnetComputation:
+    """m1 = x[t] read at once; a big matrix lives and dies; m2 = x[t] again, and x
+    is read after that (so it stays alive whatever happens to the repeat)."""
+    c = NnetComputation()
+    x = c.new_matrix(4, 4, "input")
+    m1, o1, big, o2, m2 = (c.new_matrix(r, 4) for r in (4, 4, 50, 4, 4))
+
+    def table(rows):
+        c.indexes.append(np.array(rows))
+        return len(c.indexes) - 1
+
+    t = table([3, 2, 1, 0])
+    c.commands = [Command(CT.ACCEPT_INPUT, dst=c.whole(x), node="input")]
+    c.commands += [Command(CT.ALLOC_MATRIX, matrix=m) for m in (m1, o1, big, o2, m2)]
+    c.commands += [
+        Command(CT.COPY_ROWS, dst=c.whole(m1), src=c.whole(x), table=t),
+        Command(CT.MATRIX_COPY, dst=c.whole(o1), src=c.whole(m1), alpha=2.0),
+        Command(CT.COPY_ROWS, dst=c.whole(big), src=c.whole(x), table=table([0] * 50)),
+        Command(CT.COPY_ROWS, dst=c.whole(o2), src=c.whole(big), table=table([1, 2, 3, 4])),
+        Command(CT.COPY_ROWS, dst=c.whole(m2), src=c.whole(x), table=t),  # the repeat
+        Command(CT.ADD_ROWS, dst=c.whole(o2), src=c.whole(x), table=table([0, 0, 1, 1])),
+        Command(CT.PROVIDE_OUTPUT, src=c.whole(o1), node="out1"),
+        Command(CT.PROVIDE_OUTPUT, src=c.whole(o2), node="out2"),
+        Command(CT.PROVIDE_OUTPUT, src=c.whole(m2), node="out3")]
+    c.commands += [Command(CT.DEALLOC_MATRIX, matrix=m) for m in (x, m1, big)]
+    return c
+
+
+def test_not_when_keeping_the_first_result_raises_the_peak():
+    """Sharing would keep m1 alive across the big matrix (x is alive anyway): the
+    peak would rise by m1's size, so the repeat stays a gather."""
+    nnet = pynnet3.Nnet.from_config(_IO_ONLY)
+    c = _gather_across_a_big_matrix()
+    pynnet3.analysis.check_computation(c, nnet)
+    x = np.random.default_rng(0).standard_normal((4, 4))
+    want = pynnet3.run(nnet, c, {"input": x}, dtype=np.float64).outputs
+    on, off = c.copy(), c.copy()
+    pynnet3.optimize.optimize(on, nnet, OptimizeOptions(), check=True)
+    pynnet3.optimize.optimize(off, nnet, OFF, check=True)
+    assert on.peak_memory_floats() <= off.peak_memory_floats()
+    assert _gathers(on) == _gathers(off)
+    got = pynnet3.run(nnet, on, {"input": x}, dtype=np.float64).outputs
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)

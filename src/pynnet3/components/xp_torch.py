@@ -230,14 +230,15 @@ def add_reduceat(x, starts, axis=1):
     starts = np.asarray(starts)
     n = x.shape[axis]
     sizes = np.diff(np.append(starts, n))
-    groups = _group_ids(starts, sizes, x.device)
+    groups = _group_ids(starts, sizes, n, x.device)
     shape = list(x.shape)
     shape[axis] = len(starts)
     return torch.zeros(shape, dtype=x.dtype, device=x.device).index_add_(axis, groups, x)
 
 
-def _group_ids(starts: np.ndarray, sizes: np.ndarray, device):
-    key = (starts.tobytes(), device)
+def _group_ids(starts: np.ndarray, sizes: np.ndarray, n: int, device):
+    # (the last group runs to n: the same starts over a wider axis are other ids)
+    key = (starts.tobytes(), n, device)
     t = _GROUPS.get(key)
     if t is None:
         t = torch.from_numpy(np.repeat(np.arange(len(starts)), sizes)).to(device)

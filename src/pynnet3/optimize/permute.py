@@ -12,9 +12,19 @@ final gather becomes an assignment that variable merging removes.
 
 Invariant: every row holds the value it held before, moved to its new position
 (a row-wise command computes each row from the same row of its inputs, so up to
-float rounding of the kernels nothing changes); no command is added; only
-forward-only computations are touched (a backward pass would need the same
-permutation of every derivative, which it does not pay for).
+float rounding of the kernels nothing changes); the only commands added are the
+cuts' gathers (with their allocation and freeing), made only where the gathers
+they replace are wider; only forward-only computations are touched (a backward
+pass would need the same permutation of every derivative, which it does not pay
+for).
+
+Costs it does not weigh (measured on random networks, forward-only, n-major
+outputs): a cut's copy is alive at its reader alongside the input it copies, and
+where that input stays alive for another reader and the reader sits at the
+peak, the peak rises by the copy (a few cases in ten thousand, by a few percent);
+where the output's gather cannot be merged away (its matrix is also added to,
+as for ``Sum(x, x)``) it stays as a plain copy and the cut's three commands come
+on top.
 """
 
 from __future__ import annotations
