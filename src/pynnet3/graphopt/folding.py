@@ -41,7 +41,6 @@ from ..rewrite.algebra import (
     shifted_reads,
     substitute,
 )
-from ..rewrite.graph import NetworkGraph
 from ..rewrite.pattern import Match, Pattern, match_pattern
 from ..rewrite.rules import (
     REGISTRIES,
@@ -110,7 +109,7 @@ def _removed_by_previous_fold(ctx: RewriteContext, node: str) -> str | None:
     collapse-scale folds a FixedScale into the affine layer before it; folding it
     into a consumer first would give that layer a second consumer and keep the
     map); else None."""
-    graph = NetworkGraph(ctx.nnet)
+    graph = ctx.graph
     comp = graph.component(node)
     others = [c for c in graph[node].consumer_names
               if graph[c].kind != "component-node"
@@ -166,7 +165,7 @@ def _components_added(ctx: RewriteContext, root: str, inner: str,
     collapsed model, which makes such a copy only in its own patterns (and then
     has it too)."""
     nnet = ctx.nnet
-    graph = NetworkGraph(nnet)
+    graph = ctx.graph
     users = graph.component_users()
     inner_users = users.get(nnet.node(inner).component, [])
     layouts = set()
@@ -283,7 +282,7 @@ def fold_into_previous_linear(match: Match, ctx: RewriteContext) -> Replacement 
 def _stays_for_others(ctx: RewriteContext, inner: str, root: str) -> bool:
     """Whether node ``inner`` is still needed once ``root`` no longer reads it: it
     has another consumer (an output node too) or is preserved."""
-    graph = NetworkGraph(ctx.nnet)
+    graph = ctx.graph
     return inner in ctx.preserve or any(c != root for c in graph[inner].consumer_names)
 
 

@@ -18,7 +18,6 @@ from ..components.tdnn import TdnnComponent
 from ..descriptor import Descriptor, NodeRef
 from ..nnet import Node
 from ..rewrite.algebra import offsets_of_single_node
-from ..rewrite.graph import NetworkGraph
 from ..rewrite.pattern import Match, Pattern, match_pattern
 from ..rewrite.rules import NewComponent, Replacement, RewriteContext, Rule, register_rule
 from .folding import MERGE_PATTERN, merge_affine_into_affine
@@ -167,7 +166,7 @@ def _merge_pending(ctx: RewriteContext, name: str) -> str:
     """A merge of ``name`` with the affine layer it reads or that reads it, which the
     fold registry would make (a TDNN is not an affine type, so converting ``name``
     first would keep that merge from happening); "" when there is none."""
-    graph = NetworkGraph(ctx.nnet)
+    graph = ctx.graph
     for root in [name, *graph[name].consumer_names]:
         if graph[root].kind != "component-node":
             continue

@@ -21,7 +21,6 @@ import numpy as np
 from ..components.fused import UnfusedPart, fused_affine_relu
 from ..nnet import Node
 from ..rewrite.algebra import offsets_of_single_node
-from ..rewrite.graph import NetworkGraph
 from ..rewrite.pattern import Match, Pattern, match_pattern
 from ..rewrite.rules import NewComponent, Replacement, RewriteContext, Rule, register_rule
 from .linear import (
@@ -96,7 +95,7 @@ def absorbed_by_relu_fusion(ctx: RewriteContext, node: str) -> str | None:
     can absorb it; else None."""
     if ctx.enabled_rules is not None and MAP_RULE not in ctx.enabled_rules:
         return None
-    graph = NetworkGraph(ctx.nnet)
+    graph = ctx.graph
     others = [c for c in graph[node].consumer_names
               if graph[c].kind != "component-node"
               or ctx.nnet.components[graph[c].node.component].type_name not in LINEAR_TYPES]

@@ -33,7 +33,6 @@ from ..components.simple_misc import NoOpComponent
 from ..descriptor import Descriptor, NodeRef, SumOf
 from ..nnet import Node
 from ..rewrite.engine import apply_replacement, rewrite_to_fixed_point
-from ..rewrite.graph import NetworkGraph
 from ..rewrite.pattern import Match, Pattern
 from ..rewrite.rewriter import NetworkRewriter
 from ..rewrite.rules import (
@@ -136,7 +135,7 @@ def _could_fold(match: Match, subs: list, ctx: RewriteContext) -> bool:
 def split_recurrent_affine(match: Match, ctx: RewriteContext) -> Replacement | str:
     root = match.root
     comp = match.components[0]
-    graph = NetworkGraph(ctx.nnet)
+    graph = ctx.graph
     cycle = graph.scc_of(root)
     if len(cycle) == 1:
         return f"{root!r} is not in a recurrence"

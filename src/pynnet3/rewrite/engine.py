@@ -120,7 +120,7 @@ def rewrite_to_fixed_point(rewriter: NetworkRewriter, rules: list[Rule], *,
     if not rules:
         return log
     context = RewriteContext(rewriter.nnet, keep_derivatives, rewriter.preserve,
-                             enabled_rules)
+                             enabled_rules, rewriter)
     declined_seen: set[tuple[str, tuple[str, ...]]] = set()
     for _ in range(max_steps):
         matches = [(r, m) for r, m in find_matches(rewriter, rules)
@@ -164,7 +164,8 @@ def why_not(rewriter: NetworkRewriter, rule: Rule, node: str,
     m = match_pattern(rewriter.graph, node, rule.pattern, rewriter.preserve)
     if isinstance(m, MatchFailure):
         return str(m)
-    context = RewriteContext(rewriter.nnet, keep_derivatives, rewriter.preserve)
+    context = RewriteContext(rewriter.nnet, keep_derivatives, rewriter.preserve,
+                             rewriter=rewriter)
     if rule.check is not None:
         reason = rule.check(m, context)
         if reason is not None:

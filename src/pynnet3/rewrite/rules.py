@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..components.base import Component
 from ..nnet import Nnet, Node
+from .graph import NetworkGraph
 from .pattern import Match, Pattern
 
 
@@ -52,12 +53,22 @@ class RewriteContext:
     whether input derivatives must stay exact (``keep_derivatives``; False means
     inference, where backprop-only behaviour may be dropped); ``enabled_rules``: the
     names of the rules this optimization runs in any pass (None: all), for a rule
-    that leaves work to another one."""
+    that leaves work to another one. ``rewriter``: the NetworkRewriter applying the
+    rules, whose graph view of ``nnet`` :attr:`graph` reuses."""
 
     nnet: Nnet
     keep_derivatives: bool = False
     preserve: frozenset[str] = frozenset()
     enabled_rules: frozenset[str] | None = None
+    rewriter: object | None = None
+
+    @property
+    def graph(self) -> NetworkGraph:
+        """A graph view of the network as it is now: the rewriter's (kept until its
+        next change) when there is one, else made for the call."""
+        if self.rewriter is not None:
+            return self.rewriter.graph
+        return NetworkGraph(self.nnet)
 
 
 RewriteFn = Callable[[Match, RewriteContext], "Replacement | str"]
