@@ -215,6 +215,13 @@ class NnetComputation:
         """The submatrix id covering all of matrix ``m``."""
         return self._whole[m]
 
+    def is_whole(self, s: int) -> bool:
+        """Whether submatrix ``s`` covers all of its matrix."""
+        sm = self.submatrices[s]
+        info = self.matrices[sm.matrix]
+        return (sm.row_offset == 0 and sm.col_offset == 0 and sm.num_rows == info.rows
+                and sm.num_cols == info.cols)
+
     def new_submatrix(self, m: int, row_offset: int, num_rows: int, col_offset: int,
                       num_cols: int) -> int:
         submatrices = self.submatrices

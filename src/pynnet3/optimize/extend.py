@@ -96,20 +96,13 @@ def extend_matrices(c: NnetComputation, nnet, options: OptimizeOptions | None = 
         if new_rows > info.rows:
             info.rows = new_rows
         cmd.dst = c.new_submatrix(d.matrix, d.row_offset, src_rows, d.col_offset, d.num_cols)
-        cmd.src = c.whole(s.matrix) if _is_whole(c, c.whole(s.matrix)) else \
+        cmd.src = c.whole(s.matrix) if c.is_whole(c.whole(s.matrix)) else \
             c.new_submatrix(s.matrix, 0, src_rows, 0, mats[s.matrix].cols)
         extended += 1
     if not extended:
         return ""
     _fix(c, orig_rows, [j for j in _positions(types, CT.SET_CONST) if cmds[j].alpha == 0.0])
     return f"extended {extended} copies to whole source matrices"
-
-
-def _is_whole(c: NnetComputation, s: int) -> bool:
-    sm = c.submatrices[s]
-    info = c.matrices[sm.matrix]
-    return sm.row_offset == 0 and sm.col_offset == 0 and sm.num_rows == info.rows \
-        and sm.num_cols == info.cols
 
 
 def _sets_all(c: NnetComputation, j: int, matrix: int, orig_rows: int, i: int) -> bool:

@@ -37,13 +37,6 @@ from .row_ops import _written_subs
 _GATHERS = (CT.COPY_ROWS, CT.COPY_ROWS_MULTI)
 
 
-def _whole(c: NnetComputation, s: int) -> bool:
-    sm = c.submatrices[s]
-    info = c.matrices[sm.matrix]
-    return (sm.row_offset, sm.num_rows, sm.col_offset, sm.num_cols) == (0, info.rows, 0,
-                                                                         info.cols)
-
-
 def _sources(c: NnetComputation, cmd: Command) -> set[int]:
     """The matrices a gather reads."""
     if cmd.type is CT.COPY_ROWS:
@@ -142,7 +135,7 @@ def share_identical_gathers(c: NnetComputation, nnet, options: OptimizeOptions) 
     first: dict[tuple, int] = {}
     done = 0
     for j, cmd in enumerate(c.commands):
-        if cmd.type not in _GATHERS or not _whole(c, cmd.dst):
+        if cmd.type not in _GATHERS or not c.is_whole(cmd.dst):
             continue
         key = _key(c, cmd)
         i = first.get(key)

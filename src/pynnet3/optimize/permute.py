@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..components.base import Flags
-from ..computation import SUBMATRIX_FIELDS, Command, NnetComputation
+from ..computation import Command, NnetComputation, command_submatrices
 from ..computation import CommandType as CT
 from .options import OptimizeOptions
 
@@ -55,16 +55,6 @@ def _multi_table_subs(c: NnetComputation, cmd: Command) -> np.ndarray:
     return tab[tab[:, 0] > 0, 0]
 
 
-def _command_subs(c: NnetComputation, cmd: Command) -> list[int]:
-    """Every submatrix ``cmd`` reads or writes: its fields and its tables."""
-    subs = [s for s in (getattr(cmd, f) for f in SUBMATRIX_FIELDS) if s]
-    if cmd.type in _MULTI_GATHERS or cmd.type in _SCATTERS:
-        subs.extend(np.unique(_multi_table_subs(c, cmd)).tolist())
-    elif cmd.type is CT.PROPAGATE and not cmd.in_value and cmd.table >= 0:
-        subs.extend(int(s) for s in c.indexes_blocks[cmd.table])
-    return subs
-
-
 def _all_rows(c: NnetComputation, s: int) -> bool:
     sm = c.submatrices[s]
     return sm.row_offset == 0 and sm.num_rows == c.matrices[sm.matrix].rows
@@ -82,10 +72,7 @@ def _permutation(c: NnetComputation, cmd: Command) -> np.ndarray | None:
     if cmd.type is not CT.COPY_ROWS or cmd.alpha != 1.0:
         return None
     d, s = c.submatrices[cmd.dst], c.submatrices[cmd.src]
-    if d.matrix == s.matrix or not (_all_rows(c, cmd.dst) and _all_rows(c, cmd.src)):
-        return None
-    if (d.col_offset, d.num_cols) != (0, c.matrices[d.matrix].cols) \
-            or (s.col_offset, s.num_cols) != (0, c.matrices[s.matrix].cols):
+    if d.matrix == s.matrix or not (c.is_whole(cmd.dst) and c.is_whole(cmd.src)):
         return None
     table = c.indexes[cmd.table]
     n = c.matrices[s.matrix].rows
@@ -215,7 +202,7 @@ class _Group:
                 return None
             return [self._mat(cmd.dst), self._mat(cmd.src)]
         if t is CT.PROPAGATE:
-            subs = _command_subs(c, cmd)
+            subs = command_submatrices(c, cmd)
             if k in self.cuts:
                 if self._mat(cmd.in_value) == m:
                     return None  # a cut input must keep its order (its copy permutes it)
@@ -235,7 +222,7 @@ class _Group:
 def _matrix_uses(c: NnetComputation) -> dict[int, list[int]]:
     uses: dict[int, list[int]] = {}
     for k, cmd in enumerate(c.commands):
-        mats = {c.submatrices[s].matrix for s in _command_subs(c, cmd)}
+        mats = {c.submatrices[s].matrix for s in command_submatrices(c, cmd)}
         if cmd.type in _SIZING:
             mats.add(cmd.matrix)
         for m in mats:

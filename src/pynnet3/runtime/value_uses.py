@@ -29,10 +29,7 @@ MULTI_ROW_OPS = (CT.COPY_ROWS_MULTI, CT.ADD_ROWS_MULTI, CT.COPY_TO_ROWS_MULTI,
 
 def whole(c: NnetComputation, s: int) -> bool:
     """Whether submatrix ``s`` is all of its matrix."""
-    sm = c.submatrices[s]
-    info = c.matrices[sm.matrix]
-    return (sm.row_offset == 0 and sm.col_offset == 0 and sm.num_rows == info.rows
-            and sm.num_cols == info.cols)
+    return c.is_whole(s)
 
 
 #: component types whose propagate and backprop are smooth in their input value
