@@ -151,6 +151,65 @@ def _nothing() -> None:
     return None
 
 
+def _load_geadd():
+    """{dtype: geadd function} (OpenBLAS's ``C = alpha * A + beta * C`` extension),
+    or {}."""
+    lib = _library() if _GEMM else None
+    out = {}
+    for dt, name, real in ((np.float32, "scipy_cblas_sgeadd64_", ctypes.c_float),
+                           (np.float64, "scipy_cblas_dgeadd64_", ctypes.c_double)):
+        fn = getattr(lib, name, None) if lib is not None else None
+        if fn is None:
+            return {}
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        fn.argtypes = (ctypes.c_int, i64, i64, real, ptr, i64, real, ptr, i64)
+        fn.restype = None
+        out[np.dtype(dt)] = fn
+    return out
+
+
+_GEADD = _load_geadd()
+
+
+def _geadd_exact(dtype) -> bool:
+    """Whether this library's ``?geadd`` with alpha = 1 gives the floats of the two
+    NumPy passes (``c *= beta; c += a``: the product rounded before the sum). Its
+    kernels differ by CPU; one that fused the multiply-add would round once, so
+    each process checks once per dtype, on random data, before using it."""
+    known = _EXACT.get(dtype)
+    if known is None:
+        rng = np.random.default_rng(0)
+        c = rng.standard_normal((128, 257)).astype(dtype)
+        a = rng.standard_normal((128, 257)).astype(dtype)
+        want = c * dtype.type(0.66) + a if dtype == np.float32 else c * 0.66 + a
+        _GEADD[dtype](_ROW_MAJOR, 128, 257, 1.0, a.ctypes.data, 257, 0.66, c.ctypes.data, 257)
+        known = _EXACT[dtype] = bool(np.array_equal(c, want))
+    return known
+
+
+_EXACT: dict = {}
+
+
+def scale_add(c: np.ndarray, a: np.ndarray, beta: float) -> bool:
+    """``c = beta * c + a`` in one pass over both (OpenBLAS ``?geadd``), for 2-D
+    row-major views of one dtype and shape that do not overlap; False (nothing
+    done) where it does not apply. The same floats as ``c *= beta; c += a``
+    (:func:`_geadd_exact` makes sure), reading ``c`` once where those two passes
+    read it twice and write it twice."""
+    fn = _GEADD.get(c.dtype)
+    if (fn is None or a.dtype != c.dtype or a.shape != c.shape or c.size < MIN_DIRECT_ENTRIES
+            or not _geadd_exact(c.dtype)):
+        return False
+    lay_c, lay_a = _layout(c), _layout(a)
+    if (lay_c is None or lay_a is None or lay_c[0] or lay_a[0]
+            or not (c.flags.writeable and c.flags.aligned and a.flags.aligned)
+            or np.may_share_memory(c, a)):
+        return False
+    fn(_ROW_MAJOR, c.shape[0], c.shape[1], 1.0, a.ctypes.data, lay_a[1], beta,
+       c.ctypes.data, lay_c[1])
+    return True
+
+
 #: multiply-adds of the smallest block product that takes a GEMM of its own
 BLOCK_GEMM_MIN = 1 << 21
 

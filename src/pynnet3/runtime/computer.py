@@ -276,12 +276,25 @@ class NnetComputer:
                                        sm.num_cols)
         return checked
 
-    def _store_input(self, dst: int, arr) -> None:
+    def _store_input(self, dst: int, arr, borrow: bool = False) -> None:
         """Put a checked user matrix into submatrix ``dst`` (a whole matrix takes the
-        data over, as Kaldi's AcceptInput swaps it in)."""
+        data over, as Kaldi's AcceptInput swaps it in). ``borrow``: within one
+        whole run (the caller cannot change ``arr`` before the run ends), a matrix
+        the program only reads holds ``arr`` itself."""
         sm = self.c.submatrices[dst]
         info = self.c.matrices[sm.matrix]
         if sm.num_rows == info.rows and sm.num_cols == info.cols:
+            program = self._program
+            if (borrow and program is not None and sm.matrix in program.read_only
+                    and type(arr) is np.ndarray and arr.dtype == self.dtype
+                    and arr.flags.c_contiguous and arr.flags.aligned
+                    and type(self.backend) is NumpyBackend):
+                # only read until freed: the caller's data, as a read-only view (no
+                # copy; the pool never takes a view)
+                view = arr.view()
+                view.flags.writeable = False
+                self.matrices[sm.matrix] = view
+                return
             self.matrices[sm.matrix] = self.backend.from_numpy(arr, self.dtype)
         else:
             self.backend.copy(self._sub(dst), self.backend.from_numpy(arr, self.dtype), 1.0)
@@ -458,7 +471,7 @@ class NnetComputer:
         for cmd in self.c.commands:
             t = cmd.type
             if t is CT.ACCEPT_INPUT:
-                self._store_input(cmd.dst, checked[(cmd.is_deriv, cmd.node)])
+                self._store_input(cmd.dst, checked[(cmd.is_deriv, cmd.node)], True)
             elif t is CT.PROVIDE_OUTPUT:
                 self._provide(cmd, result)
             else:

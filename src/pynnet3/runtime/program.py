@@ -17,11 +17,13 @@ import sys
 import weakref
 
 from ..components.affine import near_zero_refinement
+from ..components.blas import scale_add
 from ..computation import SUBMATRIX_FIELDS, Command, NnetComputation
 from ..computation import CommandType as CT
 from .numpy_backend import NumpyBackend
 from .value_uses import MULTI_ROW_OPS as _MULTI
 from .value_uses import NOOPS as _NOOPS
+from .value_uses import read_only_inputs
 from .value_uses import whole as _whole
 
 
@@ -34,7 +36,7 @@ class Program:
     computation share it."""
 
     __slots__ = ("ops", "recipe", "arenas", "accepts", "has_backward", "looped", "steps",
-                 "__weakref__")
+                 "read_only", "__weakref__")
 
     def __init__(self, c: NnetComputation):
         cmds = c.commands
@@ -43,6 +45,8 @@ class Program:
                                 for cmd in cmds)
         self.looped = any(cmd.type is CT.GOTO_LABEL for cmd in cmds)
         self.recipe, self.arenas, self.steps = [], {}, None
+        # input matrices a run may take from the caller without a copy
+        self.read_only = frozenset() if self.looped else read_only_inputs(c)
         if self.looped:
             self.ops = []
             return
@@ -60,6 +64,9 @@ class Program:
         zeroed = {p: z for p, z in zeroings.items()
                   if p not in plans and z not in skip and p not in skip}
         skip.update(zeroed.values())
+        scaled = {a: s for a, s in scale_add_plans(c).items()
+                  if a not in skip and s not in skip}
+        skip.update(scaled.values())
         # each op as (prepare function, the indexes of its commands in its argument
         # order): what runtime/arena.py binds again to matrices kept between runs
         recipe: list[tuple] = []
@@ -76,6 +83,8 @@ class Program:
                 recipe.extend((_prepare, (j,)) for j in moved)
             elif i in zeroed:
                 recipe.append((_prepare_overwrite, (zeroed[i], i)))
+            elif i in scaled:
+                recipe.append((_prepare_scale_add, (scaled[i], i)))
             else:
                 recipe.append((_prepare, (i,)))
         self.recipe = recipe
@@ -290,6 +299,44 @@ def _prepare_overwrite(c: NnetComputation, zeroing: Command, cmd: Command,
     return propagate_overwrite
 
 
+def scale_add_plans(c: NnetComputation) -> dict[int, int]:
+    """``{add: scale}``: each MATRIX_COPY that scales a submatrix in place
+    (``S = a * S``, a residual connection's ``Scale(a, x)`` term) directly followed
+    (no-ops aside) by a MATRIX_ADD of alpha 1 into exactly ``S`` from another
+    matrix: the two run as one pass, ``S = a * S + T``
+    (:func:`~pynnet3.components.blas.scale_add`, the same floats)."""
+    cmds, subs = c.commands, c.submatrices
+    out: dict[int, int] = {}
+    for i, cmd in enumerate(cmds):
+        if cmd.type is not CT.MATRIX_COPY or not cmd.dst or subs[cmd.src] != subs[cmd.dst]:
+            continue
+        j = i + 1
+        while j < len(cmds) and cmds[j].type in _NOOPS:
+            j += 1
+        if j == len(cmds):
+            continue
+        a = cmds[j]
+        if (a.type is CT.MATRIX_ADD and a.alpha == 1.0 and a.src
+                and subs[a.dst] == subs[cmd.dst]
+                and subs[a.src].matrix != subs[cmd.dst].matrix):
+            out[j] = i
+    return out
+
+
+def _prepare_scale_add(c: NnetComputation, scale: Command, add: Command, view_of=None):
+    """The op of a pair planned by :func:`scale_add_plans`: one ``geadd`` pass where
+    the views allow it, else the two commands' own ops."""
+    view_of = view_of or _view_of
+    first, second = _prepare(c, scale, view_of), _prepare(c, add, view_of)
+    (dm, dk), (sm, sk), beta = view_of(c, add.dst), view_of(c, add.src), scale.alpha
+
+    def scale_then_add(M, be, x):
+        if not scale_add(_get(M, dm, dk), _get(M, sm, sk), beta):
+            first(M, be, x)
+            second(M, be, x)
+    return scale_then_add
+
+
 def stats_plans(c: NnetComputation) -> dict[int, tuple[int, tuple]]:
     """Forward-only peephole: ``{pooling: (extraction, (deallocs moved after the
     pooling...))}`` where a statistics extraction with one row per window (x-vector
@@ -387,7 +434,7 @@ def _prepare(c: NnetComputation, cmd: Command, view_of=None):
         return None
     if t is CT.ACCEPT_INPUT:
         def accept(M, be, x, dst=cmd.dst, key=(cmd.is_deriv, cmd.node)):
-            x._store_input(dst, x._checked[key])
+            x._store_input(dst, x._checked[key], True)
         return accept
     if t is CT.PROVIDE_OUTPUT:
         def provide(M, be, x, cmd=cmd):

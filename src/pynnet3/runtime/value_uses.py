@@ -177,3 +177,60 @@ def _sign_free_value(c: NnetComputation, start: int, target: int, producer: str,
                 return not comp.properties() & Flags.PROPAGATE_ADDS
         return False
     return True
+
+
+# per command type, the submatrix fields that command only reads ("table": the
+# submatrices its block table (PROPAGATE / BACKPROP) or gather table (multi-row
+# copies into ``dst``) names)
+_READ_FIELDS = {
+    CT.MATRIX_COPY: ("src",), CT.MATRIX_ADD: ("src",), CT.COPY_ROWS: ("src",),
+    CT.ADD_ROWS: ("src",), CT.ADD_ROW_RANGES: ("src",),
+    CT.COPY_ROWS_MULTI: ("table",), CT.ADD_ROWS_MULTI: ("table",),
+    CT.COPY_TO_ROWS_MULTI: ("src",), CT.ADD_TO_ROWS_MULTI: ("src",),
+    CT.PROPAGATE: ("in_value", "table"),
+    CT.BACKPROP: ("in_value", "out_value", "out_deriv", "table"),
+    CT.BACKPROP_NO_MODEL_UPDATE: ("in_value", "out_value", "out_deriv", "table"),
+}
+
+
+def _touched(c: NnetComputation, cmd: Command) -> list[tuple[str, int]]:
+    """``(field, submatrix)`` of every submatrix ``cmd`` names, its tables' entries
+    under the field names "table" (input blocks, multi-row tables) and
+    "deriv_table" (derivative blocks)."""
+    out = [(f, s) for f in SUBMATRIX_FIELDS if (s := getattr(cmd, f))]
+    t = cmd.type
+    if t in (CT.PROPAGATE, CT.BACKPROP, CT.BACKPROP_NO_MODEL_UPDATE):
+        if not cmd.in_value and cmd.table >= 0:
+            out += [("table", int(s)) for s in c.indexes_blocks[cmd.table]]
+        if t is not CT.PROPAGATE and not cmd.in_deriv and cmd.deriv_table >= 0:
+            out += [("deriv_table", int(s)) for s in c.indexes_blocks[cmd.deriv_table]]
+    elif t in MULTI_ROW_OPS:
+        out += [("table", int(s)) for s in np.unique(c.indexes_multi[cmd.table][:, 0])
+                if s > 0]
+    return out
+
+
+def read_only_inputs(c: NnetComputation) -> frozenset[int]:
+    """Matrices that one ACCEPT_INPUT fills whole and that no command writes, swaps,
+    compresses or hands out afterwards (only reads, and the deallocation): the
+    NumPy runtime may then hold the user's own array, read-only, instead of a copy
+    (as Kaldi's AcceptInput takes the matrix over; a read-only view makes a missed
+    write raise rather than change the caller's data)."""
+    subs = c.submatrices
+    accepted: dict[int, int] = {}
+    other: set[int] = set()
+    for cmd in c.commands:
+        t = cmd.type
+        if t is CT.ACCEPT_INPUT:
+            m = subs[cmd.dst].matrix
+            accepted[m] = accepted.get(m, 0) + (1 if c.is_whole(cmd.dst) else 2)
+            continue
+        if t in (CT.ALLOC_MATRIX, CT.DEALLOC_MATRIX) or t in NOOPS:
+            continue
+        if t in (CT.SWAP_MATRIX, CT.COMPRESS_MATRIX, CT.DECOMPRESS_MATRIX):
+            other.update((cmd.matrix, cmd.src_matrix))
+        reads = _READ_FIELDS.get(t, ())
+        for f, s in _touched(c, cmd):
+            if f not in reads:
+                other.add(subs[s].matrix)
+    return frozenset(m for m, n in accepted.items() if n == 1 and m not in other)
