@@ -570,8 +570,9 @@ def test_stats_json_reference_is_zero():
 
 @pytest.mark.parametrize("shape", [(1, 7), (300, 200), (5000, 9), (3, 40000)])
 def test_log_softmax_blocked_is_the_whole_matrix_formula(shape):
-    """LogSoftmax's NumPy propagate runs a block of rows at a time: the same bits as
-    the whole-matrix form, and the float64 math within float32 rounding."""
+    """LogSoftmax's NumPy propagate runs a block of rows at a time, its row sums
+    one BLAS product: the float64 math within float32 rounding, rows of
+    non-finite inputs as the whole-matrix formula has them."""
     from pynnet3.components.nonlinear import LogSoftmaxComponent
 
     rng = np.random.default_rng(1)
@@ -579,10 +580,17 @@ def test_log_softmax_blocked_is_the_whole_matrix_formula(shape):
     x[0, 0] = 80.0  # (an exp that overflows without the max shift)
     out = np.full_like(x, np.nan)
     assert LogSoftmaxComponent().propagate(None, x, out) is None
-    s = x - x.max(axis=1, keepdims=True)
-    whole = s - np.log(np.sum(np.exp(s), axis=1, keepdims=True))
-    np.testing.assert_array_equal(out, whole)
     x64 = x.astype(np.float64)
     ref = x64 - (np.log(np.exp(x64 - x64.max(axis=1, keepdims=True)).sum(axis=1, keepdims=True))
                  + x64.max(axis=1, keepdims=True))
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    if shape[0] > 2:  # a NaN row, a +inf row and a row with a -inf entry
+        x[0, -1], x[1, 0], x[2, 0] = np.nan, np.inf, -np.inf
+        with np.errstate(invalid="ignore"):
+            LogSoftmaxComponent().propagate(None, x, out)
+            s = x - x.max(axis=1, keepdims=True)
+            whole = s - np.log(np.sum(np.exp(s), axis=1, keepdims=True))
+        np.testing.assert_array_equal(np.isnan(out[:2]), np.isnan(whole[:2]))
+        assert np.isnan(out[:2]).all()
+        assert out[2, 0] == -np.inf and np.isfinite(out[2, 1:]).all()
+        np.testing.assert_allclose(out[2, 1:], whole[2, 1:], rtol=1e-5, atol=1e-5)
