@@ -15,7 +15,7 @@ from pynnet3 import ComputationRequest, IoSpecification, NetworkOptions, Network
 from pynnet3.graphopt.meta import PASS_ORDER
 
 # Options with every pass off; ``only("pruning")`` turns one back on.
-ALL_OFF = {name: False for name in PASS_ORDER}
+ALL_OFF = {name: False for name in (*PASS_ORDER, "layout")}
 
 
 def only(pass_name: str, **extra) -> NetworkOptions:

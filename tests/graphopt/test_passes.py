@@ -306,11 +306,13 @@ def test_report_structure():
     # one that changes nothing
     n = report.iterations
     assert n >= 2 and not report.hit_iteration_limit
-    assert [p.name for p in report.passes] == list(PASS_ORDER) * n
+    # (then the layout, once: it rewrites no node)
+    assert [p.name for p in report.passes] == list(PASS_ORDER) * n + ["layout"]
     assert [p.iteration for p in report.passes] == [i for i in range(1, n + 1)
-                                                    for _ in PASS_ORDER]
-    assert all(p.changes == 0 for p in report.passes[-6:])
-    assert sum(p.changes for p in report.passes[-12:-6]) > 0
+                                                    for _ in PASS_ORDER] + [n]
+    assert report.passes[-1].changes == 0 and "column-major" in report.passes[-1].notes[0]
+    assert all(p.changes == 0 for p in report.passes[-7:-1])
+    assert sum(p.changes for p in report.passes[-13:-7]) > 0
     text = str(report)
     assert "fold-batchnorm-into-next-linear: 1" in text
     assert "(stopped at the iteration limit)" not in text
@@ -324,7 +326,7 @@ def test_all_passes_off_changes_nothing():
     assert report.passes == [] and report.iterations == 1
 
 
-@pytest.mark.parametrize("name", list(PASS_ORDER))
+@pytest.mark.parametrize("name", [*PASS_ORDER, "layout"])
 def test_each_pass_off_alone(name):
     nnet = build(EVERYTHING)
     opt, report = optimize(nnet, NetworkOptions(**{name: False}))

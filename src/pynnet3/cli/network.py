@@ -27,6 +27,7 @@ _HELP = {
     "arithmetic": "merge Sum terms; move descriptor Scale() into the weights",
     "parameter_fusion": "compute affine layers that read the same input as one GEMM",
     "fusion": "apply the fuse rule registry",
+    "layout": "store linear layers' weights column-major (faster products of few rows)",
     "memory": "training: recompute cheap forward values during backprop where that "
               "lowers the peak memory (a command-level pass)",
     "keep_derivatives": "keep input derivatives exact too (not only outputs)",

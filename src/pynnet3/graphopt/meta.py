@@ -4,7 +4,8 @@
 order -- pruning, shatter, constant folding, arithmetic simplification,
 parameter fusion, fusion -- each switchable by a :class:`NetworkOptions` field,
 repeating the sequence until an iteration changes nothing (at most
-``max_iterations``; a warning when the cap is hit). Every pass mutates only
+``max_iterations``; a warning when the cap is hit), then sets the weights'
+memory layout (``layout``: no values change). Every pass mutates only
 through one :class:`~pynnet3.rewrite.NetworkRewriter`, and the network is
 validated after each pass (a failing pass is named). The :class:`NetworkReport`
 lists, pass by pass and rule by rule, what was applied (and what a rule
@@ -32,6 +33,7 @@ from . import fusion as _fusion  # noqa: F401  (registers the fuse / parameter r
 from . import relu_fusion as _relu_fusion  # noqa: F401  (registers the fuse-affine-relu rules)
 from . import shatter as _shatter  # noqa: F401  (registers the shatter rules)
 from .arithmetic import simplify
+from .layout import column_major_weights
 from .pruning import prune
 
 
@@ -39,6 +41,9 @@ from .pruning import prune
 class NetworkOptions:
     """One field per network pass (all on by default: each is exact for inference).
 
+    ``layout`` (seed 003's layout optimizer) rewrites no node: once the passes are
+    done, it stores each linear layer's weights column-major, the layout BLAS
+    multiplies fastest by few rows (:mod:`pynnet3.graphopt.layout`).
     ``memory`` (seed 003's memory optimizer) rewrites no network: for training
     requests it has the compiler free cheap forward values between the passes and
     recompute them exactly during backprop where that lowers the peak memory (the
@@ -58,6 +63,7 @@ class NetworkOptions:
     arithmetic: bool = True
     parameter_fusion: bool = True
     fusion: bool = True
+    layout: bool = True
     memory: bool = True
     keep_derivatives: bool = False
     max_iterations: int = 10
@@ -172,6 +178,15 @@ def optimize_network(nnet: Nnet, options: NetworkOptions | None = None, *,
         report.hit_iteration_limit = True
         warnings.warn(f"optimize_network: still changing after {options.max_iterations} "
                       "iterations", RuntimeWarning, stacklevel=2)
+    if options.layout:
+        start = time.perf_counter()
+        changed = column_major_weights(work)
+        rec = PassRecord("layout", report.iterations, 0, notes=[
+            f"{len(changed)} weight matrices stored column-major"] if changed else [])
+        rec.seconds = time.perf_counter() - start
+        for k, v in network_counts(work).items():
+            setattr(rec, k, v)
+        report.passes.append(rec)
     return work
 
 
