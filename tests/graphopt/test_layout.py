@@ -5,6 +5,7 @@ derivatives to float32 rounding (BLAS sums the transposed product in another ord
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import pynnet3
 from pynnet3 import NetworkOptions
@@ -101,3 +102,17 @@ def test_gradients_and_an_update_as_the_row_major_network():
         wb[name] -= 0.1 * g.astype(np.float32)
         assert wb[name].flags.f_contiguous
         np.testing.assert_array_equal(wa[name], wb[name])
+
+
+def test_torch_parameter_cache_sees_changes_of_column_major_weights():
+    """The torch backend's device copy of a parameter is remade when the host array
+    changes: a byte comparison that must cover column-major arrays too."""
+    pytest.importorskip("torch")
+    from pynnet3.components.xp_torch import _same_bytes
+
+    w = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    snap = np.array(w, copy=True)
+    assert snap.flags.f_contiguous and _same_bytes(snap, w)
+    w[2, 1] += 1
+    assert not _same_bytes(snap, w)
+    assert _same_bytes(np.ascontiguousarray(w), w)  # (mixed layouts: by value)

@@ -477,8 +477,10 @@ def _same_bytes(snapshot: np.ndarray, a: np.ndarray) -> bool:
     bytes for contiguous arrays: a few ms for tens of MB, once per run)."""
     if snapshot.shape != a.shape or snapshot.dtype != a.dtype:
         return False
-    if a.flags.c_contiguous:
+    if a.flags.c_contiguous and snapshot.flags.c_contiguous:
         return memoryview(snapshot).cast("B") == memoryview(a).cast("B")
+    if a.flags.f_contiguous and snapshot.flags.f_contiguous:  # (graphopt/layout.py)
+        return memoryview(snapshot.T).cast("B") == memoryview(a.T).cast("B")
     return bool(np.array_equal(snapshot, a))
 
 
