@@ -255,6 +255,14 @@ def _prepare_row_block(c: NnetComputation, copy: Command, cmd: Command,
     return propagate_row_block
 
 
+def _next_command(cmds: list, i: int) -> int | None:
+    """Index of the first command after ``i`` that is not a no-op, or None."""
+    j = i + 1
+    while j < len(cmds) and cmds[j].type in _NOOPS:
+        j += 1
+    return j if j < len(cmds) else None
+
+
 def zeroing_skips(c: NnetComputation) -> dict[int, int]:
     """``{propagate: zeroing}``: each SET_CONST(0) directly followed (no-ops aside)
     by a PROPAGATE (no memo, no stats, no block table) whose output is exactly that
@@ -266,10 +274,8 @@ def zeroing_skips(c: NnetComputation) -> dict[int, int]:
     for i, cmd in enumerate(cmds):
         if cmd.type is not CT.SET_CONST or cmd.alpha != 0.0 or not cmd.dst:
             continue
-        j = i + 1
-        while j < len(cmds) and cmds[j].type in _NOOPS:
-            j += 1
-        if j == len(cmds):
+        j = _next_command(cmds, i)
+        if j is None:
             continue
         p = cmds[j]
         if (p.type is CT.PROPAGATE and p.table == -1 and p.in_value and p.out_value
@@ -310,10 +316,8 @@ def scale_add_plans(c: NnetComputation) -> dict[int, int]:
     for i, cmd in enumerate(cmds):
         if cmd.type is not CT.MATRIX_COPY or not cmd.dst or subs[cmd.src] != subs[cmd.dst]:
             continue
-        j = i + 1
-        while j < len(cmds) and cmds[j].type in _NOOPS:
-            j += 1
-        if j == len(cmds):
+        j = _next_command(cmds, i)
+        if j is None:
             continue
         a = cmds[j]
         if (a.type is CT.MATRIX_ADD and a.alpha == 1.0 and a.src
