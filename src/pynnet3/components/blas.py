@@ -195,10 +195,12 @@ def scale_add(c: np.ndarray, a: np.ndarray, beta: float) -> bool:
     row-major views of one dtype and shape that do not overlap; False (nothing
     done) where it does not apply. The same floats as ``c *= beta; c += a``
     (:func:`_geadd_exact` makes sure), reading ``c`` once where those two passes
-    read it twice and write it twice."""
+    read it twice and write it twice. Not for ``beta == 0``: ``?geadd`` then writes
+    ``a`` without reading ``c`` (an inf or NaN there would vanish, where
+    ``c *= 0`` keeps a NaN)."""
     fn = _GEADD.get(c.dtype)
-    if (fn is None or a.dtype != c.dtype or a.shape != c.shape or c.size < MIN_DIRECT_ENTRIES
-            or not _geadd_exact(c.dtype)):
+    if (fn is None or beta == 0.0 or a.dtype != c.dtype or a.shape != c.shape
+            or c.size < MIN_DIRECT_ENTRIES or not _geadd_exact(c.dtype)):
         return False
     lay_c, lay_a = _layout(c), _layout(a)
     if (lay_c is None or lay_a is None or lay_c[0] or lay_a[0]
