@@ -153,3 +153,35 @@ def test_nccl_single_rank_reduces_on_the_gpu(tmp_path):
         np.testing.assert_array_equal(b, 1.0)
     finally:
         dist.destroy_process_group()
+
+
+def test_results_land_in_arrays_of_any_layout(monkeypatch):
+    """The reduced values are written into each array itself, a column-major one
+    (the network optimizer's layout step stores weights so) included: one gloo rank
+    whose all_reduce is made to double the buffer, as two equal ranks would sum."""
+    import torch.distributed as dist
+
+    from pynnet3.train.distributed import all_reduce_arrays
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        real = dist.all_reduce
+
+        def doubled(t, *args, **kw):
+            out = real(t, *args, **kw)
+            t.mul_(2)
+            return out
+
+        monkeypatch.setattr(dist, "all_reduce", doubled)
+        f = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+        c = np.arange(5, dtype=np.float32)
+        all_reduce_arrays([f, c])
+        np.testing.assert_array_equal(f, 2 * np.arange(12).reshape(3, 4))
+        np.testing.assert_array_equal(c, 2 * np.arange(5))
+        assert f.flags.f_contiguous
+    finally:
+        dist.destroy_process_group()

@@ -67,7 +67,9 @@ def all_reduce_arrays(arrays: list[np.ndarray], group=None, average: bool = Fals
             values = (values / world).astype(dtype)
         offset = 0
         for a in same:
-            a.reshape(-1)[...] = values[offset:offset + a.size]
+            # (into ``a`` itself, whatever its layout: reshape(-1) of a column-major
+            # array is a copy, and a write to it would be lost)
+            a[...] = values[offset:offset + a.size].reshape(a.shape)
             offset += a.size
 
 
