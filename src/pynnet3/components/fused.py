@@ -75,7 +75,10 @@ class AffineReluComponent(Component):
     # -- the linear layer's settings and hooks, read and written through it ---------------
     def __getattr__(self, name: str):
         linear = self.__dict__.get("linear")
-        if linear is None or name.startswith("__"):
+        # (never the linear layer's own forward or backward hooks: a
+        # propagate_overwrite / propagate_row_block / backprop_* of its would compute
+        # the product without the ReLU; what this class runs, it defines)
+        if linear is None or name.startswith(("__", "propagate", "backprop")):
             raise AttributeError(name)
         return getattr(linear, name)
 

@@ -247,7 +247,7 @@ def _prepare_row_block(c: NnetComputation, copy: Command, cmd: Command,
         NumpyBackend.add_rows(None, dst, m, rows, 1.0)
 
     def propagate_row_block(M, be, x):
-        fn = _own_method(x._components[node], "propagate_row_block")
+        fn = getattr(x._components[node], "propagate_row_block", None)
         if fn is None or not fn(_get(M, im, ik), block, _get(M, sm, sk), table, alpha,
                                 _get(M, om, ok), add_rows):
             fallback_copy(M, be, x)
@@ -296,7 +296,7 @@ def _prepare_overwrite(c: NnetComputation, zeroing: Command, cmd: Command,
     pre, node = c.precomputed[cmd.precomputed], cmd.node
 
     def propagate_overwrite(M, be, x):
-        fn = _own_method(x._components[node], "propagate_overwrite")
+        fn = getattr(x._components[node], "propagate_overwrite", None)
         if fn is None:
             fallback_zero(M, be, x)
             fallback(M, be, x)
@@ -399,7 +399,7 @@ def _prepare_stats(c: NnetComputation, zeroing: Command | None, extract: Command
     def pool_extracted(M, be, x):
         comps = x._components
         ext, pooling = comps[ext_node], comps[pool_node]
-        fn = _own_method(pooling, "propagate_extracted")
+        fn = getattr(pooling, "propagate_extracted", None)
         if (fn is None or not isinstance(ext, Extraction)
                 or type(ext).propagate is not Extraction.propagate  # (a subclass's math)
                 or not fn(pool_pre, ext, ext_pre, _get(M, xm, xk), _get(M, om, ok))):
@@ -407,13 +407,6 @@ def _prepare_stats(c: NnetComputation, zeroing: Command | None, extract: Command
                 if op is not None:
                     op(M, be, x)
     return pool_extracted
-
-
-def _own_method(comp, name: str):
-    """``comp``'s method ``name`` where its class defines one, else None. Not plain
-    ``getattr``: a fused layer (components/fused.py) forwards attributes it lacks
-    to its linear layer, whose ``propagate_overwrite`` would skip the ReLU."""
-    return getattr(comp, name) if getattr(type(comp), name, None) is not None else None
 
 
 def _get(matrices: dict, m: int, k):
