@@ -16,7 +16,7 @@ from pynnet3.runtime.computer import NnetComputer
 from pynnet3.runtime.value_uses import read_only_inputs
 from tests.compiler import nets as N
 from tests.compiler.test_commands import CASES, DERIVS
-from tests.runtime.test_program import _assert_same
+from tests.runtime.test_program import _assert_same, _both
 
 
 def _input_matrices(c):
@@ -35,8 +35,7 @@ def test_inputs_unchanged_and_results_equal(name, derivs):
     x = N.random_inputs(nnet, req, rng, np.float32)
     d = N.random_output_derivs(nnet, req, rng, np.float32)
     kept_x, kept_d = copy.deepcopy(x), copy.deepcopy(d)
-    fast = NnetComputer(copy.deepcopy(nnet), c, cache_program=True).run(x, d)
-    plain = NnetComputer(copy.deepcopy(nnet), c).run(kept_x, kept_d)
+    plain, fast = _both(nnet, c, x, d)
     for k in x:
         np.testing.assert_array_equal(x[k], kept_x[k])
     for k in d:

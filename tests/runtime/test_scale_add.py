@@ -4,8 +4,6 @@ the two commands, forward and backward, and refused where it does not apply."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 
@@ -14,6 +12,7 @@ from pynnet3.components import blas
 from pynnet3.runtime import program as P
 from pynnet3.runtime.computer import NnetComputer
 from tests.compiler import nets as N
+from tests.runtime.test_program import _assert_same, _both
 
 # TDNN-F's bypass: each layer's output plus 0.66 times the previous one, wide enough
 # (dim 96, a few hundred rows) for the one-pass call
@@ -77,14 +76,9 @@ def test_residual_runs_as_one_pass_with_the_same_floats(derivs):
     rng = np.random.default_rng(2)
     x = N.random_inputs(nnet, req, rng, np.float32)
     d = N.random_output_derivs(nnet, req, rng, np.float32)
-    plain = NnetComputer(copy.deepcopy(nnet), c).run(x, d)
-    fast = NnetComputer(copy.deepcopy(nnet), c, cache_program=True).run(x, d)
-    np.testing.assert_array_equal(fast.outputs["output"], plain.outputs["output"])
-    for k in plain.input_derivs:
-        np.testing.assert_array_equal(fast.input_derivs[k], plain.input_derivs[k])
-    for k in plain.gradients:
-        for p in plain.gradients[k]:
-            np.testing.assert_array_equal(fast.gradients[k][p], plain.gradients[k][p])
+    plain, fast = _both(nnet, c, x, d)
+    assert not P.row_block_plans(c)  # (so _assert_same compares bit for bit)
+    _assert_same(plain, fast, c)
     if not derivs[0]:  # a second run goes through kept buffers (runtime/arena.py)
         again = NnetComputer(nnet, c, cache_program=True).run(x)
         np.testing.assert_array_equal(again.outputs["output"], plain.outputs["output"])
