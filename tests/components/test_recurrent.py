@@ -276,7 +276,16 @@ def _lstm_nonlinearity(seed: int):
     return comp
 
 
-def test_lstm_nonlinearity_numpy_fast_path_is_bit_identical():
+@pytest.fixture
+def numpy_kernels(monkeypatch):
+    """The compiled kernels switched off (their tanh is not NumPy's: they are
+    checked against float64 math in test_c_kernels.py)."""
+    from pynnet3.components import c_kernels
+
+    monkeypatch.setattr(c_kernels, "_lib", None)
+
+
+def test_lstm_nonlinearity_numpy_fast_path_is_bit_identical(numpy_kernels):
     """LstmNonlinearity's NumPy forward (gates in one block, results written in
     place) computes the general form's floats exactly: checked against the general
     form, reached through an ndarray subclass."""
@@ -294,7 +303,7 @@ def test_lstm_nonlinearity_numpy_fast_path_is_bit_identical():
 
 
 @pytest.mark.parametrize("layout", ["column-views", "transposed-output", "one-row"])
-def test_lstm_nonlinearity_fast_path_on_views(layout):
+def test_lstm_nonlinearity_fast_path_on_views(layout, numpy_kernels):
     """The fast path copies x's blocks into one contiguous buffer and c_t, m_t
     out of another: the general form's floats whatever the input's and output's
     strides (a column block of a wider matrix, an output whose rows are columns)."""
@@ -311,3 +320,26 @@ def test_lstm_nonlinearity_fast_path_on_views(layout):
     comp.propagate(None, np.ascontiguousarray(x).view(Sub), general)
     assert not np.isnan(fast).any()
     np.testing.assert_array_equal(fast, np.asarray(general))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "column-views", "transposed-output"])
+def test_lstm_nonlinearity_propagate_equals_general_form_to_rounding(layout):
+    """Whichever forward runs (the compiled kernel where built, else NumPy's), the
+    component's propagate gives the general form's values to float32 rounding of
+    the terms each output sums (the compiled tanh is within 6 ulps, NumPy's ~1.4)."""
+    comp = _lstm_nonlinearity(7)
+    rows = 29
+    wide = (np.random.default_rng(8).standard_normal((rows, 47)) * 3).astype(np.float32)
+    x = wide[:, 3:43] if layout == "column-views" else np.ascontiguousarray(wide[:, 3:43])
+    if layout == "transposed-output":
+        fast = np.full((16, rows), np.nan, np.float32).T
+    else:
+        fast = np.full((rows, 16), np.nan, np.float32)
+    general = np.full((rows, 16), np.nan, np.float32).view(Sub)
+    comp.propagate(None, x, fast)
+    comp.propagate(None, np.ascontiguousarray(x).view(Sub), general)
+    c_prev = np.abs(x[:, 32:40]).astype(np.float64)
+    w2 = np.abs(comp.params_[2]).astype(np.float64)
+    scale = c_prev + 1.0 + w2 * (c_prev + 1.0)
+    bound = 16 * np.finfo(np.float32).eps * np.hstack([scale, scale])
+    assert np.all(np.abs(fast - np.asarray(general)) <= bound)

@@ -35,6 +35,7 @@ import math
 
 import numpy as np
 
+from . import c_kernels
 from .base import Flags, UpdatableComponent, register, require
 from .fields import UPDATABLE_HEADER, Custom, Field, pair
 from .preconditioning import (
@@ -257,7 +258,8 @@ class LstmNonlinearityComponent(UpdatableComponent):
         if (not self.use_dropout and type(in_value) is np.ndarray
                 and type(out_value) is np.ndarray and in_value.dtype == out_value.dtype
                 and not np.may_share_memory(in_value, out_value)):
-            _lstm_forward_numpy(in_value, self.params_, c, out_value)
+            if not c_kernels.lstm_forward(in_value, self.params_, c, out_value):
+                _lstm_forward_numpy(in_value, self.params_, c, out_value)
             return None
         xp = namespace(in_value)
         w = xp.param(self.params_, like=in_value)

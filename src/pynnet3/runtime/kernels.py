@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..components import np_kernels
+from ..components import c_kernels, np_kernels
 from ..components.affine import AffineComponent, LinearComponent, NaturalGradientAffineComponent
 from ..components.blas import available as blas_direct
 from ..components.blas import gemm_acc_bound
@@ -158,19 +158,24 @@ def _floor(comp, out: np.ndarray):
 
 @register_kernel(LstmNonlinearityComponent)
 def _lstm(comp, pre, x, out, overwrite):
-    """LstmNonlinearity without dropout masks: recurrent._lstm_forward_numpy on
-    work buffers made once."""
+    """LstmNonlinearity without dropout masks: the compiled kernel (c_kernels) with
+    its arguments made once, else recurrent._lstm_forward_numpy on work buffers made
+    once."""
     w = comp.params_
     if (overwrite or comp.use_dropout or not _same_dtype(x, out, w)
             or np.may_share_memory(x, out) or out.shape[1] != 2 * comp.cell_dim):
         return None
     c = comp.cell_dim
-    buffers = lstm_buffers(x.shape[0], c, x.dtype)
+    compiled = c_kernels.lstm_call(x, w, c, out)
+    buffers = lstm_buffers(x.shape[0], c, x.dtype) if compiled is None else None
 
     def run() -> bool:
         if comp.params_ is not w or comp.use_dropout:
             return False
-        _lstm_forward_numpy(x, w, c, out, buffers)
+        if compiled is not None:
+            compiled()
+        else:
+            _lstm_forward_numpy(x, w, c, out, buffers)
         return True
     return run
 
