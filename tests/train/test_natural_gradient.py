@@ -410,3 +410,42 @@ def test_implicit_preconditioning_forms_x_hat_after_a_call_that_stays_implicit(m
         err = np.linalg.norm(scale * x_hat - expected) / np.linalg.norm(expected)
         assert err < 2e-4, f"call {step}: relative difference {err:.2e}"
     assert kinds[12] == "implicit" and kinds[13] == "formed", kinds
+
+
+def test_gram_schmidt_fallback_is_recorded_not_printed(capsys):
+    """Kaldi's ReorthogonalizeRt1 warns when the Cholesky factor's inverse is out of
+    range or the factorization fails, and falls back to Gram-Schmidt: the warning is
+    kept in ``warnings`` (one per event, Kaldi's wording) for the trainer to log, and
+    nothing is printed here."""
+    from pynnet3.train.natural_gradient import (
+        _CHOLESKY_FAILED_WARNING,
+        _CHOLESKY_RANGE_WARNING,
+        _reorthogonalize,
+    )
+
+    sqrt_e = np.array([0.5, 0.25])
+    close = np.array([[1.0, 0.0, 0.0], [1.0, 1e-3, 0.0]])  # C^{-1} ~ 1000
+    parallel = np.array([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])  # O singular
+    fine = np.array([[1.0, 0.0, 0.0], [0.1, 1.0, 0.0]])  # Cholesky handles it
+    for rows in (close, fine):
+        rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    warnings: list[str] = []
+    for rows in (close, fine, parallel):
+        w1 = _reorthogonalize(rows * sqrt_e[:, None], sqrt_e, 1.0 / sqrt_e, warnings)
+        r = w1.astype(np.float64) / sqrt_e[:, None]
+        if rows is not parallel:  # (Gram-Schmidt of parallel rows: no basis to find)
+            np.testing.assert_allclose(r @ r.T, np.eye(2), atol=1e-6)
+    assert warnings == [_CHOLESKY_RANGE_WARNING, _CHOLESKY_FAILED_WARNING]
+    assert _CHOLESKY_RANGE_WARNING == ("Cholesky out of expected range, "
+                                       "reorthogonalizing with Gram-Schmidt")
+
+    # through a preconditioner: a first minibatch of fewer rows than the rank falls
+    # back once (in the initialization, on a copy: the warning is still this one's)
+    rng = np.random.default_rng(0)
+    ng = OnlineNaturalGradient(rank=5)
+    ng.precondition(rng.standard_normal((1, 20)).astype(np.float32))
+    assert ng.warnings == [_CHOLESKY_RANGE_WARNING]
+    assert ng.take_warnings() == [_CHOLESKY_RANGE_WARNING] and ng.warnings == []
+    ng.precondition(rng.standard_normal((1, 20)).astype(np.float32))
+    assert ng.take_warnings() == []
+    assert capsys.readouterr() == ("", "")

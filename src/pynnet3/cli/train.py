@@ -152,10 +152,13 @@ def _cmd_train(args) -> int:
                     continue
                 progress.clear()
                 # Kaldi's order: the previous phase's objective (printed while this
-                # minibatch's outputs are processed), then this update's max-change lines.
+                # minibatch's outputs are processed), the backward pass's warnings, then
+                # this update's max-change lines.
                 phase = [x for x in stats.log_lines if x.startswith("Average objective")]
                 for line in phase:
                     _log(line)
+                for line in stats.backward_warnings:  # (e.g. natural gradient's fallback)
+                    _log(line, "WARNING")
                 if args.verbose >= 2:
                     for line in stats.verbose_lines:
                         _log(line, "VLOG[2]")

@@ -55,11 +55,21 @@ _REORTHOGONALIZE_THRESHOLD = 1.0e-3
 _IMPLICIT_MAX_RATIO = 2.0
 # ... and ||X_hat||^2 takes W W^T as diagonal where that moves it by at most this much
 _DIAGONAL_TOLERANCE = 1.0e-6
+# Kaldi's ReorthogonalizeRt1 warnings (natural-gradient-online.cc), word for word
+_CHOLESKY_RANGE_WARNING = ("Cholesky out of expected range, reorthogonalizing with "
+                           "Gram-Schmidt")
+_CHOLESKY_FAILED_WARNING = ("Cholesky or Invert() failed while re-orthogonalizing R_t. "
+                            "Re-orthogonalizing on CPU.")
 
 
 class OnlineNaturalGradient:
     """One preconditioner (Kaldi keeps one per matrix side: ``preconditioner_in_``,
-    ``preconditioner_out_``). State persists across calls; see the module docstring."""
+    ``preconditioner_out_``). State persists across calls; see the module docstring.
+
+    ``warnings``: what Kaldi's would have logged as a WARNING since the owner last
+    took them (:meth:`take_warnings`), in order, one entry per event (an update
+    whose re-orthogonalization fell back to Gram-Schmidt); nothing is printed here:
+    the trainer hands them to its caller (``TrainStats.backward_warnings``)."""
 
     def __init__(self, rank: int = 40, update_period: int = 1,
                  num_samples_history: float = 2000.0, alpha: float = 4.0,
@@ -91,6 +101,12 @@ class OnlineNaturalGradient:
         self.d: np.ndarray | None = None  # (R,) float64
         self._gram = None  # _Gram of W for precondition_implicit
         self._last_ratio = 1.0  # precondition_implicit's last ||X||^2 / ||X_hat||^2
+        self.warnings: list[str] = []
+
+    def take_warnings(self) -> list[str]:
+        """The :attr:`warnings` so far, which are then forgotten."""
+        taken, self.warnings = self.warnings, []
+        return taken
 
     # -- public -----------------------------------------------------------------------
     def precondition(self, x: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, float]:
@@ -267,7 +283,8 @@ class OnlineNaturalGradient:
     def _init(self, x0: np.ndarray) -> None:
         """Three updates (one if ``N <= rank``) on the first minibatch from the default
         start, on a copy; the copy's estimate is kept, this object's ``t`` stays 0."""
-        other = copy.copy(self)
+        other = copy.copy(self)  # (it shares this object's warnings list: Kaldi's
+        # initialization warns too, as part of the first call)
         other._init_default(x0.shape[1])
         other.t = 1  # so that the copy does not initialize again
         other.frozen = False
@@ -338,7 +355,8 @@ class OnlineNaturalGradient:
         a = u.T * (eta_n * sqrt_e1 / sqrt_c)[:, None] * inv_sqrt_e[None, :]
         w1 = ops.upload(a, like) @ b
         if must_reorthogonalize:
-            w1 = ops.upload(_reorthogonalize(ops.host64(w1), sqrt_e1, inv_sqrt_e1), like)
+            w1 = ops.upload(_reorthogonalize(ops.host64(w1), sqrt_e1, inv_sqrt_e1,
+                                             self.warnings), like)
         self.W, self.d, self.rho = w1, d1, rho1
 
 
@@ -358,20 +376,25 @@ def orthonormal_special(rows: int, cols: int) -> np.ndarray:
     return m
 
 
-def _reorthogonalize(w64: np.ndarray, sqrt_e1: np.ndarray,
-                     inv_sqrt_e1: np.ndarray) -> np.ndarray:
+def _reorthogonalize(w64: np.ndarray, sqrt_e1: np.ndarray, inv_sqrt_e1: np.ndarray,
+                     warnings: list[str]) -> np.ndarray:
     """Kaldi's ReorthogonalizeRt1 on ``W_{t+1}`` (float64 on the host): make
     ``E^{-1/2} W W^T E^{-1/2}`` the unit matrix again (Cholesky; Gram-Schmidt when
-    that fails or is ill-conditioned). Returns float32."""
+    that fails or is ill-conditioned, with Kaldi's warning appended to
+    ``warnings``). Returns float32."""
     o = (w64 @ w64.T) * np.outer(inv_sqrt_e1, inv_sqrt_e1)
     if np.abs(o - np.eye(len(o))).max() <= _REORTHOGONALIZE_THRESHOLD:
         return w64.astype(np.float32)
     try:
         c_inv = np.linalg.inv(np.linalg.cholesky(o))
-        ok = bool(np.max(c_inv) < 100.0)
     except np.linalg.LinAlgError:
-        ok = False
-    if not ok:
+        c_inv = None
+        warnings.append(_CHOLESKY_FAILED_WARNING)
+    else:
+        if not np.max(c_inv) < 100.0:  # (NaN too, as Kaldi's !(C.Max() < 100.0))
+            c_inv = None
+            warnings.append(_CHOLESKY_RANGE_WARNING)
+    if c_inv is None:
         q, _ = np.linalg.qr(w64.T)                    # Gram-Schmidt on the rows
         q = q.T * np.sign(np.sum(q.T * w64, axis=1))[:, None]
         return (q * sqrt_e1[:, None]).astype(np.float32)

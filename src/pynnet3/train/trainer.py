@@ -62,7 +62,9 @@ class TrainStats:
     one ended, the max-change line); ``verbose_lines``: what it logs at --verbose=2
     (a line per component whose max-change was active, each update of the step);
     ``warnings``: what it warns of (a change not applied, the orthonormal
-    constraint's eigenvalue ratio). With
+    constraint's eigenvalue ratio); ``backward_warnings``: what Kaldi warns of during
+    the backward pass, before the update (the natural-gradient preconditioners'
+    Gram-Schmidt fallback, one line per event, in order). With
     backstitch, the objectives are the first pass's, ``backstitch_outputs`` the
     second's, and the max-change figures the second update's."""
 
@@ -78,6 +80,7 @@ class TrainStats:
     log_lines: list[str] = field(default_factory=list)
     verbose_lines: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    backward_warnings: list[str] = field(default_factory=list)
 
     @property
     def num_frames(self) -> float:
@@ -155,6 +158,14 @@ class Trainer:
         for name, comp in updatable_components(self.nnet):
             freeze(self._preconditioners_for(name, comp))
 
+    def _take_preconditioner_warnings(self) -> list[str]:
+        """What the preconditioners warned of since the last call (Kaldi logs each
+        when it happens; they print nothing themselves)."""
+        taken: list[str] = []
+        for pre in self.preconditioners.values():
+            _take_warnings(pre, taken)
+        return taken
+
     # -- one minibatch ---------------------------------------------------------------
     def train_step(self, request, inputs: dict, supervision: dict,
                    orthonormal_constraint_applied_to=None) -> TrainStats:
@@ -184,6 +195,7 @@ class Trainer:
             self.freeze_natural_gradient(True)
             self._reseed_random_components()
             stats.outputs = self._forward_backward(computation, inputs, supervision)
+            stats.backward_warnings += self._take_preconditioner_warnings()
             self._record(stats, stats.outputs)
             self._update(stats, num_n, max_change_scale=s, scale=-s, l2=False)
             stats.orthonormal_constrained = constrain_orthonormal(
@@ -192,6 +204,7 @@ class Trainer:
             self.freeze_natural_gradient(False)
             self._reseed_random_components()
             stats.backstitch_outputs = self._forward_backward(computation, inputs, supervision)
+            stats.backward_warnings += self._take_preconditioner_warnings()
             self._record(stats, stats.backstitch_outputs, "_backstitch")
             self._update(stats, num_n, max_change_scale=1.0 + s, scale=1.0 + s, l2=True,
                          l2_scale=1.0 / (1.0 + s))
@@ -199,6 +212,7 @@ class Trainer:
             self._zero_delta()
         else:
             stats.outputs = self._forward_backward(computation, inputs, supervision)
+            stats.backward_warnings += self._take_preconditioner_warnings()
             self._record(stats, stats.outputs)
             self._update(stats, num_n, max_change_scale=1.0, scale=1.0 - opts.momentum,
                          l2=True)
@@ -381,6 +395,16 @@ def _num_sequences(request) -> int:
         raise RuntimeInputError(f"inputs/outputs of the request have different numbers of "
                                 f"n values: {sorted(values)}")
     return values.pop() if values else 1
+
+
+def _take_warnings(pre, into: list[str]) -> None:
+    """Move every preconditioner's pending warnings (``pre``: a make_preconditioners
+    result, nested for composite components) to ``into``."""
+    for p in (pre or {}).values():
+        if isinstance(p, dict):
+            _take_warnings(p, into)
+        elif p is not None:
+            into += p.take_warnings()
 
 
 def _name_preconditioners(pre, where: str) -> None:
