@@ -8,4 +8,4 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension(
     "pynnet3.components._kernels", ["src/pynnet3/components/_kernels.c"],
     extra_compile_args=["-O3", "-fopenmp-simd", "-fno-trapping-math", "-ffp-contract=fast"],
-    optional=True)])
+    libraries=["m"], optional=True)])

@@ -25,8 +25,11 @@ def test_kernels_are_built_where_they_can_be():
             sysconfig.get_config_var("CC").split()[0] if sysconfig.get_config_var("CC")
             else "cc"):
         pytest.skip("no x86-64 C toolchain here")
-    with open("/proc/cpuinfo") as f:
-        flags = f.read()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
     if " avx2 " not in flags or " fma " not in flags:
         pytest.skip("CPU without AVX2+FMA")
     assert c_kernels._library_path() is not None, "the extension was not built"
@@ -185,3 +188,62 @@ def test_disabled_by_environment(monkeypatch):
                                       np.zeros((1, 2 * c), np.float32))
     monkeypatch.delenv("PYNNET3_NO_C_KERNELS")
     monkeypatch.setattr(c_kernels, "_lib", c_kernels._UNLOADED)
+
+
+@needs_kernels
+def test_exp_is_within_two_ulps_where_log_softmax_uses_it():
+    """Arguments in [-87, 0] (log-softmax's x - max) and a NaN."""
+    x = np.concatenate([np.linspace(-87, 0, 400_001), [-1e-30, -0.0, 0.0]]).astype(np.float32)
+    y = np.empty_like(x)
+    assert c_kernels.exp(x, y)
+    want = np.exp(x.astype(np.float64))
+    assert _ulps(y, want).max() <= 2.0
+    assert y[-1] == 1.0 and y[-2] == 1.0
+    out = np.empty(2, np.float32)
+    assert c_kernels.exp(np.float32([np.nan, -np.inf]), out)
+    assert np.isnan(out[0]) and 0 <= out[1] < 1e-37  # (exp(-87) stands for 0: no row sum notices)
+
+
+def _log_softmax64(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    s = x - x.max(axis=1, keepdims=True)
+    return s - np.log(np.exp(s).sum(axis=1, keepdims=True))
+
+
+@needs_kernels
+@pytest.mark.parametrize("cols", [1, 7, 200, 3001])
+def test_log_softmax_matches_float64(cols):
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((53, cols)) * 4).astype(np.float32)
+    out = np.full_like(x, np.nan)
+    assert c_kernels.log_softmax(x, out)
+    want = _log_softmax64(x)
+    # (float32 rounding of x - max and of log(sum): a few ulps of the larger)
+    bound = 4 * np.finfo(np.float32).eps * (np.abs(want) + np.log(cols) + 1)
+    assert np.all(np.abs(out - want) <= bound)
+
+
+@needs_kernels
+def test_log_softmax_in_place_on_views_and_non_finite_rows():
+    """In place, on a column block of a wider matrix; a row with a NaN, a row with
+    +inf and a row of -inf end all NaN (as NumPy's path: NaN - max, inf - inf); a
+    row with a -inf entry gives -inf there and finite values elsewhere."""
+    rng = np.random.default_rng(3)
+    wide = rng.standard_normal((6, 12)).astype(np.float32)
+    x = wide[:, 2:10]
+    x[1, 3] = np.nan
+    x[2, 0] = np.inf
+    x[3, :] = -np.inf
+    x[4, 5] = -np.inf
+    before = wide.copy()
+    want = np.empty_like(x)
+    from pynnet3.components.nonlinear import _log_softmax_blocked
+    _log_softmax_blocked(np.ascontiguousarray(x), want)
+    assert c_kernels.log_softmax(x, x)
+    np.testing.assert_array_equal(wide[:, :2], before[:, :2])  # (outside: untouched)
+    np.testing.assert_array_equal(wide[:, 10:], before[:, 10:])
+    np.testing.assert_array_equal(np.isnan(x), np.isnan(want))
+    assert np.isnan(x[1:4]).all() and x[4, 5] == -np.inf
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(x[finite], want[finite], rtol=1e-6, atol=1e-6)
+    assert not c_kernels.log_softmax(x, wide[:, 1:9])  # (a shifted alias: declined)

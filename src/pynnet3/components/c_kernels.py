@@ -2,7 +2,9 @@
 
 An LSTM step's nonlinearity is ~25 elementwise NumPy passes over the step's gates;
 the compiled kernel makes one pass, each row's gates in registers: 150 -> 60 us for
-384 rows of 128 cells (AVX-512), the largest non-GEMM cost of decoding an LSTM.
+384 rows of 128 cells (AVX-512), the largest non-GEMM cost of decoding an LSTM. A
+log-softmax's five passes (max, shift, exp, sum, log) become one read of each row for
+its maximum, one for its sum, one write.
 
 The extension is optional. ``pip install`` compiles it where a C compiler is found
 (setup.py); where it is missing, where the CPU has neither AVX-512 nor AVX2 with FMA,
@@ -10,10 +12,10 @@ or where ``PYNNET3_NO_C_KERNELS`` is set (to anything but empty or 0) when this 
 is first used, every function here returns False (nothing done) and the caller runs
 its NumPy code.
 
-Numerics: the kernel's tanh is its own rational approximation (within 6 float32
-ulps; NumPy's: ~1.4) and multiply-adds may be fused, so results differ from the
-NumPy path by float32 rounding, not more. A NaN in gives NaN out, +-inf saturates
-like tanh.
+Numerics: the kernels' tanh and exp are approximations of their own (within 6 and
+2 float32 ulps; NumPy's: ~1.4 and ~1), sums run in another order and multiply-adds
+may be fused, so results differ from the NumPy path by float32 rounding, not more.
+A NaN in gives NaN out, +-inf saturates like tanh.
 """
 
 from __future__ import annotations
@@ -54,15 +56,17 @@ def _load():
         level = {2: "avx512", 1: "avx2"}.get(lib.pynnet3_cpu_level())
         if level is None:
             return None
-        lstm = getattr(lib, f"pynnet3_lstm_forward_{level}")
-        tanh = getattr(lib, f"pynnet3_tanh_{level}")
+        fns = {name: getattr(lib, f"pynnet3_{name}_{level}")
+               for name in ("lstm_forward", "log_softmax", "tanh", "exp")}
     except (OSError, AttributeError):
         return None
-    lstm.argtypes = (_I64, _I64, _PTR, _I64, _PTR, _I64, ctypes.c_float, _PTR, _PTR, _I64)
-    lstm.restype = None
-    tanh.argtypes = (_I64, _PTR, _PTR)
-    tanh.restype = None
-    return level, {"lstm": lstm, "tanh": tanh}
+    fns["lstm_forward"].argtypes = (_I64, _I64, _PTR, _I64, _PTR, _I64, ctypes.c_float,
+                                    _PTR, _PTR, _I64)
+    fns["log_softmax"].argtypes = (_I64, _I64, _PTR, _I64, _PTR, _I64)
+    fns["tanh"].argtypes = fns["exp"].argtypes = (_I64, _PTR, _PTR)
+    for fn in fns.values():
+        fn.restype = None
+    return level, fns
 
 
 def _kernels():
@@ -109,7 +113,7 @@ def lstm_call(x: np.ndarray, params: np.ndarray, c: int, out: np.ndarray,
     if np.may_share_memory(c_prev, out) and not (
             c_prev.ctypes.data == out.ctypes.data and c_prev.strides == out.strides):
         return None  # (only a row's own output columns 0:c may be its c_prev)
-    fn = lib[1]["lstm"]
+    fn = lib[1]["lstm_forward"]
     args = (rows, c, x.ctypes.data, x.strides[0] // _SIZE, c_prev.ctypes.data,
             c_prev.strides[0] // _SIZE, float(c_prev_scale), params.ctypes.data,
             out.ctypes.data, out.strides[0] // _SIZE)
@@ -131,12 +135,39 @@ def lstm_forward(x: np.ndarray, params: np.ndarray, c: int, out: np.ndarray,
     return True
 
 
-def tanh(x: np.ndarray, out: np.ndarray) -> bool:
-    """The kernels' float32 tanh, elementwise over contiguous arrays (for tests and
-    inspection); False where it is unavailable."""
+def log_softmax(x: np.ndarray, out: np.ndarray) -> bool:
+    """``out = x - max - log(sum(exp(x - max)))`` per row of float32 matrices (``out``
+    may be ``x`` itself, not a shifted view of it); a NaN in a row makes that row
+    NaN, as in NumPy's path. False (nothing done) where the kernel is missing or
+    does not apply."""
+    lib = _kernels()
+    if (lib is None or not _rows_ok(x, x.shape[-1] if x.ndim == 2 else -1)
+            or not _rows_ok(out, x.shape[1]) or out.shape[0] != x.shape[0]):
+        return False
+    if np.may_share_memory(x, out) and not (
+            x.ctypes.data == out.ctypes.data and x.strides == out.strides):
+        return False
+    lib[1]["log_softmax"](x.shape[0], x.shape[1], x.ctypes.data, x.strides[0] // _SIZE,
+                          out.ctypes.data, out.strides[0] // _SIZE)
+    return True
+
+
+def _elementwise(name: str, x: np.ndarray, out: np.ndarray) -> bool:
     lib = _kernels()
     if (lib is None or x.dtype != _F32 or out.dtype != _F32 or x.shape != out.shape
             or not x.flags.c_contiguous or not out.flags.c_contiguous):
         return False
-    lib[1]["tanh"](x.size, x.ctypes.data, out.ctypes.data)
+    lib[1][name](x.size, x.ctypes.data, out.ctypes.data)
     return True
+
+
+def tanh(x: np.ndarray, out: np.ndarray) -> bool:
+    """The kernels' float32 tanh, elementwise over contiguous arrays (for tests and
+    inspection); False where it is unavailable."""
+    return _elementwise("tanh", x, out)
+
+
+def exp(x: np.ndarray, out: np.ndarray) -> bool:
+    """The kernels' float32 exp (meant for arguments <= 0, as log-softmax's),
+    elementwise over contiguous arrays (for tests); False where it is unavailable."""
+    return _elementwise("exp", x, out)

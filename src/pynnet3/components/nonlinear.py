@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ComputeError
-from . import device_stats, np_kernels
+from . import c_kernels, device_stats, np_kernels
 from .base import (
     REDUCING_DIMS,
     Component,
@@ -589,7 +589,8 @@ class LogSoftmaxComponent(_RowNormalizedNonlinear):
         if out_value.dtype != in_value.dtype or xp.may_share_memory(in_value, out_value):
             return super().propagate(indexes, in_value, out_value)
         if isinstance(in_value, np.ndarray):
-            _log_softmax_blocked(in_value, out_value)
+            if not c_kernels.log_softmax(in_value, out_value):
+                _log_softmax_blocked(in_value, out_value)
             return None
         xp.subtract(in_value, xp.amax(in_value, axis=1, keepdims=True), out=out_value)
         out_value -= xp.log(xp.sum(xp.exp(out_value), axis=1, keepdims=True))
