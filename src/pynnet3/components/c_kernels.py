@@ -87,10 +87,19 @@ def available() -> bool:
 
 
 def _rows_ok(a: np.ndarray, width: int) -> bool:
-    """A float32 matrix of ``width`` contiguous columns per row (any row stride)."""
+    """A float32 matrix of ``width`` contiguous columns per row (any row stride),
+    its data aligned for float (C's float* may not point elsewhere)."""
     return (type(a) is np.ndarray and a.dtype == _F32 and a.ndim == 2
             and a.shape[1] == width and (a.strides[1] == _SIZE or width == 1)
-            and a.strides[0] % _SIZE == 0)
+            and a.strides[0] % _SIZE == 0 and a.flags.aligned)
+
+
+def _out_ok(a: np.ndarray, width: int) -> bool:
+    """:func:`_rows_ok` and writeable, its rows apart (no row stride shorter than a
+    row, e.g. 0 from as_strided: rows written one after another would read or
+    overwrite each other's results)."""
+    return (_rows_ok(a, width) and a.flags.writeable
+            and (a.shape[0] <= 1 or abs(a.strides[0]) >= width * _SIZE))
 
 
 def lstm_call(x: np.ndarray, params: np.ndarray, c: int, out: np.ndarray,
@@ -104,10 +113,11 @@ def lstm_call(x: np.ndarray, params: np.ndarray, c: int, out: np.ndarray,
     if c_prev is None and rows >= 0:
         c_prev = x[:, 4 * c:5 * c]
     if (rows < 0 or x.shape[1] < 5 * c or not _rows_ok(x[:, :5 * c], 5 * c)
-            or not _rows_ok(out, 2 * c) or out.shape[0] != rows
+            or not _out_ok(out, 2 * c) or out.shape[0] != rows
             or not _rows_ok(c_prev, c) or c_prev.shape[0] != rows
             or type(params) is not np.ndarray or params.dtype != _F32
             or params.shape != (3, c) or not params.flags.c_contiguous
+            or not params.flags.aligned
             or np.may_share_memory(x, out) or np.may_share_memory(params, out)):
         return None
     if np.may_share_memory(c_prev, out) and not (
@@ -117,7 +127,11 @@ def lstm_call(x: np.ndarray, params: np.ndarray, c: int, out: np.ndarray,
     args = (rows, c, x.ctypes.data, x.strides[0] // _SIZE, c_prev.ctypes.data,
             c_prev.strides[0] // _SIZE, float(c_prev_scale), params.ctypes.data,
             out.ctypes.data, out.strides[0] // _SIZE)
-    return lambda: fn(*args)
+    keep = (x, c_prev, params, out)  # (the call holds raw pointers into these)
+
+    def call(keep=keep):
+        fn(*args)
+    return call
 
 
 def lstm_forward(x: np.ndarray, params: np.ndarray, c: int, out: np.ndarray,
@@ -141,8 +155,9 @@ def log_softmax(x: np.ndarray, out: np.ndarray) -> bool:
     NaN, as in NumPy's path. False (nothing done) where the kernel is missing or
     does not apply."""
     lib = _kernels()
-    if (lib is None or not _rows_ok(x, x.shape[-1] if x.ndim == 2 else -1)
-            or not _rows_ok(out, x.shape[1]) or out.shape[0] != x.shape[0]):
+    if (lib is None or type(x) is not np.ndarray or x.ndim != 2
+            or not _rows_ok(x, x.shape[1])
+            or not _out_ok(out, x.shape[1]) or out.shape[0] != x.shape[0]):
         return False
     if np.may_share_memory(x, out) and not (
             x.ctypes.data == out.ctypes.data and x.strides == out.strides):
@@ -154,20 +169,26 @@ def log_softmax(x: np.ndarray, out: np.ndarray) -> bool:
 
 def _elementwise(name: str, x: np.ndarray, out: np.ndarray) -> bool:
     lib = _kernels()
-    if (lib is None or x.dtype != _F32 or out.dtype != _F32 or x.shape != out.shape
-            or not x.flags.c_contiguous or not out.flags.c_contiguous):
+    if (lib is None or type(x) is not np.ndarray or type(out) is not np.ndarray
+            or x.dtype != _F32 or out.dtype != _F32 or x.shape != out.shape
+            or not x.flags.c_contiguous or not out.flags.c_contiguous
+            or not x.flags.aligned or not out.flags.aligned or not out.flags.writeable):
         return False
+    if np.may_share_memory(x, out):
+        return False  # (the C loops take restrict pointers: out apart from x)
     lib[1][name](x.size, x.ctypes.data, out.ctypes.data)
     return True
 
 
 def tanh(x: np.ndarray, out: np.ndarray) -> bool:
     """The kernels' float32 tanh, elementwise over contiguous arrays (for tests and
-    inspection); False where it is unavailable."""
+    inspection; ``out`` apart from ``x``); False where it is unavailable or does not
+    apply."""
     return _elementwise("tanh", x, out)
 
 
 def exp(x: np.ndarray, out: np.ndarray) -> bool:
     """The kernels' float32 exp (meant for arguments <= 0, as log-softmax's),
-    elementwise over contiguous arrays (for tests); False where it is unavailable."""
+    elementwise over contiguous arrays (for tests; ``out`` apart from ``x``); False
+    where it is unavailable or does not apply."""
     return _elementwise("exp", x, out)
