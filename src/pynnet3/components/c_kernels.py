@@ -15,7 +15,11 @@ its NumPy code.
 Numerics: the kernels' tanh and exp are approximations of their own (within 6 and
 2 float32 ulps; NumPy's: ~1.4 and ~1), sums run in another order and multiply-adds
 may be fused, so results differ from the NumPy path by float32 rounding, not more.
-A NaN in gives NaN out, +-inf saturates like tanh.
+A NaN in gives NaN out, +-inf saturates like tanh. One non-finite difference: where
+an LSTM peephole product ``w * c`` overflows float32 and the gate's input is an
+infinity of the other sign, NumPy's inf - inf gives NaN but the fused multiply-add
+(exact product) gives that infinity (a saturated gate, a finite result); reached only
+by cell values near 1e38 with an infinite input, a network long diverged.
 """
 
 from __future__ import annotations
