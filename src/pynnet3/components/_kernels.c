@@ -1,8 +1,8 @@
-/* Compiled elementwise kernels of pynnet3 (loaded with ctypes by kernels.py).
+/* Compiled elementwise kernels of pynnet3 (loaded with ctypes by c_kernels.py).
 
    No Python API: plain C functions on raw float32 pointers with row strides (in
    elements; the inner dimension contiguous). Each kernel is compiled twice, for
-   AVX-512 and for AVX2+FMA, and kernels.py picks the one the CPU runs; on other
+   AVX-512 and for AVX2+FMA, and c_kernels.py picks the one the CPU runs; on other
    CPUs (or compilers) pynnet3_cpu_level() returns 0 and the NumPy code runs instead.
 
    tanh is a rational approximation of our own fit (x P(x^2) / Q(x^2), degrees

@@ -148,23 +148,15 @@ class Trainer:
     def freeze_natural_gradient(self, frozen: bool) -> None:
         """Kaldi's FreezeNaturalGradient: every preconditioner of the network (made
         now if it does not exist yet, as Kaldi's exist from the start)."""
-        def freeze(pre) -> None:
-            for p in (pre or {}).values():
-                if isinstance(p, dict):  # a CompositeComponent's sub-components
-                    freeze(p)
-                else:
-                    p.freeze(frozen)
-
         for name, comp in updatable_components(self.nnet):
-            freeze(self._preconditioners_for(name, comp))
+            for p in _each_preconditioner(self._preconditioners_for(name, comp)):
+                p.freeze(frozen)
 
     def _take_preconditioner_warnings(self) -> list[str]:
         """What the preconditioners warned of since the last call (Kaldi logs each
         when it happens; they print nothing themselves)."""
-        taken: list[str] = []
-        for pre in self.preconditioners.values():
-            _take_warnings(pre, taken)
-        return taken
+        return [line for pre in self.preconditioners.values()
+                for p in _each_preconditioner(pre) for line in p.take_warnings()]
 
     # -- one minibatch ---------------------------------------------------------------
     def train_step(self, request, inputs: dict, supervision: dict,
@@ -397,14 +389,14 @@ def _num_sequences(request) -> int:
     return values.pop() if values else 1
 
 
-def _take_warnings(pre, into: list[str]) -> None:
-    """Move every preconditioner's pending warnings (``pre``: a make_preconditioners
-    result, nested for composite components) to ``into``."""
+def _each_preconditioner(pre):
+    """Every preconditioner of ``pre`` (a make_preconditioners result, nested for a
+    CompositeComponent's sub-components)."""
     for p in (pre or {}).values():
         if isinstance(p, dict):
-            _take_warnings(p, into)
+            yield from _each_preconditioner(p)
         elif p is not None:
-            into += p.take_warnings()
+            yield p
 
 
 def _name_preconditioners(pre, where: str) -> None:
